@@ -1,0 +1,242 @@
+#include "common/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace tailserve {
+namespace {
+
+// Reads one mapping, remembering which keys were consumed so the rest can be reported as unknown.
+class Section {
+ public:
+  Section(YAML::Node node, std::string path, std::vector<std::string>* errors)
+      : node_(std::move(node)), path_(std::move(path)), errors_(errors) {
+    if (node_ && !node_.IsNull() && !node_.IsMap()) {
+      Error(path_, "must be a mapping");
+      node_ = YAML::Node();
+    }
+  }
+  ~Section() {
+    if (!node_ || !node_.IsMap()) return;
+    for (const auto& kv : node_) {
+      const std::string key = kv.first.as<std::string>();
+      if (!seen_.count(key)) Error(Join(key), "unknown key");
+    }
+  }
+
+  Section Sub(const std::string& key) { return Section(Find(key), Join(key), errors_); }
+
+  void Int(const std::string& key, int* out, int64_t lo, int64_t hi) {
+    int64_t v = *out;
+    if (Integer(key, &v, lo, hi)) *out = static_cast<int>(v);
+  }
+  void Double(const std::string& key, double* out, double lo, double hi) {
+    YAML::Node n = Find(key);
+    if (!n) return;
+    double v;
+    if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !std::isfinite(v)) {
+      Error(Join(key), absl::StrCat("expected a number, got ", Show(n)));
+    } else if (v < lo || v > hi) {
+      Error(Join(key), absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
+    } else {
+      *out = v;
+    }
+  }
+  void String(const std::string& key, std::string* out, const std::set<std::string>& allowed = {}) {
+    YAML::Node n = Find(key);
+    if (!n) return;
+    if (!n.IsScalar()) {
+      Error(Join(key), absl::StrCat("expected a string, got ", Show(n)));
+    } else if (!allowed.empty() && !allowed.count(n.Scalar())) {
+      Error(Join(key), absl::StrCat("must be one of {", absl::StrJoin(allowed, ", "), "}, got '",
+                                    n.Scalar(), "'"));
+    } else {
+      *out = n.Scalar();
+    }
+  }
+  void StringList(const std::string& key, std::vector<std::string>* out) {
+    YAML::Node n = Find(key);
+    if (!n) return;
+    if (!n.IsSequence()) {
+      Error(Join(key), absl::StrCat("expected a list of strings, got ", Show(n)));
+      return;
+    }
+    std::vector<std::string> v;
+    for (size_t i = 0; i < n.size(); ++i) {
+      if (!n[i].IsScalar() || n[i].Scalar().empty()) {
+        Error(absl::StrCat(Join(key), "[", i, "]"), "expected a non-empty string");
+        return;
+      }
+      v.push_back(n[i].Scalar());
+    }
+    *out = std::move(v);
+  }
+  void Error(const std::string& where, const std::string& what) {
+    errors_->push_back(absl::StrCat(where, ": ", what));
+  }
+
+ private:
+  bool Integer(const std::string& key, int64_t* out, int64_t lo, int64_t hi) {
+    YAML::Node n = Find(key);
+    if (!n) return false;
+    int64_t v;
+    if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v)) {
+      Error(Join(key), absl::StrCat("expected an integer, got ", Show(n)));
+      return false;
+    }
+    if (v < lo || v > hi) {
+      Error(Join(key), absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
+      return false;
+    }
+    *out = v;
+    return true;
+  }
+  YAML::Node Find(const std::string& key) {
+    seen_.insert(key);
+    if (!node_ || !node_.IsMap()) return YAML::Node();
+    YAML::Node n = node_[key];
+    return n && !n.IsNull() ? n : YAML::Node();
+  }
+  std::string Join(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  static std::string Show(const YAML::Node& n) {
+    if (n.IsScalar()) return "'" + n.Scalar() + "'";
+    return n.IsSequence() ? "a list" : "a mapping";
+  }
+
+  YAML::Node node_;
+  std::string path_;
+  std::vector<std::string>* errors_;
+  std::set<std::string> seen_;
+};
+
+absl::Status ApplyOverride(YAML::Node root, const std::string& item) {
+  const size_t eq = item.find('=');
+  if (eq == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("override '", item, "': expected section.key=value"));
+  }
+  std::vector<std::string> path = absl::StrSplit(item.substr(0, eq), '.');
+  if (path.size() < 2 || std::any_of(path.begin(), path.end(), [](auto& p) { return p.empty(); })) {
+    return absl::InvalidArgumentError(absl::StrCat("override '", item, "': expected section.key=value"));
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(item.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("override '", item, "': ", e.what()));
+  }
+  // Descend by reassignment-free indexing: operator[] on a non-const node creates missing maps.
+  std::vector<YAML::Node> chain{root};
+  for (size_t i = 0; i + 1 < path.size(); ++i) {
+    YAML::Node next = chain.back()[path[i]];
+    if (next.IsDefined() && !next.IsNull() && !next.IsMap()) {
+      return absl::InvalidArgumentError(absl::StrCat("override '", item, "': '", path[i], "' is not a section"));
+    }
+    chain.push_back(next);
+  }
+  chain.back()[path.back()] = value;
+  return absl::OkStatus();
+}
+
+void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
+  Section top(root, "", errors);
+  {
+    Section s = top.Sub("batching");
+    auto& b = c->batching;
+    s.String("mode", &b.mode, {"fifo"});
+    s.Int("max_batch_size", &b.max_batch_size, 1, 4096);
+    s.Int("min_batch_size", &b.min_batch_size, 1, 4096);
+    s.Int("target_latency_ms", &b.target_latency_ms, 1, 3'600'000);
+    s.Double("variance_tolerance", &b.variance_tolerance, 0.0, 10.0);
+    if (b.min_batch_size > b.max_batch_size) {
+      s.Error("batching.min_batch_size", absl::StrCat("must be <= batching.max_batch_size (",
+                                                      b.max_batch_size, "), got ", b.min_batch_size));
+    }
+  }
+  {
+    Section s = top.Sub("predictor");
+    auto& p = c->predictor;
+    s.Double("steps_per_prompt_token", &p.steps_per_prompt_token, 0.0, 1e6);
+    s.Double("base_steps", &p.base_steps, 0.0, 1e9);
+    s.Double("step_budget_margin", &p.step_budget_margin, -1.0, 100.0);
+    s.Int("min_step_budget", &p.min_step_budget, 1, 1'000'000);
+  }
+  {
+    Section s = top.Sub("router");
+    auto& r = c->router;
+    s.String("listen_host", &r.listen_host);
+    s.Int("grpc_port", &r.grpc_port, 0, 65535);
+    s.Int("http_port", &r.http_port, 0, 65535);
+    s.StringList("workers", &r.workers);
+    s.String("queue_strategy", &r.queue_strategy, {"fifo"});
+    s.Int("timeout_ms", &r.timeout_ms, 0, 3'600'000);
+    s.String("fallback_policy", &r.fallback_policy, {"immediate_dispatch"});
+    s.Int("max_queue_size", &r.max_queue_size, 1, 10'000'000);
+    s.Int("max_tokens_limit", &r.max_tokens_limit, 1, 10'000'000);
+    s.Int("max_prompt_tokens", &r.max_prompt_tokens, 1, 100'000'000);
+    s.Int("max_failed_dispatches", &r.max_failed_dispatches, 1, 1000);
+    s.Int("health_check_interval_ms", &r.health_check_interval_ms, 10, 3'600'000);
+    s.Int("health_check_timeout_ms", &r.health_check_timeout_ms, 10, 3'600'000);
+    s.Int("unhealthy_after_failures", &r.unhealthy_after_failures, 1, 1000);
+    s.Double("metrics_window_seconds", &r.metrics_window_seconds, 1, 86400);
+  }
+  {
+    Section s = top.Sub("worker");
+    auto& w = c->worker;
+    s.String("listen_host", &w.listen_host);
+    s.Int("grpc_port", &w.grpc_port, 0, 65535);
+    s.Int("http_port", &w.http_port, 0, 65535);
+    s.String("backend", &w.backend, {"sim"});
+    s.String("model_id", &w.model_id);
+    s.Int("slots", &w.slots, 1, 65536);
+    s.Double("metrics_window_seconds", &w.metrics_window_seconds, 1, 86400);
+    Section sim = s.Sub("sim");
+    sim.Double("step_base_ms", &w.sim.step_base_ms, 0, 60'000);
+    sim.Double("step_per_sequence_ms", &w.sim.step_per_sequence_ms, 0, 60'000);
+    sim.Double("step_per_kv_token_ns", &w.sim.step_per_kv_token_ns, 0, 1e9);
+    sim.Double("step_per_prefill_token_ms", &w.sim.step_per_prefill_token_ms, 0, 60'000);
+    sim.Int("vocab_size", &w.sim.vocab_size, 2, 10'000'000);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Config> ParseConfig(const std::string& yaml_text,
+                                   const std::vector<std::string>& overrides,
+                                   const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
+  }
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(source, ": top level must be a mapping"));
+  for (const auto& o : overrides) {
+    if (absl::Status s = ApplyOverride(root, o); !s.ok()) return s;
+  }
+  Config config;
+  std::vector<std::string> errors;
+  ReadAll(root, &config, &errors);
+  if (!errors.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", absl::StrJoin(errors, "; ")));
+  }
+  return config;
+}
+
+absl::StatusOr<Config> LoadConfigFile(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open config file"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseConfig(ss.str(), overrides, path);
+}
+
+}  // namespace tailserve

@@ -1,0 +1,82 @@
+#pragma once
+// Typed configuration for both processes, parsed from ladb_config.yaml and validated at start.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tailserve {
+
+struct BatchingConfig {
+  std::string mode = "fifo";  // fifo (the length-aware "ladb" mode plugs into the same seam)
+  int max_batch_size = 32;
+  int min_batch_size = 4;
+  int target_latency_ms = 350;
+  double variance_tolerance = 0.05;
+};
+
+struct PredictorConfig {
+  // Rule-based prediction of decode steps: steps = steps_per_prompt_token * prompt + base_steps,
+  // capped at max_tokens.
+  double steps_per_prompt_token = 0.8;
+  double base_steps = 5;
+  // Step budget per dispatch = ceil(prediction * (1 + margin)); a sequence that spends it is
+  // returned unfinished and re-queued with a doubled budget. Negative disables budgets.
+  double step_budget_margin = 0.2;
+  int min_step_budget = 16;
+};
+
+struct RouterConfig {
+  std::string listen_host = "0.0.0.0";
+  int grpc_port = 50051;
+  int http_port = 9090;
+  std::vector<std::string> workers;  // host:port of each worker's gRPC endpoint
+  std::string queue_strategy = "fifo";
+  int timeout_ms = 200;
+  std::string fallback_policy = "immediate_dispatch";
+  int max_queue_size = 1024;
+  int max_tokens_limit = 4096;
+  int max_prompt_tokens = 8192;
+  int max_failed_dispatches = 3;
+  int health_check_interval_ms = 1000;
+  int health_check_timeout_ms = 500;
+  int unhealthy_after_failures = 2;
+  double metrics_window_seconds = 60;
+};
+
+struct SimBackendConfig {
+  double step_base_ms = 4.0;           // a
+  double step_per_sequence_ms = 0.02;  // b
+  double step_per_kv_token_ns = 15;    // c
+  double step_per_prefill_token_ms = 0.03;  // p
+  int vocab_size = 256;
+};
+
+struct WorkerConfig {
+  std::string listen_host = "0.0.0.0";
+  int grpc_port = 50061;
+  int http_port = 9091;
+  std::string backend = "sim";
+  std::string model_id = "sim";
+  int slots = 64;
+  double metrics_window_seconds = 60;
+  SimBackendConfig sim;
+};
+
+struct Config {
+  BatchingConfig batching;
+  PredictorConfig predictor;
+  RouterConfig router;
+  WorkerConfig worker;
+};
+
+// Parses YAML text. `overrides` are "section.key=value" strings (the value is YAML) applied before
+// validation, so flags get exactly the checks the file gets. Errors name the key and the reason.
+absl::StatusOr<Config> ParseConfig(const std::string& yaml_text,
+                                   const std::vector<std::string>& overrides = {},
+                                   const std::string& source = "<config>");
+absl::StatusOr<Config> LoadConfigFile(const std::string& path,
+                                      const std::vector<std::string>& overrides = {});
+
+}  // namespace tailserve

@@ -1,0 +1,111 @@
+#pragma once
+// A server-streaming gRPC reactor whose writes and finish may come from any thread, in any order,
+// without blocking: messages are queued and written one at a time; Finish waits for the queue.
+// Owners hold a shared_ptr<MessageSink<Msg>> that stays valid after gRPC has deleted the reactor
+// (calls then do nothing), so a late token can never touch a freed stream.
+#include <grpcpp/grpcpp.h>
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+namespace tailserve {
+
+template <class Msg>
+class MessageSink {
+ public:
+  virtual ~MessageSink() = default;
+  virtual void Write(Msg msg) = 0;
+  virtual void Finish(grpc::Status status) = 0;
+};
+
+template <class Msg>
+class ServerStream final : public grpc::ServerWriteReactor<Msg> {
+ public:
+  class Handle final : public MessageSink<Msg> {
+   public:
+    void Write(Msg msg) override {
+      std::unique_lock lock(mu_);
+      if (reactor_ == nullptr || finish_ || broken_) return;
+      queue_.push_back(std::move(msg));
+      if (writing_) return;
+      writing_ = true;
+      const Msg* next = &queue_.front();
+      ServerStream* r = reactor_;
+      lock.unlock();
+      r->StartWrite(next);
+    }
+    void Finish(grpc::Status status) override {
+      std::unique_lock lock(mu_);
+      if (reactor_ == nullptr || finish_) return;
+      finish_ = std::move(status);
+      if (writing_) return;  // OnWriteDone finishes once the queue drains
+      ServerStream* r = reactor_;
+      grpc::Status s = *finish_;
+      lock.unlock();
+      r->Finish(s);
+    }
+
+   private:
+    friend class ServerStream;
+    std::mutex mu_;
+    ServerStream* reactor_ = nullptr;
+    std::deque<Msg> queue_;
+    bool writing_ = false;
+    bool broken_ = false;
+    std::optional<grpc::Status> finish_;
+  };
+
+  // `on_cancel` runs once if the client cancels or its deadline passes; `on_done` when the RPC is
+  // over (either way). Both run on a gRPC thread and must not block.
+  ServerStream(std::function<void()> on_cancel, std::function<void()> on_done = nullptr)
+      : handle_(std::make_shared<Handle>()), on_cancel_(std::move(on_cancel)), on_done_(std::move(on_done)) {
+    handle_->reactor_ = this;
+  }
+
+  std::shared_ptr<Handle> handle() const { return handle_; }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock lock(handle_->mu_);
+    handle_->queue_.pop_front();
+    if (!ok) {
+      handle_->broken_ = true;
+      handle_->queue_.clear();
+    }
+    if (!handle_->queue_.empty()) {
+      const Msg* next = &handle_->queue_.front();
+      lock.unlock();
+      this->StartWrite(next);
+      return;
+    }
+    handle_->writing_ = false;
+    if (handle_->finish_) {
+      grpc::Status s = *handle_->finish_;
+      lock.unlock();
+      this->Finish(s);
+    }
+  }
+
+  void OnCancel() override {
+    if (on_cancel_) on_cancel_();
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard lock(handle_->mu_);
+      handle_->reactor_ = nullptr;
+      handle_->queue_.clear();
+    }
+    if (on_done_) on_done_();
+    delete this;
+  }
+
+ private:
+  std::shared_ptr<Handle> handle_;
+  std::function<void()> on_cancel_;
+  std::function<void()> on_done_;
+};
+
+}  // namespace tailserve

@@ -1,0 +1,46 @@
+#pragma once
+// Tokenizer seam: the router turns text into ids and ids back into text deltas through this
+// interface. ByteTokenizer (one id per byte) serves until a real BPE tokenizer is plugged in.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tailserve {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::vector<int32_t> Encode(std::string_view text) const = 0;
+  // Raw bytes of one token (may be part of a UTF-8 character); empty for ids out of range.
+  virtual std::string TokenBytes(int32_t id) const = 0;
+  virtual int32_t vocab_size() const = 0;
+};
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> Encode(std::string_view text) const override;
+  std::string TokenBytes(int32_t id) const override;
+  int32_t vocab_size() const override { return 256; }
+};
+
+// Turns a stream of token ids into text deltas that are always valid UTF-8: bytes of a character
+// split across tokens are held back until it completes; invalid bytes become U+FFFD.
+class StreamingDecoder {
+ public:
+  explicit StreamingDecoder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  std::string Add(int32_t id);
+  // Whatever is still held back (an incomplete character at the end of the stream), as U+FFFD.
+  std::string Flush();
+
+ private:
+  const Tokenizer& tokenizer_;
+  std::string pending_;
+};
+
+// Number of leading bytes of `s` that form complete, valid UTF-8; sets *invalid when the next byte
+// can never start or continue a valid character.
+size_t ValidUtf8Prefix(std::string_view s, bool* invalid);
+
+}  // namespace tailserve

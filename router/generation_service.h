@@ -1,0 +1,28 @@
+#pragma once
+// tailserve.v1.Generation (callback API): validates at the edge, hands the request to the core.
+#include "common/config.h"
+#include "common/tokenizer.h"
+#include "router/router_core.h"
+#include "router/router_metrics.h"
+#include "tailserve/v1/generation.grpc.pb.h"
+
+namespace tailserve {
+
+class GenerationService final : public v1::Generation::CallbackService {
+ public:
+  GenerationService(RouterCore& core, const RouterConfig& limits, const Tokenizer& tokenizer, RouterMetrics& metrics,
+                    const Clock& clock = SystemClock::Get())
+      : core_(core), limits_(limits), tokenizer_(tokenizer), metrics_(metrics), clock_(clock) {}
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
+                                                           const v1::GenerateRequest* req) override;
+
+ private:
+  RouterCore& core_;
+  const RouterConfig limits_;
+  const Tokenizer& tokenizer_;
+  RouterMetrics& metrics_;
+  const Clock& clock_;
+};
+
+}  // namespace tailserve

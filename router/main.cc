@@ -1,0 +1,99 @@
+// tailserve-router: the stateless front end. Validates, tokenizes, batches and dispatches to
+// workers, relays their token streams.
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/http_server.h"
+#include "common/logging.h"
+#include "common/process.h"
+#include "common/subprocess.h"
+#include "router/generation_service.h"
+#include "router/router_core.h"
+
+namespace tailserve {
+namespace {
+
+int Main(int argc, char** argv) {
+  CLI::App app{"tailserve router: validates, batches and dispatches generation requests to workers"};
+  CommonFlags common;
+  AddCommonFlags(app, &common);
+  std::optional<int> grpc_port, http_port;
+  std::optional<std::string> host, workers;
+  app.add_option("--grpc-port", grpc_port, "router.grpc_port (0: any free port)");
+  app.add_option("--http-port", http_port, "router.http_port for /metrics /healthz /readyz (0: any)");
+  app.add_option("--listen-host", host, "router.listen_host");
+  app.add_option("--workers", workers, "router.workers as a comma-separated host:port list");
+  CLI11_PARSE(app, argc, argv);
+
+  BlockTerminationSignals();
+  if (!InitLogging("router", common.log_level)) {
+    std::fprintf(stderr, "--log-level: unknown level '%s'\n", common.log_level.c_str());
+    return 2;
+  }
+  std::vector<std::string> extra;
+  if (grpc_port) extra.push_back(absl::StrCat("router.grpc_port=", *grpc_port));
+  if (http_port) extra.push_back(absl::StrCat("router.http_port=", *http_port));
+  if (host) extra.push_back(absl::StrCat("router.listen_host=", *host));
+  if (workers) {
+    std::vector<std::string> list = absl::StrSplit(*workers, ',', absl::SkipEmpty());
+    for (auto& w : list) w = "\"" + w + "\"";
+    extra.push_back(absl::StrCat("router.workers=[", absl::StrJoin(list, ","), "]"));
+  }
+  absl::StatusOr<Config> config = LoadConfig(common, extra);
+  if (!config.ok()) {
+    spdlog::critical("invalid configuration: {}", std::string(config.status().message()));
+    return 2;
+  }
+  if (config->router.workers.empty()) {
+    spdlog::critical("invalid configuration: router.workers: at least one worker address is needed");
+    return 2;
+  }
+
+  Registry registry;
+  RouterMetrics metrics(registry, config->router.metrics_window_seconds);
+  ByteTokenizer tokenizer;
+  std::vector<std::unique_ptr<WorkerClient>> clients;
+  for (const auto& w : config->router.workers) clients.push_back(MakeGrpcWorkerClient(w));
+  RouterCore core(*config, config->router.workers, std::move(clients),
+                  std::make_unique<FifoBatcher>(config->batching, config->router),
+                  std::make_unique<RulePredictor>(config->predictor), tokenizer, metrics);
+  core.Start();
+
+  GenerationService service(core, config->router, tokenizer, metrics);
+  absl::StatusOr<GrpcServer> grpc_server = StartGrpcServer(config->router.listen_host, config->router.grpc_port, {&service});
+  if (!grpc_server.ok()) {
+    spdlog::critical("{}", std::string(grpc_server.status().message()));
+    return 1;
+  }
+  ObservabilityServer http(registry, [&]() -> absl::Status {
+    return core.ready() ? absl::OkStatus() : absl::UnavailableError("no healthy worker");
+  });
+  absl::StatusOr<int> http_bound = http.Start(config->router.listen_host, config->router.http_port);
+  if (!http_bound.ok()) {
+    spdlog::critical("{}", std::string(http_bound.status().message()));
+    return 1;
+  }
+  spdlog::info("router listening: grpc {}:{} http {}:{}; workers: {}", config->router.listen_host, grpc_server->port,
+               config->router.listen_host, *http_bound, absl::StrJoin(config->router.workers, ", "));
+  if (!common.ports_file.empty()) {
+    if (absl::Status s = WritePortsFile(common.ports_file, grpc_server->port, *http_bound); !s.ok()) {
+      spdlog::critical("{}", std::string(s.message()));
+      return 1;
+    }
+  }
+
+  const int sig = WaitForTermination();
+  spdlog::info("signal {}: shutting down", sig);
+  grpc_server->server->GetHealthCheckService()->SetServingStatus(false);
+  core.Stop();
+  grpc_server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  http.Stop();
+  return 0;
+}
+
+}  // namespace
+}  // namespace tailserve
+
+int main(int argc, char** argv) { return tailserve::Main(argc, argv); }

@@ -1,0 +1,21 @@
+#pragma once
+// A client request after validation: typed, tokenized, ready for the core.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tailserve/v1/generation.pb.h"
+
+namespace tailserve {
+
+struct ParsedRequest {
+  std::string request_id;
+  std::vector<int32_t> prompt;
+  int32_t max_tokens = 0;
+  v1::SamplingParams sampling;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  v1::Priority priority = v1::PRIORITY_STANDARD;
+};
+
+}  // namespace tailserve

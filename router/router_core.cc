@@ -1,0 +1,387 @@
+#include "router/router_core.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace tailserve {
+
+RouterCore::RouterCore(const Config& config, std::vector<std::string> worker_addresses,
+                       std::vector<std::unique_ptr<WorkerClient>> workers, std::unique_ptr<Batcher> batcher,
+                       std::unique_ptr<Predictor> predictor, const Tokenizer& tokenizer, RouterMetrics& metrics,
+                       const Clock& clock)
+    : config_(config),
+      pool_(std::move(worker_addresses), config.router.unhealthy_after_failures),
+      workers_(std::move(workers)),
+      batcher_(std::move(batcher)),
+      predictor_(std::move(predictor)),
+      tokenizer_(tokenizer),
+      metrics_(metrics),
+      clock_(clock),
+      status_pending_(workers_.size(), false) {
+  UpdateGauges();
+}
+
+RouterCore::~RouterCore() { Stop(); }
+
+void RouterCore::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void RouterCore::Stop() {
+  if (!thread_.joinable()) return;
+  commands_.Post([this] { stopping_ = true; });
+  thread_.join();
+}
+
+void RouterCore::Submit(uint64_t key, ParsedRequest req, std::shared_ptr<ClientSink> sink, SteadyTime arrival) {
+  commands_.Post([this, key, req = std::move(req), sink = std::move(sink), arrival]() mutable {
+    DoSubmit(key, std::move(req), std::move(sink), arrival);
+  });
+}
+
+void RouterCore::Cancel(uint64_t key, bool deadline) {
+  commands_.Post([this, key, deadline] { DoCancel(key, deadline); });
+}
+
+void RouterCore::DoSubmit(uint64_t key, ParsedRequest req, std::shared_ptr<ClientSink> sink, SteadyTime arrival) {
+  if (stopping_) {
+    sink->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "router is shutting down"));
+    metrics_.requests.Labels({"unavailable"}).Inc();
+    return;
+  }
+  if (batcher_->size() >= static_cast<size_t>(config_.router.max_queue_size)) {
+    sink->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                              absl::StrCat("queue full: ", batcher_->size(), " requests waiting (router.max_queue_size)")));
+    metrics_.requests.Labels({"resource_exhausted"}).Inc();
+    return;
+  }
+  // A fixed seed makes a re-dispatched sequence continue with the same randomness.
+  if (!req.sampling.has_seed()) req.sampling.set_seed(rng_());
+  Request r;
+  r.predicted_steps = predictor_->PredictSteps(req);
+  r.step_budget = InitialStepBudget(config_.predictor, r.predicted_steps);
+  r.req = std::move(req);
+  r.sink = std::move(sink);
+  r.arrival = arrival;
+  r.decoder = std::make_unique<StreamingDecoder>(tokenizer_);
+  batcher_->Push({key, r.req.priority, r.predicted_steps, arrival}, false);
+  requests_.emplace(key, std::move(r));
+}
+
+void RouterCore::DoCancel(uint64_t key, bool deadline) {
+  auto it = requests_.find(key);
+  if (it == requests_.end()) return;
+  Request& r = it->second;
+  if (r.batch == 0) {
+    batcher_->Remove(key);
+  } else if (auto b = batches_.find(r.batch); b != batches_.end()) {
+    workers_[b->second.worker]->Cancel({key});
+  }
+  r.sink->Finish(deadline ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded")
+                          : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+  metrics_.requests.Labels({deadline ? "deadline_exceeded" : "cancelled"}).Inc();
+  requests_.erase(it);
+}
+
+bool RouterCore::Relay(uint64_t key, Request& r, const v1::SequenceEvent& se) {
+  if (se.token_ids().empty()) return false;
+  const SteadyTime now = clock_.Now();
+  v1::GenerateResponse resp;
+  resp.set_request_id(r.req.request_id);
+  std::string text;
+  for (int i = 0; i < se.token_ids_size(); ++i) {
+    const int32_t t = se.token_ids(i);
+    r.generated.push_back(t);
+    resp.add_token_ids(t);
+    const bool stop_token = se.state() == v1::FINISH_STATE_STOP && i + 1 == se.token_ids_size() &&
+                            std::count(r.req.stop_token_ids.begin(), r.req.stop_token_ids.end(), t) > 0;
+    if (!stop_token) text += r.decoder->Add(t);
+  }
+  if (!r.first_token) r.first_token = now;
+  metrics_.output_tokens.Inc(se.token_ids_size());
+
+  // Hold back any tail that could still grow into a stop string, so it is never streamed.
+  r.held_text += text;
+  bool stopped = false;
+  std::string emit;
+  size_t hit = std::string::npos, longest = 0;
+  for (const std::string& s : r.req.stop) {
+    hit = std::min(hit, r.held_text.find(s));
+    longest = std::max(longest, s.size());
+  }
+  if (hit != std::string::npos) {
+    emit = r.held_text.substr(0, hit);
+    r.held_text.clear();
+    stopped = true;
+  } else {
+    size_t cut = r.held_text.size() > longest ? r.held_text.size() - (longest ? longest - 1 : 0) : 0;
+    while (cut > 0 && cut < r.held_text.size() && (static_cast<unsigned char>(r.held_text[cut]) & 0xC0) == 0x80) --cut;
+    emit = r.held_text.substr(0, cut);
+    r.held_text.erase(0, cut);
+  }
+  resp.set_text(std::move(emit));
+  resp.set_simulated(r.simulated);
+  r.sink->Write(std::move(resp));
+  (void)key;
+  return stopped;
+}
+
+v1::Timings RouterCore::TimingsOf(const Request& r, SteadyTime now) const {
+  v1::Timings t;
+  if (r.first_dispatch) t.set_queue_seconds(Seconds(*r.first_dispatch - r.arrival));
+  if (r.first_token) t.set_ttft_seconds(Seconds(*r.first_token - r.arrival));
+  t.set_total_seconds(Seconds(now - r.arrival));
+  t.set_dispatches(r.dispatches);
+  return t;
+}
+
+void RouterCore::Complete(uint64_t key, v1::FinishReason reason, const std::string& outcome) {
+  auto it = requests_.find(key);
+  Request& r = it->second;
+  const SteadyTime now = clock_.Now();
+  v1::GenerateResponse resp;
+  resp.set_request_id(r.req.request_id);
+  resp.set_text(r.held_text + r.decoder->Flush());
+  resp.set_finish_reason(reason);
+  resp.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(r.req.prompt.size()));
+  resp.mutable_usage()->set_completion_tokens(static_cast<int32_t>(r.generated.size()));
+  *resp.mutable_timings() = TimingsOf(r, now);
+  resp.set_simulated(r.simulated);
+  r.sink->Write(std::move(resp));
+  r.sink->Finish(grpc::Status::OK);
+
+  metrics_.requests.Labels({outcome}).Inc();
+  const double total = Seconds(now - r.arrival);
+  metrics_.e2e.Observe(total);
+  metrics_.e2e_window.Observe(total);
+  if (r.first_token) {
+    const double ttft = Seconds(*r.first_token - r.arrival);
+    metrics_.ttft.Observe(ttft);
+    metrics_.ttft_window.Observe(ttft);
+    if (r.generated.size() > 1) {
+      const double tpot = (total - ttft) / static_cast<double>(r.generated.size() - 1);
+      metrics_.tpot.Observe(tpot);
+      metrics_.tpot_window.Observe(tpot);
+    }
+  }
+  requests_.erase(it);
+}
+
+void RouterCore::Fail(uint64_t key, const grpc::Status& status, const std::string& outcome) {
+  auto it = requests_.find(key);
+  if (it == requests_.end()) return;
+  if (it->second.batch != 0) {
+    if (auto b = batches_.find(it->second.batch); b != batches_.end()) workers_[b->second.worker]->Cancel({key});
+  }
+  it->second.sink->Finish(status);
+  metrics_.requests.Labels({outcome}).Inc();
+  requests_.erase(it);
+}
+
+void RouterCore::Requeue(uint64_t key, Request& r, const std::string& reason) {
+  r.batch = 0;
+  if (reason == "rejected") --r.dispatches;  // nothing ran
+  // Budget overruns always make progress (the budget doubles); failures are bounded.
+  if (reason == "worker_failure" && ++r.failed_dispatches >= config_.router.max_failed_dispatches) {
+    Fail(key, grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                           absl::StrCat("gave up after ", r.failed_dispatches, " failed dispatches")),
+         "unavailable");
+    return;
+  }
+  if (reason == "budget") r.step_budget = static_cast<int32_t>(std::min<int64_t>(int64_t{r.step_budget} * 2, 1'000'000'000));
+  metrics_.redispatches.Labels({reason}).Inc();
+  batcher_->Push({key, r.req.priority, r.predicted_steps, r.arrival}, true);
+}
+
+void RouterCore::OnEvent(uint64_t batch_id, const v1::TokenEvent& ev) {
+  auto bit = batches_.find(batch_id);
+  if (bit == batches_.end()) return;
+  InflightBatch& b = bit->second;
+  pool_.OnFreeSlots(b.worker, ev.free_slots());
+  for (const v1::SequenceEvent& se : ev.sequences()) {
+    const uint64_t id = se.sequence_id();
+    if (!b.open.count(id)) continue;
+    const bool final = se.state() != v1::FINISH_STATE_RUNNING;
+    if (final) {
+      b.open.erase(id);
+      pool_.AddInflight(b.worker, -1);
+    }
+    auto it = requests_.find(id);
+    if (it == requests_.end() || it->second.batch != batch_id) continue;  // cancelled meanwhile
+    Request& r = it->second;
+    r.simulated = ev.simulated();
+    if (Relay(id, r, se)) {
+      if (!final) workers_[b.worker]->Cancel({id});
+      Complete(id, v1::FINISH_REASON_STOP, "stop");
+      continue;
+    }
+    switch (se.state()) {
+      case v1::FINISH_STATE_RUNNING:
+        break;
+      case v1::FINISH_STATE_STOP:
+        Complete(id, v1::FINISH_REASON_STOP, "stop");
+        break;
+      case v1::FINISH_STATE_LENGTH:
+        Complete(id, v1::FINISH_REASON_LENGTH, "length");
+        break;
+      case v1::FINISH_STATE_BUDGET_EXHAUSTED:
+        Requeue(id, r, "budget");
+        break;
+      case v1::FINISH_STATE_CANCELLED:  // the worker dropped it (e.g. shutting down): run it elsewhere
+        Requeue(id, r, "worker_failure");
+        break;
+      default:
+        Fail(id, grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("worker error: ", se.error())), "error");
+        break;
+    }
+  }
+}
+
+void RouterCore::OnBatchDone(uint64_t batch_id, const grpc::Status& status) {
+  auto bit = batches_.find(batch_id);
+  if (bit == batches_.end()) return;
+  InflightBatch b = std::move(bit->second);
+  batches_.erase(bit);
+  const auto code = status.error_code();
+  for (uint64_t id : b.open) {
+    pool_.AddInflight(b.worker, -1);
+    auto it = requests_.find(id);
+    if (it == requests_.end() || it->second.batch != batch_id) continue;
+    if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      Requeue(id, it->second, "rejected");
+    } else if (code == grpc::StatusCode::INVALID_ARGUMENT) {
+      Fail(id, status, "invalid_argument");
+    } else {
+      Requeue(id, it->second, "worker_failure");
+    }
+  }
+  if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    pool_.MarkFull(b.worker);
+  } else if (!status.ok() && code != grpc::StatusCode::INVALID_ARGUMENT && code != grpc::StatusCode::CANCELLED) {
+    spdlog::warn("worker {} stream failed: {} ({})", pool_.address(b.worker), status.error_message(),
+                 static_cast<int>(code));
+    WorkerDown(b.worker);
+  }
+}
+
+void RouterCore::WorkerDown(size_t worker) {
+  if (pool_.MarkDown(worker)) spdlog::warn("worker {} out of rotation", pool_.address(worker));
+  // Streams to a worker out of rotation may hang (a stopped process keeps its sockets): cancel them
+  // so their sequences are re-dispatched now.
+  for (auto& [id, b] : batches_) {
+    if (b.worker == worker && b.call) b.call->Cancel();
+  }
+}
+
+void RouterCore::OnStatus(size_t worker, const absl::StatusOr<v1::WorkerStatus>& status) {
+  status_pending_[worker] = false;
+  if (!pool_.OnStatus(worker, status)) return;
+  if (pool_.healthy(worker)) {
+    spdlog::info("worker {} in rotation ({} slots)", pool_.address(worker), status->total_slots());
+  } else {
+    spdlog::warn("worker {} failed health checks: {}", pool_.address(worker),
+                 status.ok() ? std::string("not ready") : std::string(status.status().message()));
+    WorkerDown(worker);
+  }
+}
+
+void RouterCore::PollWorkers() {
+  const SteadyTime now = clock_.Now();
+  if (now < next_poll_) return;
+  next_poll_ = now + std::chrono::milliseconds(config_.router.health_check_interval_ms);
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    if (status_pending_[w]) continue;
+    status_pending_[w] = true;
+    workers_[w]->Status(std::chrono::milliseconds(config_.router.health_check_timeout_ms),
+                        [this, w](absl::StatusOr<v1::WorkerStatus> s) {
+                          commands_.Post([this, w, s = std::move(s)] { OnStatus(w, s); });
+                        });
+  }
+}
+
+void RouterCore::Dispatch() {
+  const SteadyTime now = clock_.Now();
+  while (true) {
+    const std::optional<size_t> w = pool_.Pick();
+    if (!w) return;
+    BatchReason reason;
+    const std::vector<uint64_t> ids = batcher_->Next(now, static_cast<size_t>(pool_.Free(*w)), &reason);
+    if (ids.empty()) return;
+    const uint64_t batch_id = next_batch_++;
+    v1::Batch batch;
+    batch.set_batch_id(absl::StrCat(batch_id));
+    InflightBatch inflight{*w, {}, nullptr};
+    for (uint64_t id : ids) {
+      Request& r = requests_.at(id);
+      v1::Sequence* s = batch.add_sequences();
+      s->set_sequence_id(id);
+      s->mutable_prompt_token_ids()->Add(r.req.prompt.begin(), r.req.prompt.end());
+      s->mutable_generated_token_ids()->Add(r.generated.begin(), r.generated.end());
+      s->set_max_tokens(r.req.max_tokens);
+      s->set_step_budget(r.step_budget);
+      *s->mutable_sampling() = r.req.sampling;
+      s->mutable_stop_token_ids()->Add(r.req.stop_token_ids.begin(), r.req.stop_token_ids.end());
+      r.batch = batch_id;
+      ++r.dispatches;
+      if (!r.first_dispatch) {
+        r.first_dispatch = now;
+        const double q = Seconds(now - r.arrival);
+        metrics_.queue_time.Observe(q);
+        metrics_.queue_time_window.Observe(q);
+      }
+      inflight.open.insert(id);
+    }
+    const int n = static_cast<int>(ids.size());
+    pool_.AddInflight(*w, n);
+    metrics_.batch_size.Observe(n);
+    metrics_.batch_efficiency.Observe(static_cast<double>(n) / config_.batching.max_batch_size);
+    metrics_.batches.Labels({BatchReasonName(reason)}).Inc();
+    InflightBatch& ref = batches_[batch_id] = std::move(inflight);
+    ref.call = workers_[*w]->Execute(
+        std::move(batch),
+        [this, batch_id](v1::TokenEvent ev) {
+          commands_.Post([this, batch_id, ev = std::move(ev)] { OnEvent(batch_id, ev); });
+        },
+        [this, batch_id](grpc::Status s) { commands_.Post([this, batch_id, s] { OnBatchDone(batch_id, s); }); });
+  }
+}
+
+void RouterCore::UpdateGauges() {
+  metrics_.queue_length.Set(static_cast<double>(batcher_->size()));
+  metrics_.inflight.Set(static_cast<double>(requests_.size()));
+  const size_t healthy = pool_.healthy_count();
+  metrics_.workers_healthy.Set(static_cast<double>(healthy));
+  for (size_t w = 0; w < pool_.size(); ++w) metrics_.worker_up.Labels({pool_.address(w)}).Set(pool_.healthy(w) ? 1 : 0);
+  healthy_workers_ = static_cast<int>(healthy);
+}
+
+void RouterCore::Loop() {
+  next_poll_ = clock_.Now();
+  while (!stopping_) {
+    std::optional<SteadyTime> wake = next_poll_;
+    if (auto d = batcher_->NextDeadline()) wake = std::min(*wake, *d);
+    for (auto& c : commands_.TakeAll(wake)) c();
+    if (stopping_) break;
+    PollWorkers();
+    Dispatch();
+    UpdateGauges();
+  }
+  // Shutdown: fail what is open, cancel worker streams, and wait (bounded) for their callbacks so
+  // none outlives this object.
+  std::vector<uint64_t> keys;
+  for (auto& [k, r] : requests_) keys.push_back(k);
+  for (uint64_t k : keys) Fail(k, grpc::Status(grpc::StatusCode::UNAVAILABLE, "router is shutting down"), "unavailable");
+  for (auto& [id, b] : batches_) {
+    if (b.call) b.call->Cancel();
+  }
+  const SteadyTime give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto pending = [&] {
+    return !batches_.empty() || std::any_of(status_pending_.begin(), status_pending_.end(), [](bool p) { return p; });
+  };
+  while (pending() && std::chrono::steady_clock::now() < give_up) {
+    for (auto& c : commands_.TakeAll(std::chrono::steady_clock::now() + std::chrono::milliseconds(50))) c();
+  }
+}
+
+}  // namespace tailserve

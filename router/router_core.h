@@ -1,0 +1,112 @@
+#pragma once
+// The router's single owner thread: queue, batching, dispatch, token relay, re-dispatch and worker
+// health. gRPC threads only post commands here; nothing else touches this state.
+#include <atomic>
+#include <memory>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "common/clock.h"
+#include "common/command_queue.h"
+#include "common/config.h"
+#include "common/server_stream.h"
+#include "common/tokenizer.h"
+#include "router/batcher.h"
+#include "router/predictor.h"
+#include "router/request.h"
+#include "router/router_metrics.h"
+#include "router/worker_client.h"
+#include "router/worker_pool.h"
+
+namespace tailserve {
+
+using ClientSink = MessageSink<v1::GenerateResponse>;
+
+class RouterCore {
+ public:
+  RouterCore(const Config& config, std::vector<std::string> worker_addresses,
+             std::vector<std::unique_ptr<WorkerClient>> workers, std::unique_ptr<Batcher> batcher,
+             std::unique_ptr<Predictor> predictor, const Tokenizer& tokenizer, RouterMetrics& metrics,
+             const Clock& clock = SystemClock::Get());
+  ~RouterCore();
+
+  void Start();
+  // Fails every open request with UNAVAILABLE and joins the thread.
+  void Stop();
+
+  // A key for a new request, so its cancel callback can exist before Submit.
+  uint64_t NewKey() { return next_key_.fetch_add(1); }
+  // Queues the request (or finishes `sink` with RESOURCE_EXHAUSTED when the queue is full).
+  void Submit(uint64_t key, ParsedRequest req, std::shared_ptr<ClientSink> sink, SteadyTime arrival);
+  // The client went away (`deadline`: because its deadline passed). Unknown keys are ignored.
+  void Cancel(uint64_t key, bool deadline);
+
+  bool ready() const { return healthy_workers_.load() > 0; }
+
+ private:
+  struct Request {
+    ParsedRequest req;
+    std::shared_ptr<ClientSink> sink;
+    SteadyTime arrival;
+    std::optional<SteadyTime> first_dispatch, first_token;
+    std::vector<int32_t> generated;
+    std::unique_ptr<StreamingDecoder> decoder;
+    std::string held_text;  // decoded text held back while it could still start a stop string
+    double predicted_steps = 0;
+    int32_t step_budget = 0;
+    int dispatches = 0;
+    int failed_dispatches = 0;
+    uint64_t batch = 0;  // the in-flight batch, 0 while queued
+    bool simulated = false;
+  };
+  struct InflightBatch {
+    size_t worker = 0;
+    std::unordered_set<uint64_t> open;  // sequences without a final event yet
+    std::shared_ptr<ExecuteCall> call;
+  };
+
+  void Loop();
+  void DoSubmit(uint64_t key, ParsedRequest req, std::shared_ptr<ClientSink> sink, SteadyTime arrival);
+  void DoCancel(uint64_t key, bool deadline);
+  void OnEvent(uint64_t batch_id, const v1::TokenEvent& ev);
+  void OnBatchDone(uint64_t batch_id, const grpc::Status& status);
+  void OnStatus(size_t worker, const absl::StatusOr<v1::WorkerStatus>& status);
+  void PollWorkers();
+  void Dispatch();
+  void WorkerDown(size_t worker);
+  // Appends tokens and streams them; returns true when a stop string ended the request.
+  bool Relay(uint64_t key, Request& r, const v1::SequenceEvent& se);
+  void Complete(uint64_t key, v1::FinishReason reason, const std::string& outcome);
+  void Fail(uint64_t key, const grpc::Status& status, const std::string& outcome);
+  // reason: budget, worker_failure or rejected (no free slots; does not count as a dispatch).
+  void Requeue(uint64_t key, Request& r, const std::string& reason);
+  v1::Timings TimingsOf(const Request& r, SteadyTime now) const;
+  void UpdateGauges();
+
+  const Config config_;
+  WorkerPool pool_;
+  std::vector<std::unique_ptr<WorkerClient>> workers_;
+  std::unique_ptr<Batcher> batcher_;
+  std::unique_ptr<Predictor> predictor_;
+  const Tokenizer& tokenizer_;
+  RouterMetrics& metrics_;
+  const Clock& clock_;
+
+  CommandQueue commands_;
+  std::thread thread_;
+  std::atomic<uint64_t> next_key_{1};
+  std::atomic<int> healthy_workers_{0};
+
+  // Owned by the core thread.
+  bool stopping_ = false;
+  std::unordered_map<uint64_t, Request> requests_;
+  std::unordered_map<uint64_t, InflightBatch> batches_;
+  uint64_t next_batch_ = 1;
+  std::vector<bool> status_pending_;
+  SteadyTime next_poll_;
+  std::mt19937_64 rng_{std::random_device{}()};
+};
+
+}  // namespace tailserve

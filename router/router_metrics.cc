@@ -1,0 +1,54 @@
+#include "router/router_metrics.h"
+
+namespace tailserve {
+
+RouterMetrics::RouterMetrics(Registry& r, double w)
+    : requests(r.AddCounter("tailserve_router_requests_total",
+                            "Requests by outcome: stop, length, cancelled, deadline_exceeded, invalid_argument, "
+                            "resource_exhausted, unavailable, error.",
+                            {"outcome"})),
+      queue_time(r.AddHistogram("tailserve_router_queue_time_seconds",
+                                "Arrival to first dispatch to a worker, per request.", LatencyBuckets())
+                     .Get()),
+      ttft(r.AddHistogram("tailserve_router_ttft_seconds", "Arrival to first token sent, per request.", LatencyBuckets())
+               .Get()),
+      tpot(r.AddHistogram("tailserve_router_tpot_seconds",
+                          "Time per output token after the first: (total - ttft) / (tokens - 1), per request.",
+                          StepTimeBuckets())
+               .Get()),
+      e2e(r.AddHistogram("tailserve_router_e2e_latency_seconds", "Arrival to last response, per request.",
+                         LatencyBuckets())
+              .Get()),
+      queue_time_window(r.AddWindowQuantiles("tailserve_router_queue_time_window_seconds",
+                                             "Queue time P50/P95/P99 over the sliding metrics window.", w)
+                            .Get()),
+      ttft_window(
+          r.AddWindowQuantiles("tailserve_router_ttft_window_seconds", "TTFT P50/P95/P99 over the sliding window.", w)
+              .Get()),
+      tpot_window(r.AddWindowQuantiles("tailserve_router_tpot_window_seconds",
+                                       "Time per output token P50/P95/P99 over the sliding window.", w)
+                      .Get()),
+      e2e_window(r.AddWindowQuantiles("tailserve_router_e2e_latency_window_seconds",
+                                      "End-to-end latency P50/P95/P99 over the sliding window.", w)
+                     .Get()),
+      queue_length(r.AddGauge("tailserve_router_queue_length",
+                              "Requests waiting for a batch (the autoscaling signal).")
+                       .Get()),
+      inflight(r.AddGauge("tailserve_router_inflight_requests", "Requests accepted and not yet finished.").Get()),
+      batch_size(r.AddHistogram("tailserve_router_batch_size", "Sequences per dispatched batch.",
+                                {1, 2, 4, 8, 16, 32, 64, 128, 256})
+                     .Get()),
+      batch_efficiency(r.AddHistogram("tailserve_router_batch_efficiency_ratio",
+                                      "Dispatched batch size / batching.max_batch_size.",
+                                      LinearBuckets(0.1, 0.1, 10))
+                           .Get()),
+      batches(r.AddCounter("tailserve_router_batches_total",
+                           "Batches dispatched, by why they left the queue: full, min_size, timeout.", {"reason"})),
+      redispatches(r.AddCounter("tailserve_router_redispatches_total",
+                                "Sequences dispatched again: budget (step budget spent), worker_failure, rejected.",
+                                {"reason"})),
+      output_tokens(r.AddCounter("tailserve_router_output_tokens_total", "Tokens streamed to clients.").Get()),
+      workers_healthy(r.AddGauge("tailserve_router_workers_healthy", "Workers in rotation.").Get()),
+      worker_up(r.AddGauge("tailserve_router_worker_up", "1 when the worker is in rotation, else 0.", {"worker"})) {}
+
+}  // namespace tailserve

@@ -1,0 +1,29 @@
+#pragma once
+// The router's Prometheus metrics (documented in the README). Per request, not per batch.
+#include "common/metrics.h"
+
+namespace tailserve {
+
+struct RouterMetrics {
+  RouterMetrics(Registry& r, double window_seconds);
+  Registry::Family<Counter>& requests;  // outcome
+  Histogram& queue_time;
+  Histogram& ttft;
+  Histogram& tpot;
+  Histogram& e2e;
+  WindowQuantiles& queue_time_window;
+  WindowQuantiles& ttft_window;
+  WindowQuantiles& tpot_window;
+  WindowQuantiles& e2e_window;
+  Gauge& queue_length;
+  Gauge& inflight;
+  Histogram& batch_size;
+  Histogram& batch_efficiency;
+  Registry::Family<Counter>& batches;       // reason
+  Registry::Family<Counter>& redispatches;  // reason
+  Counter& output_tokens;
+  Gauge& workers_healthy;
+  Registry::Family<Gauge>& worker_up;  // worker
+};
+
+}  // namespace tailserve

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs every Debian package tailserve needs to build, test and run (idempotent).
+set -euo pipefail
+PKGS=(
+  build-essential cmake ninja-build pkg-config git curl ca-certificates
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libcpp-httplib-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
+  libpcre2-dev libonnx-dev libssl-dev zlib1g-dev
+  prometheus
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  # prometheus' post-install starts a service; policy-rc.d keeps apt from launching daemons here.
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

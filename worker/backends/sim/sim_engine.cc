@@ -1,0 +1,42 @@
+#include "worker/backends/sim/sim_engine.h"
+
+#include <thread>
+
+namespace tailserve {
+
+int32_t SimToken(uint64_t seed, int64_t index, int32_t vocab_size) {
+  // splitmix64 of (seed, index): cheap, well mixed, stateless.
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<int32_t>(z % static_cast<uint64_t>(vocab_size));
+}
+
+double SimStepSeconds(const SimBackendConfig& c, int batch, int64_t kv_tokens, int64_t prefill_tokens) {
+  return c.step_base_ms * 1e-3 + c.step_per_sequence_ms * 1e-3 * batch + c.step_per_kv_token_ns * 1e-9 * kv_tokens +
+         c.step_per_prefill_token_ms * 1e-3 * prefill_tokens;
+}
+
+SimEngine::SimEngine(SimBackendConfig config, std::string model_id, const Clock& clock, SleepFn sleep_until)
+    : config_(config), model_id_(std::move(model_id)), clock_(clock), sleep_until_(std::move(sleep_until)) {
+  if (!sleep_until_) sleep_until_ = [](SteadyTime t) { std::this_thread::sleep_until(t); };
+}
+
+absl::Status SimEngine::Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) {
+  const SteadyTime start = clock_.Now();
+  int64_t kv_tokens = 0, prefill_tokens = 0;
+  next->resize(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const StepSequence& s = batch[i];
+    const int64_t len = static_cast<int64_t>(s.tokens->size());
+    kv_tokens += len;
+    if (s.computed == 0) prefill_tokens += len;
+    (*next)[i] = SimToken(s.sampling->seed, len - s.prompt_len, config_.vocab_size);
+  }
+  const double cost = SimStepSeconds(config_, static_cast<int>(batch.size()), kv_tokens, prefill_tokens);
+  if (cost > 0) sleep_until_(start + std::chrono::duration_cast<Duration>(std::chrono::duration<double>(cost)));
+  return absl::OkStatus();
+}
+
+}  // namespace tailserve

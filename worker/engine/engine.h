@@ -1,0 +1,46 @@
+#pragma once
+// The backend interface the worker scheduler drives. The scheduler owns slots and sequences; the
+// backend owns its cache layout. Backends: sim (cost model), later cpu and cuda.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tailserve {
+
+struct Sampling {
+  float temperature = 0;  // 0: greedy
+  float top_p = 1;
+  int32_t top_k = 0;
+  uint64_t seed = 0;
+};
+
+// One sequence's view for one step. `tokens` holds prompt then generated tokens; the first
+// `computed` of them are already in the backend's cache, the rest go through the model now
+// (all of them for a new or re-dispatched sequence: a prefill; only the last one when decoding).
+struct StepSequence {
+  uint64_t id = 0;
+  const std::vector<int32_t>* tokens = nullptr;
+  int32_t prompt_len = 0;
+  int32_t computed = 0;
+  const Sampling* sampling = nullptr;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual std::string backend() const = 0;
+  virtual std::string model_id() const = 0;
+  // True when tokens are not model output (the simulator).
+  virtual bool simulated() const = 0;
+  virtual int32_t vocab_size() const = 0;
+  // Runs the model over each sequence's uncomputed tokens and samples one next token per sequence,
+  // written to (*next)[i] for batch[i].
+  virtual absl::Status Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) = 0;
+  // The sequence is over (finished, cancelled or handed back): free what the backend holds for it.
+  virtual void Release(uint64_t id) = 0;
+};
+
+}  // namespace tailserve

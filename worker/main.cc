@@ -1,0 +1,131 @@
+// tailserve-worker: one process per GPU (or per simulated GPU), serving tailserve.v1.Worker.
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "common/http_server.h"
+#include "common/logging.h"
+#include "common/process.h"
+#include "common/subprocess.h"
+#include "worker/backends/sim/sim_engine.h"
+#include "worker/scheduler.h"
+#include "worker/worker_service.h"
+
+namespace tailserve {
+namespace {
+
+// Marks the worker ready once a real generation has gone through the scheduler and engine.
+class WarmupSink final : public BatchSink {
+ public:
+  WarmupSink(std::atomic<bool>& ready, grpc::Server* server, Gauge& gauge)
+      : ready_(ready), server_(server), gauge_(gauge) {}
+  void Write(v1::TokenEvent ev) override {
+    for (const auto& s : ev.sequences()) tokens_ += s.token_ids_size();
+  }
+  void Finish(grpc::Status status) override {
+    if (!status.ok() || tokens_ == 0) {
+      spdlog::error("warm-up generation failed: {} ({} tokens)", status.error_message(), tokens_);
+      return;
+    }
+    ready_ = true;
+    gauge_.Set(1);
+    server_->GetHealthCheckService()->SetServingStatus(true);
+    spdlog::info("warm-up generation done ({} tokens): ready", tokens_);
+  }
+
+ private:
+  std::atomic<bool>& ready_;
+  grpc::Server* server_;
+  Gauge& gauge_;
+  int tokens_ = 0;
+};
+
+int Main(int argc, char** argv) {
+  CLI::App app{"tailserve worker: serves tailserve.v1.Worker over one engine backend"};
+  CommonFlags common;
+  AddCommonFlags(app, &common);
+  std::optional<int> grpc_port, http_port, slots;
+  std::optional<std::string> host, backend;
+  app.add_option("--grpc-port", grpc_port, "worker.grpc_port (0: any free port)");
+  app.add_option("--http-port", http_port, "worker.http_port for /metrics /healthz /readyz (0: any)");
+  app.add_option("--listen-host", host, "worker.listen_host");
+  app.add_option("--slots", slots, "worker.slots");
+  app.add_option("--backend", backend, "worker.backend");
+  CLI11_PARSE(app, argc, argv);
+
+  BlockTerminationSignals();
+  if (!InitLogging("worker", common.log_level)) {
+    std::fprintf(stderr, "--log-level: unknown level '%s'\n", common.log_level.c_str());
+    return 2;
+  }
+  std::vector<std::string> extra;
+  if (grpc_port) extra.push_back(absl::StrCat("worker.grpc_port=", *grpc_port));
+  if (http_port) extra.push_back(absl::StrCat("worker.http_port=", *http_port));
+  if (slots) extra.push_back(absl::StrCat("worker.slots=", *slots));
+  if (host) extra.push_back(absl::StrCat("worker.listen_host=", *host));
+  if (backend) extra.push_back(absl::StrCat("worker.backend=", *backend));
+  absl::StatusOr<Config> config = LoadConfig(common, extra);
+  if (!config.ok()) {
+    spdlog::critical("invalid configuration: {}", std::string(config.status().message()));
+    return 2;
+  }
+  const WorkerConfig& wc = config->worker;
+
+  Registry registry;
+  WorkerMetrics metrics(registry, wc.metrics_window_seconds);
+  SimEngine engine(wc.sim, wc.model_id);
+  Scheduler scheduler(engine, wc.slots, metrics);
+  scheduler.Start();
+
+  std::atomic<bool> ready{false};
+  WorkerService service(scheduler, engine, ready);
+  absl::StatusOr<GrpcServer> grpc_server = StartGrpcServer(wc.listen_host, wc.grpc_port, {&service});
+  if (!grpc_server.ok()) {
+    spdlog::critical("{}", std::string(grpc_server.status().message()));
+    return 1;
+  }
+  grpc_server->server->GetHealthCheckService()->SetServingStatus(false);
+
+  ObservabilityServer http(registry, [&]() -> absl::Status {
+    return ready ? absl::OkStatus() : absl::UnavailableError("engine warm-up generation has not completed");
+  });
+  absl::StatusOr<int> http_port_bound = http.Start(wc.listen_host, wc.http_port);
+  if (!http_port_bound.ok()) {
+    spdlog::critical("{}", std::string(http_port_bound.status().message()));
+    return 1;
+  }
+  spdlog::info("worker listening: grpc {}:{} http {}:{} backend={} slots={}", wc.listen_host, grpc_server->port,
+               wc.listen_host, *http_port_bound, engine.backend(), wc.slots);
+  if (!common.ports_file.empty()) {
+    if (absl::Status s = WritePortsFile(common.ports_file, grpc_server->port, *http_port_bound); !s.ok()) {
+      spdlog::critical("{}", std::string(s.message()));
+      return 1;
+    }
+  }
+
+  // Warm-up: one short real generation through the scheduler and engine before taking traffic.
+  v1::Batch warmup;
+  warmup.set_batch_id("warmup");
+  v1::Sequence* seq = warmup.add_sequences();
+  seq->set_sequence_id(~0ull);
+  for (int32_t t : {1, 2, 3}) seq->add_prompt_token_ids(t % engine.vocab_size());
+  seq->set_max_tokens(4);
+  scheduler.Submit(std::make_shared<WarmupSink>(ready, grpc_server->server.get(), metrics.ready), warmup);
+
+  const int sig = WaitForTermination();
+  spdlog::info("signal {}: handing back running sequences and shutting down", sig);
+  ready = false;
+  metrics.ready.Set(0);
+  grpc_server->server->GetHealthCheckService()->SetServingStatus(false);
+  scheduler.Stop();
+  grpc_server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  http.Stop();
+  return 0;
+}
+
+}  // namespace
+}  // namespace tailserve
+
+int main(int argc, char** argv) { return tailserve::Main(argc, argv); }

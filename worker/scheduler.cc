@@ -1,0 +1,267 @@
+#include "worker/scheduler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace tailserve {
+namespace {
+
+Sampling ToSampling(const v1::SamplingParams& p) {
+  Sampling s;
+  s.temperature = p.temperature();
+  s.top_p = p.top_p() > 0 ? p.top_p() : 1.0f;
+  s.top_k = p.top_k();
+  s.seed = p.has_seed() ? p.seed() : 0;
+  return s;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(Engine& engine, int slots, WorkerMetrics& metrics, const Clock& clock)
+    : engine_(engine), slots_(slots), metrics_(metrics), clock_(clock) {
+  metrics_.total_slots.Set(slots_);
+  PublishSnapshot();
+}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void Scheduler::Stop() {
+  if (!thread_.joinable()) return;
+  commands_.Post([this] { stopping_ = true; });
+  thread_.join();
+}
+
+void Scheduler::Submit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
+  commands_.Post([this, sink = std::move(sink), batch = std::move(batch)]() mutable {
+    Admit(std::move(sink), std::move(batch));
+  });
+}
+
+void Scheduler::CancelSink(std::shared_ptr<BatchSink> sink) {
+  commands_.Post([this, sink = std::move(sink)] {
+    for (size_t i = running_.size(); i-- > 0;) {
+      if (running_[i].sink == sink) Retire(i, "cancelled");
+    }
+    PublishSnapshot();
+  });
+}
+
+void Scheduler::Cancel(std::vector<uint64_t> ids, std::function<void(int)> done) {
+  commands_.Post([this, ids = std::move(ids), done = std::move(done)] {
+    int n = 0;
+    for (uint64_t id : ids) {
+      for (size_t i = 0; i < running_.size(); ++i) {
+        if (running_[i].id != id) continue;
+        v1::TokenEvent ev;
+        ev.set_simulated(engine_.simulated());
+        auto* se = ev.add_sequences();
+        se->set_sequence_id(id);
+        se->set_state(v1::FINISH_STATE_CANCELLED);
+        running_[i].sink->Write(std::move(ev));
+        Retire(i, "cancelled");
+        ++n;
+        break;
+      }
+    }
+    PublishSnapshot();
+    done(n);
+  });
+}
+
+SchedulerSnapshot Scheduler::Snapshot() const {
+  std::lock_guard lock(snapshot_mu_);
+  return snapshot_;
+}
+
+absl::Status Scheduler::Validate(const v1::Batch& batch) const {
+  if (batch.sequences().empty()) return absl::InvalidArgumentError("sequences: batch is empty");
+  std::unordered_set<uint64_t> ids;
+  for (const Slot& s : running_) ids.insert(s.id);
+  const int32_t vocab = engine_.vocab_size();
+  for (int i = 0; i < batch.sequences_size(); ++i) {
+    const v1::Sequence& s = batch.sequences(i);
+    const std::string at = absl::StrCat("sequences[", i, "]");
+    if (!ids.insert(s.sequence_id()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ".sequence_id: ", s.sequence_id(), " is already running"));
+    }
+    if (s.prompt_token_ids().empty()) return absl::InvalidArgumentError(at + ".prompt_token_ids: empty");
+    for (auto* list : {&s.prompt_token_ids(), &s.generated_token_ids()}) {
+      for (int32_t t : *list) {
+        if (t < 0 || t >= vocab) {
+          return absl::InvalidArgumentError(absl::StrCat(at, ": token id ", t, " outside the vocabulary [0, ", vocab, ")"));
+        }
+      }
+    }
+    if (s.max_tokens() <= s.generated_token_ids_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ".max_tokens: ", s.max_tokens(),
+                                                     " leaves nothing to generate after ",
+                                                     s.generated_token_ids_size(), " tokens"));
+    }
+    if (s.step_budget() < 0) return absl::InvalidArgumentError(at + ".step_budget: must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
+  if (stopping_) {
+    sink->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is shutting down"));
+    return;
+  }
+  if (absl::Status s = Validate(batch); !s.ok()) {
+    metrics_.batches.Labels({"invalid"}).Inc();
+    sink->Finish(ToGrpcStatus(s));
+    return;
+  }
+  const int free = slots_ - static_cast<int>(running_.size());
+  if (batch.sequences_size() > free) {
+    metrics_.batches.Labels({"rejected_full"}).Inc();
+    sink->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                              absl::StrCat("batch of ", batch.sequences_size(), " does not fit ", free, " free slots")));
+    return;
+  }
+  metrics_.batches.Labels({"admitted"}).Inc();
+  for (v1::Sequence& s : *batch.mutable_sequences()) {
+    Slot slot;
+    slot.id = s.sequence_id();
+    slot.tokens.assign(s.prompt_token_ids().begin(), s.prompt_token_ids().end());
+    slot.prompt_len = static_cast<int32_t>(slot.tokens.size());
+    slot.tokens.insert(slot.tokens.end(), s.generated_token_ids().begin(), s.generated_token_ids().end());
+    slot.max_tokens = s.max_tokens();
+    slot.budget = s.step_budget();
+    slot.sampling = ToSampling(s.sampling());
+    slot.stop_ids.insert(s.stop_token_ids().begin(), s.stop_token_ids().end());
+    slot.sink = sink;
+    running_.push_back(std::move(slot));
+  }
+  open_per_sink_[sink.get()] += batch.sequences_size();
+  PublishSnapshot();
+}
+
+void Scheduler::Retire(size_t index, const char* reason) {
+  Slot slot = std::move(running_[index]);
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+  engine_.Release(slot.id);
+  metrics_.sequences.Labels({reason}).Inc();
+  auto it = open_per_sink_.find(slot.sink.get());
+  if (it != open_per_sink_.end() && --it->second == 0) {
+    open_per_sink_.erase(it);
+    slot.sink->Finish(grpc::Status::OK);
+  }
+}
+
+void Scheduler::RunStep() {
+  std::vector<StepSequence> batch(running_.size());
+  int64_t prefill = 0;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Slot& s = running_[i];
+    batch[i] = {s.id, &s.tokens, s.prompt_len, s.computed, &s.sampling};
+    if (s.computed == 0) prefill += static_cast<int64_t>(s.tokens.size());
+  }
+  std::vector<int32_t> next;
+  const SteadyTime start = clock_.Now();
+  const absl::Status status = engine_.Step(batch, &next);
+  const double seconds = Seconds(clock_.Now() - start);
+  metrics_.step_time.Observe(seconds);
+  metrics_.step_time_window.Observe(seconds);
+  metrics_.step_batch_size.Observe(static_cast<double>(running_.size()));
+  metrics_.prefill_tokens.Inc(static_cast<double>(prefill));
+
+  std::map<BatchSink*, v1::TokenEvent> events;
+  std::vector<std::pair<size_t, const char*>> retire;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Slot& s = running_[i];
+    v1::TokenEvent& ev = events[s.sink.get()];
+    auto* se = ev.add_sequences();
+    se->set_sequence_id(s.id);
+    if (!status.ok()) {
+      se->set_state(v1::FINISH_STATE_ERROR);
+      se->set_error(std::string(status.message()));
+      retire.emplace_back(i, "error");
+      continue;
+    }
+    const int32_t token = next[i];
+    s.tokens.push_back(token);
+    s.computed = static_cast<int32_t>(s.tokens.size()) - 1;
+    ++s.steps;
+    se->add_token_ids(token);
+    metrics_.generated_tokens.Inc();
+    const int32_t generated = static_cast<int32_t>(s.tokens.size()) - s.prompt_len;
+    if (s.stop_ids.count(token)) {
+      se->set_state(v1::FINISH_STATE_STOP);
+      retire.emplace_back(i, "stop");
+    } else if (generated >= s.max_tokens) {
+      se->set_state(v1::FINISH_STATE_LENGTH);
+      retire.emplace_back(i, "length");
+    } else if (s.budget > 0 && s.steps >= s.budget) {
+      se->set_state(v1::FINISH_STATE_BUDGET_EXHAUSTED);
+      retire.emplace_back(i, "budget");
+    }
+  }
+  if (!status.ok()) spdlog::error("engine step failed: {}", status.ToString());
+  const int free_after = slots_ - static_cast<int>(running_.size() - retire.size());
+  for (auto& [sink, ev] : events) {
+    ev.set_simulated(engine_.simulated());
+    ev.set_free_slots(free_after);
+  }
+  // Write events before retiring so each sink sees its last tokens before it finishes.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    auto it = events.find(running_[i].sink.get());
+    if (it != events.end()) {
+      running_[i].sink->Write(std::move(it->second));
+      events.erase(it);
+    }
+  }
+  for (size_t k = retire.size(); k-- > 0;) Retire(retire[k].first, retire[k].second);
+}
+
+void Scheduler::PublishSnapshot() {
+  const int running = static_cast<int>(running_.size());
+  metrics_.running_sequences.Set(running);
+  metrics_.free_slots.Set(slots_ - running);
+  const auto q = metrics_.step_time_window.Read({0.5, 0.95});
+  std::lock_guard lock(snapshot_mu_);
+  snapshot_.total_slots = slots_;
+  snapshot_.free_slots = slots_ - running;
+  snapshot_.running = running;
+  snapshot_.step_p50_seconds = q.count ? q.quantiles[0] : 0;
+  snapshot_.step_p95_seconds = q.count ? q.quantiles[1] : 0;
+}
+
+void Scheduler::Loop() {
+  int steps_since_publish = 0;
+  while (true) {
+    auto cmds = running_.empty() ? commands_.TakeAll(std::nullopt) : commands_.TryTakeAll();
+    for (auto& c : cmds) c();
+    if (stopping_) {
+      for (size_t i = running_.size(); i-- > 0;) {
+        // Finish first: the router re-dispatches sequences of a stream that ends UNAVAILABLE.
+        running_[i].sink->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is shutting down"));
+        Retire(i, "cancelled");
+      }
+      PublishSnapshot();
+      return;
+    }
+    if (running_.empty()) continue;
+    RunStep();
+    // The window quantiles sort their samples: refresh the snapshot every few steps, not every one.
+    if (++steps_since_publish >= 16 || running_.empty()) {
+      steps_since_publish = 0;
+      PublishSnapshot();
+    } else {
+      const int running = static_cast<int>(running_.size());
+      metrics_.running_sequences.Set(running);
+      metrics_.free_slots.Set(slots_ - running);
+      std::lock_guard lock(snapshot_mu_);
+      snapshot_.free_slots = slots_ - running;
+      snapshot_.running = running;
+    }
+  }
+}
+
+}  // namespace tailserve

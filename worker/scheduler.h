@@ -1,0 +1,88 @@
+#pragma once
+// The worker's slot scheduler: one thread owns the slots and drives the engine. Execute calls,
+// cancellations and shutdown reach it as posted commands; it runs continuous batching (a finished
+// sequence frees its slot at once, admitted sequences join the next step).
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/command_queue.h"
+#include "common/server_stream.h"
+#include "tailserve/v1/worker.pb.h"
+#include "worker/engine/engine.h"
+#include "worker/worker_metrics.h"
+
+namespace tailserve {
+
+using BatchSink = MessageSink<v1::TokenEvent>;
+
+struct SchedulerSnapshot {
+  int total_slots = 0;
+  int free_slots = 0;
+  int running = 0;
+  double step_p50_seconds = 0;
+  double step_p95_seconds = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(Engine& engine, int slots, WorkerMetrics& metrics, const Clock& clock = SystemClock::Get());
+  ~Scheduler();
+
+  void Start();
+  // Cancels every running sequence (its stream ends CANCELLED) and joins the thread.
+  void Stop();
+
+  // Admits the batch if every sequence fits a free slot and is valid, else finishes the sink with
+  // RESOURCE_EXHAUSTED / INVALID_ARGUMENT without running anything.
+  void Submit(std::shared_ptr<BatchSink> sink, v1::Batch batch);
+  // The stream behind `sink` is gone (client cancelled): drop its sequences.
+  void CancelSink(std::shared_ptr<BatchSink> sink);
+  // Cancels these sequences; `done(n)` is called with how many were running.
+  void Cancel(std::vector<uint64_t> ids, std::function<void(int)> done);
+
+  SchedulerSnapshot Snapshot() const;
+
+ private:
+  struct Slot {
+    uint64_t id = 0;
+    std::vector<int32_t> tokens;
+    int32_t prompt_len = 0;
+    int32_t max_tokens = 0;
+    int32_t budget = 0;
+    int32_t steps = 0;
+    int32_t computed = 0;
+    Sampling sampling;
+    std::unordered_set<int32_t> stop_ids;
+    std::shared_ptr<BatchSink> sink;
+  };
+
+  void Loop();
+  void Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch);
+  absl::Status Validate(const v1::Batch& batch) const;
+  void RunStep();
+  // Removes the slot and, when its sink has no sequences left, finishes the sink.
+  void Retire(size_t index, const char* reason);
+  void PublishSnapshot();
+
+  Engine& engine_;
+  const int slots_;
+  WorkerMetrics& metrics_;
+  const Clock& clock_;
+  CommandQueue commands_;
+  std::thread thread_;
+  bool stopping_ = false;
+
+  // Owned by the scheduler thread.
+  std::vector<Slot> running_;
+  std::unordered_map<BatchSink*, int> open_per_sink_;
+
+  mutable std::mutex snapshot_mu_;
+  SchedulerSnapshot snapshot_;
+};
+
+}  // namespace tailserve

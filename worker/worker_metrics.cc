@@ -1,0 +1,28 @@
+#include "worker/worker_metrics.h"
+
+namespace tailserve {
+
+WorkerMetrics::WorkerMetrics(Registry& r, double window_seconds)
+    : step_time(r.AddHistogram("tailserve_worker_step_time_seconds",
+                               "Duration of one scheduler step (prefill and/or one decode token for the running batch).",
+                               StepTimeBuckets())
+                    .Get()),
+      step_time_window(r.AddWindowQuantiles("tailserve_worker_step_time_window_seconds",
+                                            "Step time quantiles over the sliding metrics window.", window_seconds)
+                           .Get()),
+      running_sequences(r.AddGauge("tailserve_worker_running_sequences", "Sequences holding a slot.").Get()),
+      free_slots(r.AddGauge("tailserve_worker_free_slots", "Slots free for new sequences.").Get()),
+      total_slots(r.AddGauge("tailserve_worker_slots", "Configured sequence slots.").Get()),
+      ready(r.AddGauge("tailserve_worker_ready", "1 once the engine has completed its warm-up generation.").Get()),
+      step_batch_size(r.AddHistogram("tailserve_worker_step_batch_size", "Sequences in one step.",
+                                     {1, 2, 4, 8, 16, 32, 64, 128, 256, 512})
+                          .Get()),
+      prefill_tokens(r.AddCounter("tailserve_worker_prefill_tokens_total", "Tokens prefilled (prompts and re-dispatched output).").Get()),
+      generated_tokens(r.AddCounter("tailserve_worker_generated_tokens_total", "Tokens generated.").Get()),
+      batches(r.AddCounter("tailserve_worker_batches_total", "Execute calls by outcome (admitted, rejected_full, invalid).",
+                           {"outcome"})),
+      sequences(r.AddCounter("tailserve_worker_sequences_total",
+                             "Sequences that left their slot, by reason (stop, length, budget, cancelled, error).",
+                             {"reason"})) {}
+
+}  // namespace tailserve

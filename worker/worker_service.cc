@@ -1,0 +1,47 @@
+#include "worker/worker_service.h"
+
+#include "common/server_stream.h"
+
+namespace tailserve {
+
+grpc::ServerWriteReactor<v1::TokenEvent>* WorkerService::Execute(grpc::CallbackServerContext*,
+                                                                 const v1::Batch* batch) {
+  // The cancel callback needs the handle, which exists only once the stream does.
+  auto holder = std::make_shared<std::weak_ptr<BatchSink>>();
+  auto* stream = new ServerStream<v1::TokenEvent>([this, holder] {
+    if (auto sink = holder->lock()) scheduler_.CancelSink(std::move(sink));
+  });
+  std::shared_ptr<BatchSink> sink = stream->handle();
+  *holder = sink;
+  scheduler_.Submit(std::move(sink), *batch);
+  return stream;
+}
+
+grpc::ServerUnaryReactor* WorkerService::Cancel(grpc::CallbackServerContext* ctx, const v1::CancelRequest* req,
+                                                v1::CancelResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  scheduler_.Cancel({req->sequence_ids().begin(), req->sequence_ids().end()}, [reactor, resp](int n) {
+    resp->set_cancelled(n);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest*,
+                                                v1::WorkerStatus* resp) {
+  const SchedulerSnapshot s = scheduler_.Snapshot();
+  resp->set_model_id(engine_.model_id());
+  resp->set_backend(engine_.backend());
+  resp->set_ready(ready_.load());
+  resp->set_total_slots(s.total_slots);
+  resp->set_free_slots(s.free_slots);
+  resp->set_running_sequences(s.running);
+  resp->set_step_time_p50_seconds(s.step_p50_seconds);
+  resp->set_step_time_p95_seconds(s.step_p95_seconds);
+  resp->set_vocab_size(engine_.vocab_size());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace tailserve
