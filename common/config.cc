@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -19,28 +20,29 @@ class Section {
  public:
   Section(YAML::Node node, std::string path, std::vector<std::string>* errors)
       : node_(std::move(node)), path_(std::move(path)), errors_(errors) {
-    if (node_ && !node_.IsNull() && !node_.IsMap()) {
+    if (node_.IsDefined() && !node_.IsNull() && !node_.IsMap()) {
       Error(path_, "must be a mapping");
       node_ = YAML::Node();
     }
   }
   ~Section() {
-    if (!node_ || !node_.IsMap()) return;
+    if (!node_.IsDefined() || !node_.IsMap()) return;
     for (const auto& kv : node_) {
       const std::string key = kv.first.as<std::string>();
       if (!seen_.count(key)) Error(Join(key), "unknown key");
     }
   }
 
-  Section Sub(const std::string& key) { return Section(Find(key), Join(key), errors_); }
+  Section Sub(const std::string& key) { return Section(Find(key).value_or(YAML::Node()), Join(key), errors_); }
 
   void Int(const std::string& key, int* out, int64_t lo, int64_t hi) {
     int64_t v = *out;
     if (Integer(key, &v, lo, hi)) *out = static_cast<int>(v);
   }
   void Double(const std::string& key, double* out, double lo, double hi) {
-    YAML::Node n = Find(key);
-    if (!n) return;
+    std::optional<YAML::Node> found = Find(key);
+    if (!found) return;
+    const YAML::Node& n = *found;
     double v;
     if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !std::isfinite(v)) {
       Error(Join(key), absl::StrCat("expected a number, got ", Show(n)));
@@ -51,8 +53,9 @@ class Section {
     }
   }
   void String(const std::string& key, std::string* out, const std::set<std::string>& allowed = {}) {
-    YAML::Node n = Find(key);
-    if (!n) return;
+    std::optional<YAML::Node> found = Find(key);
+    if (!found) return;
+    const YAML::Node& n = *found;
     if (!n.IsScalar()) {
       Error(Join(key), absl::StrCat("expected a string, got ", Show(n)));
     } else if (!allowed.empty() && !allowed.count(n.Scalar())) {
@@ -63,8 +66,9 @@ class Section {
     }
   }
   void StringList(const std::string& key, std::vector<std::string>* out) {
-    YAML::Node n = Find(key);
-    if (!n) return;
+    std::optional<YAML::Node> found = Find(key);
+    if (!found) return;
+    const YAML::Node& n = *found;
     if (!n.IsSequence()) {
       Error(Join(key), absl::StrCat("expected a list of strings, got ", Show(n)));
       return;
@@ -85,8 +89,9 @@ class Section {
 
  private:
   bool Integer(const std::string& key, int64_t* out, int64_t lo, int64_t hi) {
-    YAML::Node n = Find(key);
-    if (!n) return false;
+    std::optional<YAML::Node> found = Find(key);
+    if (!found) return false;
+    const YAML::Node& n = *found;
     int64_t v;
     if (!n.IsScalar() || !YAML::convert<int64_t>::decode(n, v)) {
       Error(Join(key), absl::StrCat("expected an integer, got ", Show(n)));
@@ -99,11 +104,14 @@ class Section {
     *out = v;
     return true;
   }
-  YAML::Node Find(const std::string& key) {
+  // The value at `key`, or nullopt when absent or null (a default YAML::Node is a defined null).
+  std::optional<YAML::Node> Find(const std::string& key) {
     seen_.insert(key);
-    if (!node_ || !node_.IsMap()) return YAML::Node();
-    YAML::Node n = node_[key];
-    return n && !n.IsNull() ? n : YAML::Node();
+    if (!node_.IsDefined() || !node_.IsMap()) return std::nullopt;
+    const YAML::Node& cnode = node_;  // const lookup: never inserts the key
+    YAML::Node n = cnode[key];
+    if (!n.IsDefined() || n.IsNull()) return std::nullopt;
+    return n;
   }
   std::string Join(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
   static std::string Show(const YAML::Node& n) {
@@ -132,16 +140,16 @@ absl::Status ApplyOverride(YAML::Node root, const std::string& item) {
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("override '", item, "': ", e.what()));
   }
-  // Descend by reassignment-free indexing: operator[] on a non-const node creates missing maps.
-  std::vector<YAML::Node> chain{root};
+  YAML::Node node = root;
   for (size_t i = 0; i + 1 < path.size(); ++i) {
-    YAML::Node next = chain.back()[path[i]];
-    if (next.IsDefined() && !next.IsNull() && !next.IsMap()) {
+    const YAML::Node& cnode = node;
+    if (!cnode[path[i]] || cnode[path[i]].IsNull()) node[path[i]] = YAML::Node(YAML::NodeType::Map);
+    if (!cnode[path[i]].IsMap()) {
       return absl::InvalidArgumentError(absl::StrCat("override '", item, "': '", path[i], "' is not a section"));
     }
-    chain.push_back(next);
+    node.reset(node[path[i]]);  // reset rebinds; operator= would overwrite the parent's value
   }
-  chain.back()[path.back()] = value;
+  node[path.back()] = value;
   return absl::OkStatus();
 }
 

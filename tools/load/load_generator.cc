@@ -1,0 +1,233 @@
+#include "tools/load/load_generator.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "tailserve/v1/generation.grpc.pb.h"
+
+namespace tailserve {
+namespace {
+
+// "2023-11-16 18:17:03.9799600" -> seconds since the epoch (UTC assumed; only differences matter).
+std::optional<double> ParseTimestamp(const std::string& s) {
+  const size_t dot = s.find('.');
+  absl::Time t;
+  std::string err;
+  if (!absl::ParseTime("%Y-%m-%d %H:%M:%S", s.substr(0, dot), absl::UTCTimeZone(), &t, &err)) return std::nullopt;
+  double frac = 0;
+  if (dot != std::string::npos) {
+    const std::string f = "0" + s.substr(dot);
+    if (!absl::SimpleAtod(f, &frac)) return std::nullopt;
+  }
+  return absl::ToDoubleSeconds(t - absl::UnixEpoch()) + frac;
+}
+
+class Call final : public grpc::ClientReadReactor<v1::GenerateResponse> {
+ public:
+  Call(v1::Generation::Stub* stub, v1::GenerateRequest req, double timeout_s, RequestResult* out,
+       std::function<void()> done)
+      : req_(std::move(req)), out_(out), done_(std::move(done)) {
+    ctx_.set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)));
+    start_ = std::chrono::steady_clock::now();
+    stub->async()->Generate(&ctx_, &req_, this);
+    StartRead(&resp_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    if (resp_.token_ids_size() > 0 && out_->tokens == 0) out_->ttft_s = Since();
+    out_->tokens += resp_.token_ids_size();
+    if (resp_.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      out_->queue_s = resp_.timings().queue_seconds();
+      out_->dispatches = resp_.timings().dispatches();
+    }
+    StartRead(&resp_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    out_->code = s.error_code();
+    out_->e2e_s = Since();
+    done_();
+    delete this;
+  }
+
+ private:
+  double Since() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+  grpc::ClientContext ctx_;
+  v1::GenerateRequest req_;
+  v1::GenerateResponse resp_;
+  RequestResult* out_;
+  std::function<void()> done_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+std::string CodeName(int code) {
+  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+                                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  return code >= 0 && code <= 16 ? kNames[code] : absl::StrCat(code);
+}
+
+}  // namespace
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const double pos = q * (v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - lo);
+}
+
+absl::StatusOr<std::vector<PlannedRequest>> LoadTrace(const std::string& path, double speed, size_t limit,
+                                                      int32_t max_prompt_tokens) {
+  if (!(speed > 0)) return absl::InvalidArgumentError("speed must be > 0");
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::vector<PlannedRequest> plan;
+  std::optional<double> first;
+  std::string line;
+  const bool jsonl = path.size() > 6 && path.substr(path.size() - 6) == ".jsonl";
+  size_t line_no = 0;
+  while (std::getline(in, line) && (limit == 0 || plan.size() < limit)) {
+    ++line_no;
+    if (line.empty() || (!jsonl && line_no == 1)) continue;  // CSV header
+    double t;
+    int64_t prompt, output;
+    if (jsonl) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("timestamp")) return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": bad JSON row"));
+      t = j["timestamp"].get<double>() / 1000.0;
+      prompt = j["input_length"].get<int64_t>();
+      output = j["output_length"].get<int64_t>();
+    } else {
+      std::vector<std::string> f = absl::StrSplit(line, ',');
+      std::optional<double> ts = f.size() == 3 ? ParseTimestamp(f[0]) : std::nullopt;
+      if (!ts || !absl::SimpleAtoi(f[1], &prompt) || !absl::SimpleAtoi(f[2], &output)) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": expected TIMESTAMP,ContextTokens,GeneratedTokens"));
+      }
+      t = *ts;
+    }
+    if (!first) first = t;
+    plan.push_back({(t - *first) / speed, static_cast<int32_t>(std::clamp<int64_t>(prompt, 1, max_prompt_tokens)),
+                    static_cast<int32_t>(std::max<int64_t>(output, 1))});
+  }
+  return plan;
+}
+
+std::vector<PlannedRequest> FixedRatePlan(size_t n, double rate, int32_t prompt_tokens, int32_t max_tokens) {
+  std::vector<PlannedRequest> plan;
+  for (size_t i = 0; i < n; ++i) plan.push_back({rate > 0 ? i / rate : 0.0, prompt_tokens, max_tokens});
+  return plan;
+}
+
+LoadReport RunLoad(const LoadOptions& o, const std::vector<PlannedRequest>& plan) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::Generation::NewStub(channel);
+  LoadReport report;
+  report.results.resize(plan.size());
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t remaining = plan.size();
+  std::mt19937_64 rng(o.seed);
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < plan.size(); ++i) {
+    std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<int64_t>(plan[i].arrival_s * 1e6)));
+    v1::GenerateRequest req;
+    req.set_request_id(absl::StrCat("load-", i));
+    for (int32_t k = 0; k < plan[i].prompt_tokens; ++k) req.add_prompt_token_ids(static_cast<int32_t>(rng() % o.vocab));
+    req.set_max_tokens(plan[i].max_tokens);
+    req.mutable_sampling()->set_seed(rng());
+    req.set_priority(static_cast<v1::Priority>(o.priority));
+    report.results[i].expected_tokens = plan[i].max_tokens;
+    new Call(stub.get(), std::move(req), o.timeout_s, &report.results[i], [&] {
+      std::lock_guard lock(mu);
+      if (--remaining == 0) cv.notify_all();
+    });
+  }
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return remaining == 0; });
+  report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+namespace {
+struct Summary {
+  std::map<std::string, int> codes;
+  size_t ok = 0;
+  int64_t tokens = 0;
+  std::vector<double> queue, ttft, e2e, per_token;
+};
+Summary Summarise(const LoadReport& r) {
+  Summary s;
+  for (const auto& x : r.results) {
+    ++s.codes[CodeName(x.code)];
+    if (x.code != 0) continue;
+    ++s.ok;
+    s.tokens += x.tokens;
+    s.queue.push_back(x.queue_s);
+    s.ttft.push_back(x.ttft_s);
+    s.e2e.push_back(x.e2e_s);
+    if (x.tokens > 0) s.per_token.push_back(x.e2e_s / x.tokens);
+  }
+  return s;
+}
+}  // namespace
+
+std::string LoadReport::Table() const {
+  const Summary s = Summarise(*this);
+  std::string out = absl::StrFormat("requests %zu  ok %zu  wall %.2f s  throughput %.2f req/s  %.1f output tok/s\n",
+                                    results.size(), s.ok, wall_s, s.ok / wall_s, s.tokens / wall_s);
+  out += "status:";
+  for (const auto& [c, n] : s.codes) absl::StrAppend(&out, " ", c, "=", n);
+  out += "\n";
+  out += absl::StrFormat("%-22s %10s %10s %10s\n", "metric (ms)", "P50", "P95", "P99");
+  auto row = [&](const char* name, const std::vector<double>& v) {
+    out += absl::StrFormat("%-22s %10.2f %10.2f %10.2f\n", name, 1e3 * Percentile(v, 0.5), 1e3 * Percentile(v, 0.95),
+                           1e3 * Percentile(v, 0.99));
+  };
+  row("queue", s.queue);
+  row("ttft", s.ttft);
+  row("e2e", s.e2e);
+  row("e2e / output token", s.per_token);
+  return out;
+}
+
+std::string LoadReport::Json() const {
+  const Summary s = Summarise(*this);
+  nlohmann::json j;
+  j["requests"] = results.size();
+  j["ok"] = s.ok;
+  j["wall_s"] = wall_s;
+  j["throughput_rps"] = s.ok / wall_s;
+  j["output_tokens_per_s"] = s.tokens / wall_s;
+  j["status"] = s.codes;
+  auto q = [&](const std::vector<double>& v) {
+    return nlohmann::json{{"p50", Percentile(v, 0.5)}, {"p95", Percentile(v, 0.95)}, {"p99", Percentile(v, 0.99)}};
+  };
+  j["queue_s"] = q(s.queue);
+  j["ttft_s"] = q(s.ttft);
+  j["e2e_s"] = q(s.e2e);
+  j["e2e_per_token_s"] = q(s.per_token);
+  return j.dump(2);
+}
+
+}  // namespace tailserve

@@ -1,0 +1,55 @@
+#pragma once
+// A gRPC load generator for tailserve.v1.Generation: sends requests at planned arrival times
+// (a fixed rate or a replayed trace), streams every response, and summarises latency.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tailserve {
+
+struct PlannedRequest {
+  double arrival_s = 0;  // from the start of the run
+  int32_t prompt_tokens = 0;
+  int32_t max_tokens = 0;
+};
+
+// Trace rows as planned requests: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or Mooncake
+// JSONL (timestamp ms, input_length, output_length). Arrivals are relative to the first row and
+// divided by `speed`; at most `limit` rows (0: all); prompts clipped to `max_prompt_tokens`.
+absl::StatusOr<std::vector<PlannedRequest>> LoadTrace(const std::string& path, double speed, size_t limit,
+                                                      int32_t max_prompt_tokens);
+// N requests at `rate` per second (0: all at once), evenly spaced.
+std::vector<PlannedRequest> FixedRatePlan(size_t n, double rate, int32_t prompt_tokens, int32_t max_tokens);
+
+struct LoadOptions {
+  std::string target;
+  double timeout_s = 600;   // per-request deadline
+  int32_t vocab = 256;      // prompt token ids are drawn from [0, vocab)
+  uint64_t seed = 1;
+  int priority = 0;
+};
+
+struct RequestResult {
+  int code = 0;  // grpc status code
+  double queue_s = 0, ttft_s = 0, e2e_s = 0;
+  int32_t tokens = 0;
+  int32_t expected_tokens = 0;
+  int dispatches = 0;
+};
+
+struct LoadReport {
+  double wall_s = 0;
+  std::vector<RequestResult> results;
+  std::string Table() const;  // human-readable summary
+  std::string Json() const;   // the same, machine-readable
+};
+
+LoadReport RunLoad(const LoadOptions& options, const std::vector<PlannedRequest>& plan);
+
+// Linear interpolation between closest ranks (numpy's default); NaN for no data.
+double Percentile(std::vector<double> values, double q);
+
+}  // namespace tailserve
