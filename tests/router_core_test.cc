@@ -1,0 +1,305 @@
+// RouterCore against fake workers: dispatch, relay, re-dispatch, cancellation, queue limits.
+#include "router/router_core.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+
+#include "tests/test_sinks.h"
+
+namespace tailserve {
+namespace {
+
+using ClientRecorder = RecordingSink<v1::GenerateResponse>;
+
+// A worker whose Execute calls the test drives by hand.
+class FakeWorker final : public WorkerClient {
+ public:
+  // on_done runs at most once, like gRPC's OnDone: whichever comes first of the test ending the
+  // stream and the core cancelling it.
+  struct Call {
+    v1::Batch batch;
+    std::function<void(v1::TokenEvent)> on_event;
+    std::function<void(grpc::Status)> on_done;
+  };
+  struct Handle final : ExecuteCall {
+    std::function<void(grpc::Status)> on_done;
+    void Cancel() override { on_done(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")); }
+  };
+
+  explicit FakeWorker(int slots) : slots_(slots) {}
+
+  std::shared_ptr<ExecuteCall> Execute(v1::Batch batch, std::function<void(v1::TokenEvent)> on_event,
+                                       std::function<void(grpc::Status)> on_done) override {
+    auto once = std::make_shared<std::atomic<bool>>(false);
+    auto done = [once, on_done = std::move(on_done)](grpc::Status s) {
+      if (!once->exchange(true)) on_done(std::move(s));
+    };
+    std::lock_guard lock(mu_);
+    calls_.push_back({std::move(batch), std::move(on_event), done});
+    auto h = std::make_shared<Handle>();
+    h->on_done = done;
+    cv_.notify_all();
+    return h;
+  }
+  void Cancel(std::vector<uint64_t> ids) override {
+    std::lock_guard lock(mu_);
+    cancelled_ids_.insert(cancelled_ids_.end(), ids.begin(), ids.end());
+    cv_.notify_all();
+  }
+  void Status(std::chrono::milliseconds, std::function<void(absl::StatusOr<v1::WorkerStatus>)> done) override {
+    v1::WorkerStatus s;
+    s.set_ready(ready_);
+    s.set_total_slots(slots_);
+    done(s);
+  }
+
+  // Waits for the n-th Execute call (0-based).
+  Call WaitCall(size_t n) {
+    std::unique_lock lock(mu_);
+    EXPECT_TRUE(cv_.wait_for(lock, std::chrono::seconds(10), [&] { return calls_.size() > n; })) << "no call " << n;
+    return calls_.size() > n ? calls_[n] : Call{};
+  }
+  size_t calls() {
+    std::lock_guard lock(mu_);
+    return calls_.size();
+  }
+  bool WaitCancelled(uint64_t id) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [&] {
+      return std::find(cancelled_ids_.begin(), cancelled_ids_.end(), id) != cancelled_ids_.end();
+    });
+  }
+  std::atomic<bool> ready_{true};
+
+ private:
+  const int slots_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Call> calls_;
+  std::vector<uint64_t> cancelled_ids_;
+};
+
+v1::TokenEvent Event(uint64_t id, std::vector<int32_t> tokens, v1::FinishState state = v1::FINISH_STATE_RUNNING) {
+  v1::TokenEvent ev;
+  ev.set_free_slots(8);
+  auto* s = ev.add_sequences();
+  s->set_sequence_id(id);
+  s->mutable_token_ids()->Add(tokens.begin(), tokens.end());
+  s->set_state(state);
+  return ev;
+}
+
+std::vector<int32_t> AllTokens(ClientRecorder& c) {
+  std::vector<int32_t> out;
+  for (const auto& m : c.messages()) out.insert(out.end(), m.token_ids().begin(), m.token_ids().end());
+  return out;
+}
+
+std::string AllText(ClientRecorder& c) {
+  std::string out;
+  for (const auto& m : c.messages()) out += m.text();
+  return out;
+}
+
+class RouterCoreTest : public ::testing::Test {
+ protected:
+  void Start(int workers = 2, int slots = 8) {
+    config_.batching.min_batch_size = 1;
+    config_.router.timeout_ms = 0;
+    config_.router.health_check_interval_ms = 20;
+    std::vector<std::string> names;
+    std::vector<std::unique_ptr<WorkerClient>> clients;
+    for (int i = 0; i < workers; ++i) {
+      auto w = std::make_unique<FakeWorker>(slots);
+      fakes_.push_back(w.get());
+      clients.push_back(std::move(w));
+      names.push_back("w" + std::to_string(i));
+    }
+    metrics_ = std::make_unique<RouterMetrics>(registry_, 60);
+    core_ = std::make_unique<RouterCore>(config_, names, std::move(clients),
+                                         std::make_unique<FifoBatcher>(config_.batching, config_.router),
+                                         std::make_unique<RulePredictor>(config_.predictor), tokenizer_, *metrics_);
+    core_->Start();
+    for (int i = 0; i < 500 && !core_->ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_TRUE(core_->ready());
+  }
+  std::shared_ptr<ClientRecorder> Send(uint64_t key, int max_tokens, std::vector<std::string> stop = {}) {
+    ParsedRequest r;
+    r.request_id = "r" + std::to_string(key);
+    r.prompt = {'h', 'i'};
+    r.max_tokens = max_tokens;
+    r.stop = std::move(stop);
+    auto sink = std::make_shared<ClientRecorder>();
+    core_->Submit(key, r, sink, SystemClock::Get().Now());
+    return sink;
+  }
+  double CounterValue(const std::string& needle) {
+    const std::string text = registry_.Serialize();
+    const size_t at = text.find(needle + " ");
+    return at == std::string::npos ? 0 : std::stod(text.substr(at + needle.size() + 1));
+  }
+
+  Config config_;
+  Registry registry_;
+  ByteTokenizer tokenizer_;
+  std::unique_ptr<RouterMetrics> metrics_;
+  std::vector<FakeWorker*> fakes_;
+  std::unique_ptr<RouterCore> core_;
+};
+
+TEST_F(RouterCoreTest, RelaysTokensAndFinishes) {
+  Start(1);
+  auto client = Send(1, 3);
+  FakeWorker::Call call = fakes_[0]->WaitCall(0);
+  ASSERT_EQ(call.batch.sequences_size(), 1);
+  EXPECT_EQ(call.batch.sequences(0).max_tokens(), 3);
+  EXPECT_TRUE(call.batch.sequences(0).sampling().has_seed());  // the router fixes a seed
+  call.on_event(Event(1, {'a', 'b'}));
+  call.on_event(Event(1, {'c'}, v1::FINISH_STATE_LENGTH));
+  call.on_done(grpc::Status::OK);
+  ASSERT_TRUE(client->WaitFinish().ok());
+  EXPECT_EQ(AllTokens(*client), (std::vector<int32_t>{'a', 'b', 'c'}));
+  EXPECT_EQ(AllText(*client), "abc");
+  const auto last = client->messages().back();
+  EXPECT_EQ(last.finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(last.usage().completion_tokens(), 3);
+  EXPECT_EQ(last.usage().prompt_tokens(), 2);
+  EXPECT_EQ(last.timings().dispatches(), 1);
+  EXPECT_EQ(CounterValue("tailserve_router_requests_total{outcome=\"length\"}"), 1);
+}
+
+TEST_F(RouterCoreTest, BudgetOverrunIsRedispatchedWithItsTokensAndADoubledBudget) {
+  Start(1);
+  auto client = Send(1, 40);
+  FakeWorker::Call first = fakes_[0]->WaitCall(0);
+  const int32_t budget = first.batch.sequences(0).step_budget();
+  EXPECT_GT(budget, 0);
+  first.on_event(Event(1, {'x', 'y'}, v1::FINISH_STATE_BUDGET_EXHAUSTED));
+  first.on_done(grpc::Status::OK);
+  FakeWorker::Call second = fakes_[0]->WaitCall(1);
+  const v1::Sequence& s = second.batch.sequences(0);
+  EXPECT_EQ(std::vector<int32_t>(s.generated_token_ids().begin(), s.generated_token_ids().end()),
+            (std::vector<int32_t>{'x', 'y'}));
+  EXPECT_EQ(s.step_budget(), 2 * budget);
+  EXPECT_EQ(s.sampling().seed(), first.batch.sequences(0).sampling().seed());
+  second.on_event(Event(1, {'z'}, v1::FINISH_STATE_STOP));
+  second.on_done(grpc::Status::OK);
+  ASSERT_TRUE(client->WaitFinish().ok());
+  EXPECT_EQ(AllTokens(*client), (std::vector<int32_t>{'x', 'y', 'z'}));
+  EXPECT_EQ(client->messages().back().timings().dispatches(), 2);
+  EXPECT_EQ(CounterValue("tailserve_router_redispatches_total{reason=\"budget\"}"), 1);
+}
+
+TEST_F(RouterCoreTest, BrokenStreamMovesSequencesToAnotherWorker) {
+  Start(2);
+  auto client = Send(1, 10);
+  // Whichever worker got it, break its stream mid-way.
+  FakeWorker* first = nullptr;
+  for (int i = 0; i < 1000 && !first; ++i) {
+    for (FakeWorker* f : fakes_) if (f->calls() > 0) first = f;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_NE(first, nullptr);
+  FakeWorker* other = first == fakes_[0] ? fakes_[1] : fakes_[0];
+  first->ready_ = false;  // stays out of rotation
+  FakeWorker::Call call = first->WaitCall(0);
+  call.on_event(Event(1, {'a', 'b', 'c'}));
+  call.on_done(grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection reset"));
+  FakeWorker::Call again = other->WaitCall(0);
+  EXPECT_EQ(again.batch.sequences(0).generated_token_ids_size(), 3);
+  again.on_event(Event(1, {'d'}, v1::FINISH_STATE_LENGTH));
+  again.on_done(grpc::Status::OK);
+  ASSERT_TRUE(client->WaitFinish().ok());
+  EXPECT_EQ(AllText(*client), "abcd");
+  EXPECT_EQ(CounterValue("tailserve_router_redispatches_total{reason=\"worker_failure\"}"), 1);
+}
+
+TEST_F(RouterCoreTest, GivesUpAfterMaxFailedDispatches) {
+  config_.router.max_failed_dispatches = 2;
+  Start(1);
+  auto client = Send(1, 10);
+  for (size_t n = 0; n < 2; ++n) {
+    FakeWorker::Call c = fakes_[0]->WaitCall(n);
+    c.on_done(grpc::Status(grpc::StatusCode::INTERNAL, "boom"));
+  }
+  const grpc::Status s = client->WaitFinish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(s.error_message(), "gave up after 2 failed dispatches");
+}
+
+TEST_F(RouterCoreTest, RejectedBatchIsRequeuedWithoutCountingAsADispatch) {
+  Start(1);
+  auto client = Send(1, 10);
+  fakes_[0]->WaitCall(0).on_done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "full"));
+  FakeWorker::Call c = fakes_[0]->WaitCall(1);  // back in after the next status poll
+  c.on_event(Event(1, {'q'}, v1::FINISH_STATE_STOP));
+  c.on_done(grpc::Status::OK);
+  ASSERT_TRUE(client->WaitFinish().ok());
+  EXPECT_EQ(client->messages().back().timings().dispatches(), 1);
+}
+
+TEST_F(RouterCoreTest, CancelWhileRunningCancelsOnTheWorker) {
+  Start(1);
+  auto client = Send(7, 10);
+  FakeWorker::Call c = fakes_[0]->WaitCall(0);
+  core_->Cancel(7, false);
+  EXPECT_EQ(client->WaitFinish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(fakes_[0]->WaitCancelled(7));
+  c.on_event(Event(7, {'x'}, v1::FINISH_STATE_CANCELLED));  // late events are dropped
+  c.on_done(grpc::Status::OK);
+  EXPECT_TRUE(AllTokens(*client).empty());
+  core_->Cancel(12345, false);  // unknown: ignored
+}
+
+TEST_F(RouterCoreTest, QueueFullIsResourceExhausted) {
+  config_.router.max_queue_size = 2;
+  Start(1);
+  fakes_[0]->ready_ = false;
+  // Wait for the poll to take the only worker out, so nothing leaves the queue.
+  for (int i = 0; i < 500 && core_->ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_FALSE(core_->ready());
+  auto a = Send(1, 5), b = Send(2, 5), c = Send(3, 5);
+  const grpc::Status s = c->WaitFinish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(s.error_message(), "queue full: 2 requests waiting (router.max_queue_size)");
+  EXPECT_FALSE(a->finished());
+  core_->Cancel(1, true);
+  EXPECT_EQ(a->WaitFinish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  fakes_[0]->ready_ = true;  // back in rotation: the queued request runs
+  FakeWorker::Call call = fakes_[0]->WaitCall(0);
+  EXPECT_EQ(call.batch.sequences(0).sequence_id(), 2u);
+}
+
+TEST_F(RouterCoreTest, StopStringTruncatesAndIsNeverStreamed) {
+  Start(1);
+  auto client = Send(1, 50, {"END"});
+  FakeWorker::Call c = fakes_[0]->WaitCall(0);
+  c.on_event(Event(1, {'a', 'b', 'E'}));
+  c.on_event(Event(1, {'N'}));
+  c.on_event(Event(1, {'D', 'z'}));
+  ASSERT_TRUE(client->WaitFinish().ok());
+  EXPECT_EQ(AllText(*client), "ab");
+  EXPECT_EQ(client->messages().back().finish_reason(), v1::FINISH_REASON_STOP);
+  EXPECT_TRUE(fakes_[0]->WaitCancelled(1));  // the worker stops generating for it
+  c.on_done(grpc::Status::CANCELLED);
+}
+
+TEST_F(RouterCoreTest, StopTokenIsNotDecodedIntoText) {
+  Start(1);
+  ParsedRequest r;
+  r.prompt = {'x'};
+  r.max_tokens = 10;
+  r.stop_token_ids = {'!'};
+  auto client = std::make_shared<ClientRecorder>();
+  core_->Submit(1, r, client, SystemClock::Get().Now());
+  FakeWorker::Call c = fakes_[0]->WaitCall(0);
+  c.on_event(Event(1, {'o', 'k', '!'}, v1::FINISH_STATE_STOP));
+  c.on_done(grpc::Status::OK);
+  ASSERT_TRUE(client->WaitFinish().ok());
+  EXPECT_EQ(AllText(*client), "ok");
+  EXPECT_EQ(AllTokens(*client).size(), 3u);
+}
+
+}  // namespace
+}  // namespace tailserve

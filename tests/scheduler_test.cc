@@ -1,0 +1,218 @@
+#include "worker/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <map>
+
+#include "tests/test_sinks.h"
+#include "worker/backends/sim/sim_engine.h"
+
+namespace tailserve {
+namespace {
+
+using Sink = RecordingSink<v1::TokenEvent>;
+
+SimBackendConfig FreeSim() {
+  SimBackendConfig c;
+  c.step_base_ms = c.step_per_sequence_ms = c.step_per_kv_token_ns = c.step_per_prefill_token_ms = 0;
+  c.vocab_size = 1000;
+  return c;
+}
+
+v1::Sequence Seq(uint64_t id, int max_tokens, uint64_t seed = 7) {
+  v1::Sequence s;
+  s.set_sequence_id(id);
+  for (int t : {5, 6, 7}) s.add_prompt_token_ids(t);
+  s.set_max_tokens(max_tokens);
+  s.mutable_sampling()->set_seed(seed);
+  return s;
+}
+
+// Tokens and final state per sequence, in order.
+struct Outcome {
+  std::vector<int32_t> tokens;
+  v1::FinishState state = v1::FINISH_STATE_RUNNING;
+};
+std::map<uint64_t, Outcome> Collect(Sink& sink) {
+  std::map<uint64_t, Outcome> out;
+  for (const auto& ev : sink.messages()) {
+    for (const auto& se : ev.sequences()) {
+      auto& o = out[se.sequence_id()];
+      o.tokens.insert(o.tokens.end(), se.token_ids().begin(), se.token_ids().end());
+      if (se.state() != v1::FINISH_STATE_RUNNING) o.state = se.state();
+    }
+  }
+  return out;
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  explicit SchedulerTest(SimBackendConfig sim = FreeSim()) : engine_(sim, "test"), metrics_(registry_, 60) {}
+  void Start(int slots) {
+    scheduler_ = std::make_unique<Scheduler>(engine_, slots, metrics_);
+    scheduler_->Start();
+  }
+  Registry registry_;
+  SimEngine engine_;
+  WorkerMetrics metrics_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+TEST_F(SchedulerTest, RunsEachSequenceToItsLength) {
+  Start(4);
+  auto sink = std::make_shared<Sink>();
+  v1::Batch b;
+  *b.add_sequences() = Seq(1, 5, 11);
+  *b.add_sequences() = Seq(2, 9, 12);
+  scheduler_->Submit(sink, b);
+  ASSERT_TRUE(sink->WaitFinish().ok());
+  auto out = Collect(*sink);
+  ASSERT_EQ(out[1].tokens.size(), 5u);
+  ASSERT_EQ(out[2].tokens.size(), 9u);
+  EXPECT_EQ(out[1].state, v1::FINISH_STATE_LENGTH);
+  for (int i = 0; i < 9; ++i) EXPECT_EQ(out[2].tokens[i], SimToken(12, i, 1000)) << i;
+  EXPECT_TRUE(sink->messages().front().simulated());
+  EXPECT_EQ(scheduler_->Snapshot().free_slots, 4);
+}
+
+TEST_F(SchedulerTest, StepBudgetHandsBackUnfinishedAndResumeContinues) {
+  Start(4);
+  auto first = std::make_shared<Sink>();
+  v1::Batch b;
+  *b.add_sequences() = Seq(1, 10);
+  b.mutable_sequences(0)->set_step_budget(3);
+  scheduler_->Submit(first, b);
+  ASSERT_TRUE(first->WaitFinish().ok());
+  auto out = Collect(*first);
+  ASSERT_EQ(out[1].tokens.size(), 3u);
+  EXPECT_EQ(out[1].state, v1::FINISH_STATE_BUDGET_EXHAUSTED);
+
+  // Re-dispatch with the tokens so far: the sequence continues, nothing repeated or skipped.
+  auto second = std::make_shared<Sink>();
+  b.mutable_sequences(0)->mutable_generated_token_ids()->Add(out[1].tokens.begin(), out[1].tokens.end());
+  b.mutable_sequences(0)->set_step_budget(0);
+  scheduler_->Submit(second, b);
+  ASSERT_TRUE(second->WaitFinish().ok());
+  auto rest = Collect(*second);
+  ASSERT_EQ(rest[1].tokens.size(), 7u);
+  EXPECT_EQ(rest[1].state, v1::FINISH_STATE_LENGTH);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(rest[1].tokens[i], SimToken(7, i + 3, 1000));
+}
+
+TEST_F(SchedulerTest, StopTokenEndsTheSequence) {
+  Start(2);
+  auto sink = std::make_shared<Sink>();
+  v1::Batch b;
+  *b.add_sequences() = Seq(1, 50);
+  const int32_t stop = SimToken(7, 4, 1000);
+  int expected = 0;
+  while (SimToken(7, expected, 1000) != stop) ++expected;
+  b.mutable_sequences(0)->add_stop_token_ids(stop);
+  scheduler_->Submit(sink, b);
+  ASSERT_TRUE(sink->WaitFinish().ok());
+  auto out = Collect(*sink);
+  EXPECT_EQ(out[1].state, v1::FINISH_STATE_STOP);
+  ASSERT_EQ(out[1].tokens.size(), static_cast<size_t>(expected + 1));
+  EXPECT_EQ(out[1].tokens.back(), stop);
+}
+
+TEST_F(SchedulerTest, RejectsWhatDoesNotFitOrIsInvalid) {
+  Start(1);
+  v1::Batch two;
+  *two.add_sequences() = Seq(1, 5);
+  *two.add_sequences() = Seq(2, 5);
+  auto full = std::make_shared<Sink>();
+  scheduler_->Submit(full, two);
+  EXPECT_EQ(full->WaitFinish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(full->messages().empty());
+
+  v1::Batch bad;
+  *bad.add_sequences() = Seq(3, 5);
+  bad.mutable_sequences(0)->add_prompt_token_ids(1000);
+  auto invalid = std::make_shared<Sink>();
+  scheduler_->Submit(invalid, bad);
+  const grpc::Status s = invalid->WaitFinish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "sequences[0]: token id 1000 outside the vocabulary [0, 1000)");
+
+  v1::Batch empty;
+  auto none = std::make_shared<Sink>();
+  scheduler_->Submit(none, empty);
+  EXPECT_EQ(none->WaitFinish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  v1::Batch done;
+  *done.add_sequences() = Seq(4, 1);
+  done.mutable_sequences(0)->add_generated_token_ids(1);
+  auto nothing_left = std::make_shared<Sink>();
+  scheduler_->Submit(nothing_left, done);
+  EXPECT_EQ(nothing_left->WaitFinish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+class SlowSchedulerTest : public SchedulerTest {
+ protected:
+  static SimBackendConfig Slow() {
+    SimBackendConfig c = FreeSim();
+    c.step_base_ms = 1;
+    return c;
+  }
+  SlowSchedulerTest() : SchedulerTest(Slow()) {}
+};
+
+TEST_F(SlowSchedulerTest, CancelFreesTheSlot) {
+  Start(2);
+  auto sink = std::make_shared<Sink>();
+  v1::Batch b;
+  *b.add_sequences() = Seq(1, 1'000'000);
+  *b.add_sequences() = Seq(2, 1'000'000);
+  scheduler_->Submit(sink, b);
+  ASSERT_TRUE(sink->WaitFor([](auto& m) { return m.size() >= 3; }));
+  EXPECT_EQ(scheduler_->Snapshot().free_slots, 0);
+  std::promise<int> cancelled;
+  scheduler_->Cancel({1, 99}, [&](int n) { cancelled.set_value(n); });
+  EXPECT_EQ(cancelled.get_future().get(), 1);
+  EXPECT_EQ(scheduler_->Snapshot().free_slots, 1);
+  EXPECT_FALSE(sink->finished());  // sequence 2 still runs
+  EXPECT_EQ(Collect(*sink)[1].state, v1::FINISH_STATE_CANCELLED);
+
+  scheduler_->CancelSink(sink);
+  EXPECT_TRUE(sink->WaitFinish().ok());
+  EXPECT_EQ(scheduler_->Snapshot().free_slots, 2);
+}
+
+TEST_F(SlowSchedulerTest, StopHandsBackRunningSequencesAsUnavailable) {
+  Start(2);
+  auto sink = std::make_shared<Sink>();
+  v1::Batch b;
+  *b.add_sequences() = Seq(1, 1'000'000);
+  scheduler_->Submit(sink, b);
+  ASSERT_TRUE(sink->WaitFor([](auto& m) { return !m.empty(); }));
+  scheduler_->Stop();
+  EXPECT_EQ(sink->WaitFinish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST(SimEngineTest, CostModel) {
+  SimBackendConfig c;
+  c.step_base_ms = 4;
+  c.step_per_sequence_ms = 0.02;
+  c.step_per_kv_token_ns = 15;
+  c.step_per_prefill_token_ms = 0.03;
+  EXPECT_NEAR(SimStepSeconds(c, 16, 16 * 512, 0), 0.004 + 0.00032 + 0.00012288, 1e-12);
+  EXPECT_NEAR(SimStepSeconds(c, 1, 100, 100), 0.004 + 0.00002 + 0.0000015 + 0.003, 1e-12);
+
+  FakeClock clock;
+  std::vector<SteadyTime> sleeps;
+  SimEngine engine(c, "m", clock, [&](SteadyTime t) { sleeps.push_back(t); });
+  std::vector<int32_t> prompt(100, 1), running(200, 1), next;
+  Sampling s;
+  std::vector<StepSequence> batch = {{1, &prompt, 100, 0, &s}, {2, &running, 50, 199, &s}};
+  ASSERT_TRUE(engine.Step(batch, &next).ok());
+  ASSERT_EQ(sleeps.size(), 1u);
+  // kv = 300 tokens, prefill = 100 (only the new sequence), batch 2.
+  const double expected = 0.004 + 2 * 0.00002 + 300 * 15e-9 + 100 * 0.00003;
+  EXPECT_NEAR(Seconds(sleeps[0] - clock.Now()), expected, 1e-9);
+  EXPECT_EQ(next[1], SimToken(0, 150, 256));
+}
+
+}  // namespace
+}  // namespace tailserve
