@@ -1,0 +1,375 @@
+// Integration tests: a real router and real sim workers on loopback ports chosen at run time.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "tailserve/v1/generation.grpc.pb.h"
+#include "tailserve/v1/worker.grpc.pb.h"
+#include "tests/cluster.h"
+#include "tests/reflection_probe.pb.h"
+#include "worker/backends/sim/sim_engine.h"
+
+namespace tailserve {
+namespace {
+
+// One streamed Generate call, recorded.
+class Stream final : public grpc::ClientReadReactor<v1::GenerateResponse> {
+ public:
+  Stream(v1::Generation::Stub* stub, v1::GenerateRequest req, double timeout_s = 120) : req_(std::move(req)) {
+    ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3)));
+    stub->async()->Generate(&ctx_, &req_, this);
+    StartRead(&resp_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    {
+      std::lock_guard lock(mu_);
+      tokens_.insert(tokens_.end(), resp_.token_ids().begin(), resp_.token_ids().end());
+      if (resp_.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) last_ = resp_;
+    }
+    cv_.notify_all();
+    StartRead(&resp_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    std::lock_guard lock(mu_);
+    status_ = s;
+    done_ = true;
+    cv_.notify_all();
+  }
+  grpc::Status Wait(int seconds = 60) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(seconds), [&] { return done_; })) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "test: stream did not end");
+    }
+    return status_;
+  }
+  bool WaitTokens(size_t n, int seconds = 30) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(seconds), [&] { return tokens_.size() >= n || done_; }) &&
+           tokens_.size() >= n;
+  }
+  void Cancel() { ctx_.TryCancel(); }
+  std::vector<int32_t> tokens() {
+    std::lock_guard lock(mu_);
+    return tokens_;
+  }
+  v1::GenerateResponse last() {
+    std::lock_guard lock(mu_);
+    return last_;
+  }
+  const v1::GenerateRequest& request() const { return req_; }
+
+ private:
+  grpc::ClientContext ctx_;
+  v1::GenerateRequest req_;
+  v1::GenerateResponse resp_, last_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> tokens_;
+  grpc::Status status_;
+  bool done_ = false;
+};
+
+v1::GenerateRequest Request(int max_tokens, uint64_t seed, int prompt_tokens = 16) {
+  v1::GenerateRequest r;
+  for (int i = 0; i < prompt_tokens; ++i) r.add_prompt_token_ids((i * 7 + 3) % 256);
+  r.set_max_tokens(max_tokens);
+  r.mutable_sampling()->set_seed(seed);
+  return r;
+}
+
+std::vector<int32_t> ExpectedSimTokens(uint64_t seed, int n) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) out.push_back(SimToken(seed, i, 256));
+  return out;
+}
+
+std::unique_ptr<v1::Generation::Stub> GenerationStub(const std::string& target) {
+  return v1::Generation::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+}
+
+// Sim step ~1-2 ms so streams overlap without making the tests slow.
+const std::vector<std::string> kFastSim = {"--set", "worker.sim.step_base_ms=1", "--set",
+                                           "worker.sim.step_per_prefill_token_ms=0.001"};
+
+TEST(ClusterTest, TwoHundredConcurrentStreamsComplete) {
+  Cluster cluster({2, kFastSim, {}});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = GenerationStub(cluster.router_target());
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int i = 0; i < 200; ++i) streams.push_back(std::make_unique<Stream>(stub.get(), Request(1 + i % 40, 1000 + i)));
+  for (int i = 0; i < 200; ++i) {
+    const grpc::Status s = streams[i]->Wait();
+    ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
+    EXPECT_EQ(streams[i]->tokens(), ExpectedSimTokens(1000 + i, 1 + i % 40)) << i;
+    EXPECT_EQ(streams[i]->last().finish_reason(), v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(streams[i]->last().usage().completion_tokens(), 1 + i % 40);
+    EXPECT_TRUE(streams[i]->last().simulated());
+  }
+}
+
+TEST(ClusterTest, TextPromptStreamsDecodedText) {
+  Cluster cluster({1, kFastSim, {}});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = GenerationStub(cluster.router_target());
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req;
+  req.set_prompt("Hello, tailserve");
+  req.set_max_tokens(12);
+  req.set_request_id("my-id");
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  int tokens = 0, messages = 0;
+  std::string last_reason;
+  while (reader->Read(&resp)) {
+    ++messages;
+    tokens += resp.token_ids_size();
+    EXPECT_EQ(resp.request_id(), "my-id");
+    if (resp.finish_reason()) last_reason = v1::FinishReason_Name(resp.finish_reason());
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(tokens, 12);
+  EXPECT_GT(messages, 1);  // streamed, not one blob
+  EXPECT_EQ(last_reason, "FINISH_REASON_LENGTH");
+}
+
+TEST(ClusterTest, CancelledStreamFreesItsWorkerSlot) {
+  Cluster cluster({1, {"--slots", "4", "--set", "worker.sim.step_base_ms=2"}, {}});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = GenerationStub(cluster.router_target());
+  auto worker = v1::Worker::NewStub(grpc::CreateChannel(cluster.worker_target(0), grpc::InsecureChannelCredentials()));
+  auto status = [&] {
+    grpc::ClientContext ctx;
+    v1::WorkerStatus s;
+    EXPECT_TRUE(worker->Status(&ctx, {}, &s).ok());
+    return s;
+  };
+  Stream stream(stub.get(), Request(4000, 5));
+  ASSERT_TRUE(stream.WaitTokens(3));
+  EXPECT_EQ(status().free_slots(), 3);
+  stream.Cancel();
+  EXPECT_EQ(stream.Wait().error_code(), grpc::StatusCode::CANCELLED);
+  v1::WorkerStatus s;
+  for (int i = 0; i < 200; ++i) {
+    s = status();
+    if (s.free_slots() == 4) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(s.free_slots(), 4);
+  EXPECT_EQ(s.running_sequences(), 0);
+  std::string metrics;
+  ASSERT_EQ(HttpGet(cluster.router_http(), "/metrics", &metrics), 200);
+  EXPECT_EQ(MetricValue(metrics, "tailserve_router_requests_total{outcome=\"cancelled\"}"), 1);
+}
+
+TEST(ClusterTest, ClientDeadlineIsHonoured) {
+  Cluster cluster({1, {"--set", "worker.sim.step_base_ms=2"}, {}});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = GenerationStub(cluster.router_target());
+  Stream stream(stub.get(), Request(4000, 5), /*timeout_s=*/0.5);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(stream.Wait().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_GT(stream.tokens().size(), 0u);  // it was running when the deadline hit
+  std::string metrics;
+  for (int i = 0; i < 100; ++i) {
+    HttpGet(cluster.router_http(), "/metrics", &metrics);
+    if (MetricValue(metrics, "tailserve_router_requests_total{outcome=\"deadline_exceeded\"}") == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(MetricValue(metrics, "tailserve_router_requests_total{outcome=\"deadline_exceeded\"}"), 1);
+  EXPECT_EQ(MetricValue(metrics, "tailserve_router_inflight_requests"), 0);
+}
+
+TEST(ClusterTest, FullQueueAnswersResourceExhausted) {
+  // One slot per worker and room for two waiting requests: the fifth concurrent request is refused.
+  Cluster cluster({2, {"--slots", "1", "--set", "worker.sim.step_base_ms=2"},
+                   {"--set", "router.max_queue_size=2", "--set", "batching.min_batch_size=1"}});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = GenerationStub(cluster.router_target());
+  std::vector<std::unique_ptr<Stream>> running;
+  for (int i = 0; i < 2; ++i) {
+    running.push_back(std::make_unique<Stream>(stub.get(), Request(4000, i)));
+    ASSERT_TRUE(running.back()->WaitTokens(1));
+  }
+  for (int i = 0; i < 2; ++i) running.push_back(std::make_unique<Stream>(stub.get(), Request(4000, 10 + i)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Stream refused(stub.get(), Request(10, 99));
+  const grpc::Status s = refused.Wait();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(s.error_message(), "queue full: 2 requests waiting (router.max_queue_size)");
+  std::string metrics;
+  ASSERT_EQ(HttpGet(cluster.router_http(), "/metrics", &metrics), 200);
+  EXPECT_EQ(MetricValue(metrics, "tailserve_router_queue_length"), 2);
+  for (auto& r : running) r->Cancel();
+  for (auto& r : running) EXPECT_EQ(r->Wait().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST(ClusterTest, KillingAWorkerMidRunLosesNoRequest) {
+  Cluster cluster({2, {"--set", "worker.sim.step_base_ms=3"}, {}});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = GenerationStub(cluster.router_target());
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int i = 0; i < 60; ++i) streams.push_back(std::make_unique<Stream>(stub.get(), Request(150, 500 + i)));
+  // Kill worker 0 once every stream is under way.
+  for (auto& s : streams) ASSERT_TRUE(s->WaitTokens(5));
+  cluster.worker(0).Signal(SIGKILL);
+  for (int i = 0; i < 60; ++i) {
+    const grpc::Status s = streams[i]->Wait();
+    ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
+    // Exactly the sequence the simulator defines: nothing duplicated, nothing lost.
+    EXPECT_EQ(streams[i]->tokens(), ExpectedSimTokens(500 + i, 150)) << i;
+  }
+  std::string metrics;
+  ASSERT_EQ(HttpGet(cluster.router_http(), "/metrics", &metrics), 200);
+  EXPECT_GT(MetricValue(metrics, "tailserve_router_redispatches_total{reason=\"worker_failure\"}"), 0);
+  EXPECT_EQ(MetricValue(metrics, "tailserve_router_workers_healthy"), 1);
+}
+
+TEST(ClusterTest, StoppedWorkerLeavesRotationAndComesBack) {
+  Cluster cluster({2, kFastSim, {"--set", "router.health_check_timeout_ms=200"}});
+  ASSERT_TRUE(cluster.Start().ok());
+  cluster.worker(1).Signal(SIGSTOP);
+  ASSERT_TRUE(cluster.WaitHealthyWorkers(1).ok());
+  EXPECT_EQ(HttpGet(cluster.router_http(), "/readyz"), 200);  // one worker is enough
+  std::string metrics;
+  HttpGet(cluster.router_http(), "/metrics", &metrics);
+  EXPECT_EQ(MetricValue(metrics, absl::StrCat("tailserve_router_worker_up{worker=\"", cluster.worker_target(1), "\"}")), 0);
+  // Traffic keeps flowing through the other worker.
+  auto stub = GenerationStub(cluster.router_target());
+  Stream s(stub.get(), Request(20, 3));
+  ASSERT_TRUE(s.Wait().ok());
+  EXPECT_EQ(s.tokens(), ExpectedSimTokens(3, 20));
+  cluster.worker(1).Signal(SIGCONT);
+  ASSERT_TRUE(cluster.WaitHealthyWorkers(2).ok());
+}
+
+TEST(ClusterTest, ReadinessFollowsWorkers) {
+  Cluster cluster({1, kFastSim, {}});
+  ASSERT_TRUE(cluster.Start().ok());
+  EXPECT_EQ(HttpGet(cluster.router_http(), "/healthz"), 200);
+  EXPECT_EQ(HttpGet(cluster.router_http(), "/readyz"), 200);
+  EXPECT_EQ(HttpGet(cluster.worker_http(0), "/healthz"), 200);
+  EXPECT_EQ(HttpGet(cluster.worker_http(0), "/readyz"), 200);  // warm-up generation done
+  std::string metrics;
+  HttpGet(cluster.worker_http(0), "/metrics", &metrics);
+  EXPECT_EQ(MetricValue(metrics, "tailserve_worker_ready"), 1);
+  cluster.worker(0).Signal(SIGKILL);
+  ASSERT_TRUE(cluster.WaitHealthyWorkers(0).ok());
+  std::string body;
+  EXPECT_EQ(HttpGet(cluster.router_http(), "/readyz", &body), 503);
+  EXPECT_EQ(body, "not ready: no healthy worker\n");
+  EXPECT_EQ(HttpGet(cluster.router_http(), "/healthz"), 200);  // alive, just not ready
+}
+
+TEST(ClusterTest, MalformedRequestsGetTheDocumentedStatus) {
+  Cluster cluster({1, kFastSim, {"--set", "router.max_tokens_limit=100", "--set", "router.max_prompt_tokens=32"}});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = GenerationStub(cluster.router_target());
+  struct Case {
+    std::function<void(v1::GenerateRequest&)> edit;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& r) { r.clear_prompt_token_ids(); }, "prompt: must not be empty"},
+      {[](auto& r) { r.set_prompt("x"); }, "prompt: set either prompt or prompt_token_ids, not both"},
+      {[](auto& r) { r.set_max_tokens(0); }, "max_tokens: must be > 0, got 0"},
+      {[](auto& r) { r.set_max_tokens(-5); }, "max_tokens: must be > 0, got -5"},
+      {[](auto& r) { r.set_max_tokens(101); }, "max_tokens: 101 exceeds the limit of 100"},
+      {[](auto& r) { r.set_priority(static_cast<v1::Priority>(9)); }, "priority: unknown value 9"},
+      {[](auto& r) { for (int i = 0; i < 40; ++i) r.add_prompt_token_ids(1); },
+       "prompt: 56 tokens exceeds the limit of 32"},
+      {[](auto& r) { r.set_prompt_token_ids(0, 70000); },
+       "prompt_token_ids[0]: token id 70000 outside the vocabulary [0, 256)"},
+      {[](auto& r) { r.mutable_sampling()->set_top_p(2); }, "sampling.top_p: must be in [0, 1] (0 means 1), got 2"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest req = Request(10, 1);
+    c.edit(req);
+    Stream s(stub.get(), req);
+    const grpc::Status st = s.Wait();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.message;
+    EXPECT_EQ(st.error_message(), c.message);
+  }
+  // The router still serves after all that.
+  Stream ok(stub.get(), Request(5, 2));
+  EXPECT_TRUE(ok.Wait().ok());
+  std::string metrics;
+  HttpGet(cluster.router_http(), "/metrics", &metrics);
+  EXPECT_EQ(MetricValue(metrics, "tailserve_router_requests_total{outcome=\"invalid_argument\"}"), cases.size());
+}
+
+TEST(ClusterTest, StepBudgetOverrunIsRedispatchedSeamlessly) {
+  // Budget = ceil(5 * 1.0) = 5 steps per dispatch, doubling: 5 + 10 + 20 > 30 tokens.
+  Cluster cluster({2, kFastSim,
+                   {"--set", "predictor.steps_per_prompt_token=0", "--set", "predictor.base_steps=5", "--set",
+                    "predictor.step_budget_margin=0", "--set", "predictor.min_step_budget=1"}});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = GenerationStub(cluster.router_target());
+  Stream s(stub.get(), Request(30, 77));
+  ASSERT_TRUE(s.Wait().ok());
+  EXPECT_EQ(s.tokens(), ExpectedSimTokens(77, 30));
+  EXPECT_EQ(s.last().timings().dispatches(), 3);
+}
+
+TEST(ClusterTest, HealthAndReflectionServeStandardClients) {
+  Cluster cluster({1, kFastSim, {}});
+  ASSERT_TRUE(cluster.Start().ok());
+  for (const std::string& target : {cluster.router_target(), cluster.worker_target(0)}) {
+    auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+    auto health = grpc::health::v1::Health::NewStub(channel);
+    grpc::ClientContext hctx;
+    grpc::health::v1::HealthCheckResponse hresp;
+    ASSERT_TRUE(health->Check(&hctx, {}, &hresp).ok()) << target;
+    EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::SERVING) << target;
+
+    // What grpcurl's "list" sends.
+    grpc::ClientContext rctx;
+    const grpc::internal::RpcMethod method("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                           grpc::internal::RpcMethod::BIDI_STREAMING);
+    std::unique_ptr<grpc::ClientReaderWriter<testing::ReflectionRequest, testing::ReflectionResponse>> rw(
+        grpc::internal::ClientReaderWriterFactory<testing::ReflectionRequest, testing::ReflectionResponse>::Create(
+            channel.get(), method, &rctx));
+    testing::ReflectionRequest rreq;
+    rreq.set_list_services("*");
+    ASSERT_TRUE(rw->Write(rreq));
+    rw->WritesDone();
+    testing::ReflectionResponse rresp;
+    ASSERT_TRUE(rw->Read(&rresp)) << target;
+    std::vector<std::string> names;
+    for (const auto& s : rresp.list_services_response().service()) names.push_back(s.name());
+    EXPECT_TRUE(rw->Finish().ok());
+    const std::string expected = target == cluster.router_target() ? "tailserve.v1.Generation" : "tailserve.v1.Worker";
+    EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << target;
+    EXPECT_NE(std::find(names.begin(), names.end(), "grpc.health.v1.Health"), names.end()) << target;
+  }
+}
+
+TEST(ClusterTest, InvalidConfigRefusesToStart) {
+  Subprocess p;
+  const std::string log = "/tmp/tailserve-badconfig-" + std::to_string(::getpid()) + ".log";
+  ASSERT_TRUE(p.Start({std::string(TAILSERVE_BIN_DIR) + "/tailserve-router", "--config",
+                       std::string(TAILSERVE_SOURCE_DIR) + "/ladb_config.yaml", "--workers", "127.0.0.1:1", "--set",
+                       "router.timeout_ms=soon"},
+                      log)
+                  .ok());
+  absl::StatusOr<int> st = p.Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(st.ok());
+  EXPECT_TRUE(WIFEXITED(*st));
+  EXPECT_EQ(WEXITSTATUS(*st), 2);
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("router.timeout_ms: expected an integer, got 'soon'"), std::string::npos) << text;
+  std::remove(log.c_str());
+}
+
+}  // namespace
+}  // namespace tailserve
