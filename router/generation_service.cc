@@ -12,7 +12,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(grpc
   const uint64_t key = core_.NewKey();
   const auto deadline = ctx->deadline();
   auto* stream = new ServerStream<v1::GenerateResponse>([this, key, deadline] {
-    core_.Cancel(key, std::chrono::system_clock::now() >= deadline);
+    // The client's own deadline timer may reset the stream a little before ours fires: a cancel
+    // that close to the deadline is counted as the deadline.
+    core_.Cancel(key, std::chrono::system_clock::now() + std::chrono::milliseconds(250) >= deadline);
   });
   absl::StatusOr<ParsedRequest> parsed = ValidateRequest(*req, limits_, tokenizer_);
   if (!parsed.ok()) {

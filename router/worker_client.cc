@@ -20,16 +20,17 @@ class ExecuteReactor final : public grpc::ClientReadReactor<v1::TokenEvent> {
     }
   };
 
+  // Once StartCall runs, the stream may finish and delete this object at any moment: the caller
+  // keeps its own reference to `control` and never touches the reactor again.
   ExecuteReactor(v1::Worker::Stub* stub, v1::Batch batch, std::function<void(v1::TokenEvent)> on_event,
-                 std::function<void(grpc::Status)> on_done)
+                 std::function<void(grpc::Status)> on_done, std::shared_ptr<Control> control)
       : batch_(std::move(batch)), on_event_(std::move(on_event)), on_done_(std::move(on_done)),
-        control_(std::make_shared<Control>()) {
+        control_(std::move(control)) {
     control_->ctx = &ctx_;
     stub->async()->Execute(&ctx_, &batch_, this);
     StartRead(&event_);
     StartCall();
   }
-  std::shared_ptr<Control> control() const { return control_; }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream is over; OnDone follows
@@ -72,8 +73,9 @@ class GrpcWorkerClient final : public WorkerClient {
 
   std::shared_ptr<ExecuteCall> Execute(v1::Batch batch, std::function<void(v1::TokenEvent)> on_event,
                                        std::function<void(grpc::Status)> on_done) override {
-    auto* r = new ExecuteReactor(stub_.get(), std::move(batch), std::move(on_event), std::move(on_done));
-    return r->control();
+    auto control = std::make_shared<ExecuteReactor::Control>();
+    new ExecuteReactor(stub_.get(), std::move(batch), std::move(on_event), std::move(on_done), control);
+    return control;
   }
 
   void Cancel(std::vector<uint64_t> ids) override {
