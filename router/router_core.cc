@@ -46,14 +46,14 @@ void RouterCore::Cancel(uint64_t key, bool deadline) {
 
 void RouterCore::DoSubmit(uint64_t key, ParsedRequest req, std::shared_ptr<ClientSink> sink, SteadyTime arrival) {
   if (stopping_) {
-    sink->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "router is shutting down"));
     metrics_.requests.Labels({"unavailable"}).Inc();
+    sink->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "router is shutting down"));
     return;
   }
   if (batcher_->size() >= static_cast<size_t>(config_.router.max_queue_size)) {
+    metrics_.requests.Labels({"resource_exhausted"}).Inc();
     sink->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                               absl::StrCat("queue full: ", batcher_->size(), " requests waiting (router.max_queue_size)")));
-    metrics_.requests.Labels({"resource_exhausted"}).Inc();
     return;
   }
   // A fixed seed makes a re-dispatched sequence continue with the same randomness.
@@ -78,9 +78,9 @@ void RouterCore::DoCancel(uint64_t key, bool deadline) {
   } else if (auto b = batches_.find(r.batch); b != batches_.end()) {
     workers_[b->second.worker]->Cancel({key});
   }
+  metrics_.requests.Labels({deadline ? "deadline_exceeded" : "cancelled"}).Inc();
   r.sink->Finish(deadline ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded")
                           : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
-  metrics_.requests.Labels({deadline ? "deadline_exceeded" : "cancelled"}).Inc();
   requests_.erase(it);
 }
 
@@ -148,9 +148,7 @@ void RouterCore::Complete(uint64_t key, v1::FinishReason reason, const std::stri
   resp.mutable_usage()->set_completion_tokens(static_cast<int32_t>(r.generated.size()));
   *resp.mutable_timings() = TimingsOf(r, now);
   resp.set_simulated(r.simulated);
-  r.sink->Write(std::move(resp));
-  r.sink->Finish(grpc::Status::OK);
-
+  // Metrics first: a client that sees its stream end and then scrapes finds its request counted.
   metrics_.requests.Labels({outcome}).Inc();
   const double total = Seconds(now - r.arrival);
   metrics_.e2e.Observe(total);
@@ -165,6 +163,8 @@ void RouterCore::Complete(uint64_t key, v1::FinishReason reason, const std::stri
       metrics_.tpot_window.Observe(tpot);
     }
   }
+  r.sink->Write(std::move(resp));
+  r.sink->Finish(grpc::Status::OK);
   requests_.erase(it);
 }
 
@@ -174,8 +174,8 @@ void RouterCore::Fail(uint64_t key, const grpc::Status& status, const std::strin
   if (it->second.batch != 0) {
     if (auto b = batches_.find(it->second.batch); b != batches_.end()) workers_[b->second.worker]->Cancel({key});
   }
-  it->second.sink->Finish(status);
   metrics_.requests.Labels({outcome}).Inc();
+  it->second.sink->Finish(status);
   requests_.erase(it);
 }
 

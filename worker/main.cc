@@ -12,6 +12,9 @@
 #include "worker/backends/sim/sim_engine.h"
 #include "worker/scheduler.h"
 #include "worker/worker_service.h"
+#ifdef TAILSERVE_HAVE_CUDA
+#include "worker/backends/cuda/device_info.h"
+#endif
 
 namespace tailserve {
 namespace {
@@ -72,6 +75,16 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const WorkerConfig& wc = config->worker;
+#ifdef TAILSERVE_HAVE_CUDA
+  if (auto devices = ListCudaDevices(); devices.ok()) {
+    for (const CudaDevice& d : *devices) {
+      spdlog::info("CUDA device {}: {} (sm_{}{}, {:.1f} GiB)", d.index, d.name, d.sm_major, d.sm_minor,
+                   d.total_memory / double(1 << 30));
+    }
+  } else {
+    spdlog::info("no usable CUDA device: {}", std::string(devices.status().message()));
+  }
+#endif
 
   Registry registry;
   WorkerMetrics metrics(registry, wc.metrics_window_seconds);

@@ -48,7 +48,7 @@ void Scheduler::CancelSink(std::shared_ptr<BatchSink> sink) {
     for (size_t i = running_.size(); i-- > 0;) {
       if (running_[i].sink == sink) Retire(i, "cancelled");
     }
-    PublishSnapshot();
+    PublishCounts();
   });
 }
 
@@ -69,7 +69,7 @@ void Scheduler::Cancel(std::vector<uint64_t> ids, std::function<void(int)> done)
         break;
       }
     }
-    PublishSnapshot();
+    PublishCounts();
     done(n);
   });
 }
@@ -140,7 +140,7 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
     running_.push_back(std::move(slot));
   }
   open_per_sink_[sink.get()] += batch.sequences_size();
-  PublishSnapshot();
+  PublishCounts();
 }
 
 void Scheduler::Retire(size_t index, const char* reason) {
@@ -148,6 +148,8 @@ void Scheduler::Retire(size_t index, const char* reason) {
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
   engine_.Release(slot.id);
   metrics_.sequences.Labels({reason}).Inc();
+  // Counts first: a router that sees the stream end and then asks Status finds the slot free.
+  PublishCounts();
   auto it = open_per_sink_.find(slot.sink.get());
   if (it != open_per_sink_.end() && --it->second == 0) {
     open_per_sink_.erase(it);
@@ -220,15 +222,20 @@ void Scheduler::RunStep() {
   for (size_t k = retire.size(); k-- > 0;) Retire(retire[k].first, retire[k].second);
 }
 
-void Scheduler::PublishSnapshot() {
+void Scheduler::PublishCounts() {
   const int running = static_cast<int>(running_.size());
   metrics_.running_sequences.Set(running);
   metrics_.free_slots.Set(slots_ - running);
-  const auto q = metrics_.step_time_window.Read({0.5, 0.95});
   std::lock_guard lock(snapshot_mu_);
   snapshot_.total_slots = slots_;
   snapshot_.free_slots = slots_ - running;
   snapshot_.running = running;
+}
+
+void Scheduler::PublishSnapshot() {
+  PublishCounts();
+  const auto q = metrics_.step_time_window.Read({0.5, 0.95});
+  std::lock_guard lock(snapshot_mu_);
   snapshot_.step_p50_seconds = q.count ? q.quantiles[0] : 0;
   snapshot_.step_p95_seconds = q.count ? q.quantiles[1] : 0;
 }
@@ -254,12 +261,7 @@ void Scheduler::Loop() {
       steps_since_publish = 0;
       PublishSnapshot();
     } else {
-      const int running = static_cast<int>(running_.size());
-      metrics_.running_sequences.Set(running);
-      metrics_.free_slots.Set(slots_ - running);
-      std::lock_guard lock(snapshot_mu_);
-      snapshot_.free_slots = slots_ - running;
-      snapshot_.running = running;
+      PublishCounts();
     }
   }
 }

@@ -67,6 +67,8 @@ class Scheduler {
   void RunStep();
   // Removes the slot and, when its sink has no sequences left, finishes the sink.
   void Retire(size_t index, const char* reason);
+  // Slot counts (cheap) / counts plus step-time quantiles (sorts the window).
+  void PublishCounts();
   void PublishSnapshot();
 
   Engine& engine_;
