@@ -5,29 +5,46 @@
 #include <signal.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 
 namespace tailserve {
 
-void AddCommonFlags(CLI::App& app, CommonFlags* flags) {
+void AddCommonFlags(CLI::App& app, CommonFlags* flags, const std::string& section) {
   app.add_option("--config", flags->config_path, "ladb_config.yaml to load (default: built-in defaults)");
   app.add_option("--set", flags->overrides, "Override a config key: --set router.timeout_ms=100 (repeatable)");
   app.add_option("--ports-file", flags->ports_file, "Write grpc_port=/http_port= here once listening");
   app.add_option("--log-level", flags->log_level, "trace, debug, info, warn, error, critical, off");
+  AddShorthand(app, flags, "--grpc-port", section + ".grpc_port", "gRPC port (0: any free port)");
+  AddShorthand(app, flags, "--http-port", section + ".http_port", "HTTP port for /metrics /healthz /readyz (0: any)");
+  AddShorthand(app, flags, "--listen-host", section + ".listen_host", "address to bind");
 }
 
-absl::StatusOr<Config> LoadConfig(const CommonFlags& flags, const std::vector<std::string>& extra) {
-  std::vector<std::string> all = flags.overrides;
-  all.insert(all.end(), extra.begin(), extra.end());
-  if (flags.config_path.empty()) return ParseConfig("", all, "<defaults>");
-  return LoadConfigFile(flags.config_path, all);
+void AddShorthand(CLI::App& app, CommonFlags* flags, const std::string& flag, const std::string& key,
+                  const std::string& help) {
+  app.add_option_function<std::string>(
+      flag, [flags, key](const std::string& v) { flags->shorthands.push_back(key + "=" + v); },
+      help + " (sets " + key + ")");
 }
 
-void BlockTerminationSignals() {
+std::optional<Config> InitProcess(const std::string& name, const CommonFlags& flags) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  if (!InitLogging(name, flags.log_level)) {
+    std::fprintf(stderr, "--log-level: unknown level '%s'\n", flags.log_level.c_str());
+    return std::nullopt;
+  }
+  std::vector<std::string> all = flags.overrides;
+  all.insert(all.end(), flags.shorthands.begin(), flags.shorthands.end());
+  absl::StatusOr<Config> config =
+      flags.config_path.empty() ? ParseConfig("", all, "<defaults>") : LoadConfigFile(flags.config_path, all);
+  if (!config.ok()) {
+    spdlog::critical("invalid configuration: {}", std::string(config.status().message()));
+    return std::nullopt;
+  }
+  return *std::move(config);
 }
 
 int WaitForTermination() {

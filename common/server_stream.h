@@ -58,10 +58,10 @@ class ServerStream final : public grpc::ServerWriteReactor<Msg> {
     std::optional<grpc::Status> finish_;
   };
 
-  // `on_cancel` runs once if the client cancels or its deadline passes; `on_done` when the RPC is
-  // over (either way). Both run on a gRPC thread and must not block.
-  ServerStream(std::function<void()> on_cancel, std::function<void()> on_done = nullptr)
-      : handle_(std::make_shared<Handle>()), on_cancel_(std::move(on_cancel)), on_done_(std::move(on_done)) {
+  // `on_cancel` runs once if the client cancels or its deadline passes, on a gRPC thread; it must
+  // not block.
+  explicit ServerStream(std::function<void()> on_cancel)
+      : handle_(std::make_shared<Handle>()), on_cancel_(std::move(on_cancel)) {
     handle_->reactor_ = this;
   }
 
@@ -98,14 +98,12 @@ class ServerStream final : public grpc::ServerWriteReactor<Msg> {
       handle_->reactor_ = nullptr;
       handle_->queue_.clear();
     }
-    if (on_done_) on_done_();
     delete this;
   }
 
  private:
   std::shared_ptr<Handle> handle_;
   std::function<void()> on_cancel_;
-  std::function<void()> on_done_;
 };
 
 }  // namespace tailserve

@@ -6,7 +6,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/http_server.h"
-#include "common/logging.h"
 #include "common/process.h"
 #include "common/subprocess.h"
 #include "router/generation_service.h"
@@ -18,34 +17,18 @@ namespace {
 int Main(int argc, char** argv) {
   CLI::App app{"tailserve router: validates, batches and dispatches generation requests to workers"};
   CommonFlags common;
-  AddCommonFlags(app, &common);
-  std::optional<int> grpc_port, http_port;
-  std::optional<std::string> host, workers;
-  app.add_option("--grpc-port", grpc_port, "router.grpc_port (0: any free port)");
-  app.add_option("--http-port", http_port, "router.http_port for /metrics /healthz /readyz (0: any)");
-  app.add_option("--listen-host", host, "router.listen_host");
-  app.add_option("--workers", workers, "router.workers as a comma-separated host:port list");
+  AddCommonFlags(app, &common, "router");
+  app.add_option_function<std::string>(
+      "--workers",
+      [&common](const std::string& v) {
+        std::vector<std::string> list = absl::StrSplit(v, ',', absl::SkipEmpty());
+        for (auto& w : list) w = "\"" + w + "\"";
+        common.shorthands.push_back(absl::StrCat("router.workers=[", absl::StrJoin(list, ","), "]"));
+      },
+      "worker gRPC endpoints, comma-separated host:port (sets router.workers)");
   CLI11_PARSE(app, argc, argv);
-
-  BlockTerminationSignals();
-  if (!InitLogging("router", common.log_level)) {
-    std::fprintf(stderr, "--log-level: unknown level '%s'\n", common.log_level.c_str());
-    return 2;
-  }
-  std::vector<std::string> extra;
-  if (grpc_port) extra.push_back(absl::StrCat("router.grpc_port=", *grpc_port));
-  if (http_port) extra.push_back(absl::StrCat("router.http_port=", *http_port));
-  if (host) extra.push_back(absl::StrCat("router.listen_host=", *host));
-  if (workers) {
-    std::vector<std::string> list = absl::StrSplit(*workers, ',', absl::SkipEmpty());
-    for (auto& w : list) w = "\"" + w + "\"";
-    extra.push_back(absl::StrCat("router.workers=[", absl::StrJoin(list, ","), "]"));
-  }
-  absl::StatusOr<Config> config = LoadConfig(common, extra);
-  if (!config.ok()) {
-    spdlog::critical("invalid configuration: {}", std::string(config.status().message()));
-    return 2;
-  }
+  std::optional<Config> config = InitProcess("router", common);
+  if (!config) return 2;
   if (config->router.workers.empty()) {
     spdlog::critical("invalid configuration: router.workers: at least one worker address is needed");
     return 2;
@@ -59,14 +42,17 @@ int Main(int argc, char** argv) {
   RouterCore core(*config, config->router.workers, std::move(clients),
                   std::make_unique<FifoBatcher>(config->batching, config->router),
                   std::make_unique<RulePredictor>(config->predictor), tokenizer, metrics);
-  core.Start();
-
   GenerationService service(core, config->router, tokenizer, metrics);
   absl::StatusOr<GrpcServer> grpc_server = StartGrpcServer(config->router.listen_host, config->router.grpc_port, {&service});
   if (!grpc_server.ok()) {
     spdlog::critical("{}", std::string(grpc_server.status().message()));
     return 1;
   }
+  // gRPC health says what /readyz says: SERVING while at least one worker is in rotation.
+  grpc::HealthCheckServiceInterface* health = grpc_server->server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  core.OnReadinessChange([health](bool ready) { health->SetServingStatus(ready); });
+  core.Start();
   ObservabilityServer http(registry, [&]() -> absl::Status {
     return core.ready() ? absl::OkStatus() : absl::UnavailableError("no healthy worker");
   });

@@ -84,7 +84,7 @@ void RouterCore::DoCancel(uint64_t key, bool deadline) {
   requests_.erase(it);
 }
 
-bool RouterCore::Relay(uint64_t key, Request& r, const v1::SequenceEvent& se) {
+bool RouterCore::Relay(Request& r, const v1::SequenceEvent& se) {
   if (se.token_ids().empty()) return false;
   const SteadyTime now = clock_.Now();
   v1::GenerateResponse resp;
@@ -123,7 +123,6 @@ bool RouterCore::Relay(uint64_t key, Request& r, const v1::SequenceEvent& se) {
   resp.set_text(std::move(emit));
   resp.set_simulated(r.simulated);
   r.sink->Write(std::move(resp));
-  (void)key;
   return stopped;
 }
 
@@ -211,7 +210,7 @@ void RouterCore::OnEvent(uint64_t batch_id, const v1::TokenEvent& ev) {
     if (it == requests_.end() || it->second.batch != batch_id) continue;  // cancelled meanwhile
     Request& r = it->second;
     r.simulated = ev.simulated();
-    if (Relay(id, r, se)) {
+    if (Relay(r, se)) {
       if (!final) workers_[b.worker]->Cancel({id});
       Complete(id, v1::FINISH_REASON_STOP, "stop");
       continue;
@@ -353,7 +352,8 @@ void RouterCore::UpdateGauges() {
   const size_t healthy = pool_.healthy_count();
   metrics_.workers_healthy.Set(static_cast<double>(healthy));
   for (size_t w = 0; w < pool_.size(); ++w) metrics_.worker_up.Labels({pool_.address(w)}).Set(pool_.healthy(w) ? 1 : 0);
-  healthy_workers_ = static_cast<int>(healthy);
+  const bool was_ready = healthy_workers_.exchange(static_cast<int>(healthy)) > 0;
+  if (on_readiness_ && was_ready != (healthy > 0)) on_readiness_(healthy > 0);
 }
 
 void RouterCore::Loop() {

@@ -44,6 +44,8 @@ class RouterCore {
   void Cancel(uint64_t key, bool deadline);
 
   bool ready() const { return healthy_workers_.load() > 0; }
+  // Called on the core thread whenever ready() flips. Set before Start().
+  void OnReadinessChange(std::function<void(bool)> f) { on_readiness_ = std::move(f); }
 
  private:
   struct Request {
@@ -77,7 +79,7 @@ class RouterCore {
   void Dispatch();
   void WorkerDown(size_t worker);
   // Appends tokens and streams them; returns true when a stop string ended the request.
-  bool Relay(uint64_t key, Request& r, const v1::SequenceEvent& se);
+  bool Relay(Request& r, const v1::SequenceEvent& se);
   void Complete(uint64_t key, v1::FinishReason reason, const std::string& outcome);
   void Fail(uint64_t key, const grpc::Status& status, const std::string& outcome);
   // reason: budget, worker_failure or rejected (no free slots; does not count as a dispatch).
@@ -98,6 +100,7 @@ class RouterCore {
   std::thread thread_;
   std::atomic<uint64_t> next_key_{1};
   std::atomic<int> healthy_workers_{0};
+  std::function<void(bool)> on_readiness_;
 
   // Owned by the core thread.
   bool stopping_ = false;

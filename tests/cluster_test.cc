@@ -268,6 +268,13 @@ TEST(ClusterTest, ReadinessFollowsWorkers) {
   EXPECT_EQ(HttpGet(cluster.router_http(), "/readyz", &body), 503);
   EXPECT_EQ(body, "not ready: no healthy worker\n");
   EXPECT_EQ(HttpGet(cluster.router_http(), "/healthz"), 200);  // alive, just not ready
+  // gRPC health (what a Kubernetes gRPC probe asks) agrees with /readyz.
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(cluster.router_target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_TRUE(health->Check(&ctx, {}, &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
 }
 
 TEST(ClusterTest, MalformedRequestsGetTheDocumentedStatus) {

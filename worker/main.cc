@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/http_server.h"
-#include "common/logging.h"
 #include "common/process.h"
 #include "common/subprocess.h"
 #include "worker/backends/sim/sim_engine.h"
@@ -48,32 +47,12 @@ class WarmupSink final : public BatchSink {
 int Main(int argc, char** argv) {
   CLI::App app{"tailserve worker: serves tailserve.v1.Worker over one engine backend"};
   CommonFlags common;
-  AddCommonFlags(app, &common);
-  std::optional<int> grpc_port, http_port, slots;
-  std::optional<std::string> host, backend;
-  app.add_option("--grpc-port", grpc_port, "worker.grpc_port (0: any free port)");
-  app.add_option("--http-port", http_port, "worker.http_port for /metrics /healthz /readyz (0: any)");
-  app.add_option("--listen-host", host, "worker.listen_host");
-  app.add_option("--slots", slots, "worker.slots");
-  app.add_option("--backend", backend, "worker.backend");
+  AddCommonFlags(app, &common, "worker");
+  AddShorthand(app, &common, "--slots", "worker.slots", "sequences running at once");
+  AddShorthand(app, &common, "--backend", "worker.backend", "engine backend");
   CLI11_PARSE(app, argc, argv);
-
-  BlockTerminationSignals();
-  if (!InitLogging("worker", common.log_level)) {
-    std::fprintf(stderr, "--log-level: unknown level '%s'\n", common.log_level.c_str());
-    return 2;
-  }
-  std::vector<std::string> extra;
-  if (grpc_port) extra.push_back(absl::StrCat("worker.grpc_port=", *grpc_port));
-  if (http_port) extra.push_back(absl::StrCat("worker.http_port=", *http_port));
-  if (slots) extra.push_back(absl::StrCat("worker.slots=", *slots));
-  if (host) extra.push_back(absl::StrCat("worker.listen_host=", *host));
-  if (backend) extra.push_back(absl::StrCat("worker.backend=", *backend));
-  absl::StatusOr<Config> config = LoadConfig(common, extra);
-  if (!config.ok()) {
-    spdlog::critical("invalid configuration: {}", std::string(config.status().message()));
-    return 2;
-  }
+  std::optional<Config> config = InitProcess("worker", common);
+  if (!config) return 2;
   const WorkerConfig& wc = config->worker;
 #ifdef TAILSERVE_HAVE_CUDA
   if (auto devices = ListCudaDevices(); devices.ok()) {
