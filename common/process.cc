@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/subprocess.h"
 
 namespace tailserve {
 
@@ -57,19 +58,34 @@ int WaitForTermination() {
   return sig;
 }
 
-absl::StatusOr<GrpcServer> StartGrpcServer(const std::string& host, int port,
-                                           const std::vector<grpc::Service*>& services) {
+absl::StatusOr<Servers> StartServers(const std::string& host, int grpc_port, int http_port,
+                                     const std::vector<grpc::Service*>& services, const Registry& registry,
+                                     std::function<absl::Status()> ready, const std::string& ports_file) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  GrpcServer out;
-  builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(), &out.port);
+  Servers out;
+  builder.AddListeningPort(absl::StrCat(host, ":", grpc_port), grpc::InsecureServerCredentials(), &out.grpc_port);
   for (grpc::Service* s : services) builder.RegisterService(s);
-  out.server = builder.BuildAndStart();
-  if (!out.server || out.port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen for gRPC on ", host, ":", port));
+  out.grpc = builder.BuildAndStart();
+  if (!out.grpc || out.grpc_port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen for gRPC on ", host, ":", grpc_port));
+  }
+  out.SetServing(false);
+  out.http = std::make_unique<ObservabilityServer>(registry, std::move(ready));
+  absl::StatusOr<int> bound = out.http->Start(host, http_port);
+  if (!bound.ok()) return bound.status();
+  out.http_port = *bound;
+  if (!ports_file.empty()) {
+    if (absl::Status s = WritePortsFile(ports_file, out.grpc_port, out.http_port); !s.ok()) return s;
   }
   return out;
+}
+
+void Servers::Shutdown(std::chrono::milliseconds grace) {
+  SetServing(false);
+  grpc->Shutdown(std::chrono::system_clock::now() + grace);
+  http->Stop();
 }
 
 }  // namespace tailserve

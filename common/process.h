@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/config.h"
+#include "common/http_server.h"
 
 namespace tailserve {
 
@@ -36,12 +37,19 @@ void AddShorthand(CLI::App& app, CommonFlags* flags, const std::string& flag, co
 std::optional<Config> InitProcess(const std::string& name, const CommonFlags& flags);
 int WaitForTermination();
 
-// A started gRPC server with grpc.health.v1.Health and reflection; `port` 0 picks a free port.
-struct GrpcServer {
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
+// A process's two listeners: gRPC (with grpc.health.v1.Health, NOT_SERVING until the owner says
+// otherwise, and reflection) and the HTTP observability endpoint.
+struct Servers {
+  std::unique_ptr<grpc::Server> grpc;
+  std::unique_ptr<ObservabilityServer> http;
+  int grpc_port = 0, http_port = 0;
+  void SetServing(bool serving) { grpc->GetHealthCheckService()->SetServingStatus(serving); }
+  // Stops accepting, cancels what is still open after `grace`, stops HTTP.
+  void Shutdown(std::chrono::milliseconds grace);
 };
-absl::StatusOr<GrpcServer> StartGrpcServer(const std::string& host, int port,
-                                           const std::vector<grpc::Service*>& services);
+// Port 0 picks a free port; the bound ports are written to `ports_file` when it is not empty.
+absl::StatusOr<Servers> StartServers(const std::string& host, int grpc_port, int http_port,
+                                     const std::vector<grpc::Service*>& services, const Registry& registry,
+                                     std::function<absl::Status()> ready, const std::string& ports_file);
 
 }  // namespace tailserve

@@ -5,9 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/http_server.h"
 #include "common/process.h"
-#include "common/subprocess.h"
 #include "router/generation_service.h"
 #include "router/router_core.h"
 
@@ -43,39 +41,25 @@ int Main(int argc, char** argv) {
                   std::make_unique<FifoBatcher>(config->batching, config->router),
                   std::make_unique<RulePredictor>(config->predictor), tokenizer, metrics);
   GenerationService service(core, config->router, tokenizer, metrics);
-  absl::StatusOr<GrpcServer> grpc_server = StartGrpcServer(config->router.listen_host, config->router.grpc_port, {&service});
-  if (!grpc_server.ok()) {
-    spdlog::critical("{}", std::string(grpc_server.status().message()));
+  absl::StatusOr<Servers> servers = StartServers(
+      config->router.listen_host, config->router.grpc_port, config->router.http_port, {&service}, registry,
+      [&]() -> absl::Status { return core.ready() ? absl::OkStatus() : absl::UnavailableError("no healthy worker"); },
+      common.ports_file);
+  if (!servers.ok()) {
+    spdlog::critical("{}", std::string(servers.status().message()));
     return 1;
   }
   // gRPC health says what /readyz says: SERVING while at least one worker is in rotation.
-  grpc::HealthCheckServiceInterface* health = grpc_server->server->GetHealthCheckService();
-  health->SetServingStatus(false);
-  core.OnReadinessChange([health](bool ready) { health->SetServingStatus(ready); });
+  core.OnReadinessChange([&servers](bool ready) { servers->SetServing(ready); });
   core.Start();
-  ObservabilityServer http(registry, [&]() -> absl::Status {
-    return core.ready() ? absl::OkStatus() : absl::UnavailableError("no healthy worker");
-  });
-  absl::StatusOr<int> http_bound = http.Start(config->router.listen_host, config->router.http_port);
-  if (!http_bound.ok()) {
-    spdlog::critical("{}", std::string(http_bound.status().message()));
-    return 1;
-  }
-  spdlog::info("router listening: grpc {}:{} http {}:{}; workers: {}", config->router.listen_host, grpc_server->port,
-               config->router.listen_host, *http_bound, absl::StrJoin(config->router.workers, ", "));
-  if (!common.ports_file.empty()) {
-    if (absl::Status s = WritePortsFile(common.ports_file, grpc_server->port, *http_bound); !s.ok()) {
-      spdlog::critical("{}", std::string(s.message()));
-      return 1;
-    }
-  }
+  spdlog::info("router listening: grpc {}:{} http {}:{}; workers: {}", config->router.listen_host, servers->grpc_port,
+               config->router.listen_host, servers->http_port, absl::StrJoin(config->router.workers, ", "));
 
   const int sig = WaitForTermination();
   spdlog::info("signal {}: shutting down", sig);
-  grpc_server->server->GetHealthCheckService()->SetServingStatus(false);
+  servers->SetServing(false);
   core.Stop();
-  grpc_server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  http.Stop();
+  servers->Shutdown(std::chrono::seconds(5));
   return 0;
 }
 

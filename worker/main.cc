@@ -5,9 +5,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "common/http_server.h"
 #include "common/process.h"
-#include "common/subprocess.h"
 #include "worker/backends/sim/sim_engine.h"
 #include "worker/scheduler.h"
 #include "worker/worker_service.h"
@@ -21,8 +19,8 @@ namespace {
 // Marks the worker ready once a real generation has gone through the scheduler and engine.
 class WarmupSink final : public BatchSink {
  public:
-  WarmupSink(std::atomic<bool>& ready, grpc::Server* server, Gauge& gauge)
-      : ready_(ready), server_(server), gauge_(gauge) {}
+  WarmupSink(std::atomic<bool>& ready, Servers& servers, Gauge& gauge)
+      : ready_(ready), servers_(servers), gauge_(gauge) {}
   void Write(v1::TokenEvent ev) override {
     for (const auto& s : ev.sequences()) tokens_ += s.token_ids_size();
   }
@@ -33,13 +31,13 @@ class WarmupSink final : public BatchSink {
     }
     ready_ = true;
     gauge_.Set(1);
-    server_->GetHealthCheckService()->SetServingStatus(true);
+    servers_.SetServing(true);
     spdlog::info("warm-up generation done ({} tokens): ready", tokens_);
   }
 
  private:
   std::atomic<bool>& ready_;
-  grpc::Server* server_;
+  Servers& servers_;
   Gauge& gauge_;
   int tokens_ = 0;
 };
@@ -73,29 +71,18 @@ int Main(int argc, char** argv) {
 
   std::atomic<bool> ready{false};
   WorkerService service(scheduler, engine, ready);
-  absl::StatusOr<GrpcServer> grpc_server = StartGrpcServer(wc.listen_host, wc.grpc_port, {&service});
-  if (!grpc_server.ok()) {
-    spdlog::critical("{}", std::string(grpc_server.status().message()));
+  absl::StatusOr<Servers> servers = StartServers(
+      wc.listen_host, wc.grpc_port, wc.http_port, {&service}, registry,
+      [&]() -> absl::Status {
+        return ready ? absl::OkStatus() : absl::UnavailableError("engine warm-up generation has not completed");
+      },
+      common.ports_file);
+  if (!servers.ok()) {
+    spdlog::critical("{}", std::string(servers.status().message()));
     return 1;
   }
-  grpc_server->server->GetHealthCheckService()->SetServingStatus(false);
-
-  ObservabilityServer http(registry, [&]() -> absl::Status {
-    return ready ? absl::OkStatus() : absl::UnavailableError("engine warm-up generation has not completed");
-  });
-  absl::StatusOr<int> http_port_bound = http.Start(wc.listen_host, wc.http_port);
-  if (!http_port_bound.ok()) {
-    spdlog::critical("{}", std::string(http_port_bound.status().message()));
-    return 1;
-  }
-  spdlog::info("worker listening: grpc {}:{} http {}:{} backend={} slots={}", wc.listen_host, grpc_server->port,
-               wc.listen_host, *http_port_bound, engine.backend(), wc.slots);
-  if (!common.ports_file.empty()) {
-    if (absl::Status s = WritePortsFile(common.ports_file, grpc_server->port, *http_port_bound); !s.ok()) {
-      spdlog::critical("{}", std::string(s.message()));
-      return 1;
-    }
-  }
+  spdlog::info("worker listening: grpc {}:{} http {}:{} backend={} slots={}", wc.listen_host, servers->grpc_port,
+               wc.listen_host, servers->http_port, engine.backend(), wc.slots);
 
   // Warm-up: one short real generation through the scheduler and engine before taking traffic.
   v1::Batch warmup;
@@ -104,16 +91,15 @@ int Main(int argc, char** argv) {
   seq->set_sequence_id(~0ull);
   for (int32_t t : {1, 2, 3}) seq->add_prompt_token_ids(t % engine.vocab_size());
   seq->set_max_tokens(4);
-  scheduler.Submit(std::make_shared<WarmupSink>(ready, grpc_server->server.get(), metrics.ready), warmup);
+  scheduler.Submit(std::make_shared<WarmupSink>(ready, *servers, metrics.ready), warmup);
 
   const int sig = WaitForTermination();
   spdlog::info("signal {}: handing back running sequences and shutting down", sig);
   ready = false;
   metrics.ready.Set(0);
-  grpc_server->server->GetHealthCheckService()->SetServingStatus(false);
+  servers->SetServing(false);
   scheduler.Stop();
-  grpc_server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  http.Stop();
+  servers->Shutdown(std::chrono::seconds(5));
   return 0;
 }
 
