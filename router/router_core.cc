@@ -349,9 +349,10 @@ void RouterCore::Dispatch() {
 void RouterCore::UpdateGauges() {
   metrics_.queue_length.Set(static_cast<double>(batcher_->size()));
   metrics_.inflight.Set(static_cast<double>(requests_.size()));
+  // Per-worker gauges before the total, so a reader that waits on the total sees them current.
+  for (size_t w = 0; w < pool_.size(); ++w) metrics_.worker_up.Labels({pool_.address(w)}).Set(pool_.healthy(w) ? 1 : 0);
   const size_t healthy = pool_.healthy_count();
   metrics_.workers_healthy.Set(static_cast<double>(healthy));
-  for (size_t w = 0; w < pool_.size(); ++w) metrics_.worker_up.Labels({pool_.address(w)}).Set(pool_.healthy(w) ? 1 : 0);
   const bool was_ready = healthy_workers_.exchange(static_cast<int>(healthy)) > 0;
   if (on_readiness_ && was_ready != (healthy > 0)) on_readiness_(healthy > 0);
 }

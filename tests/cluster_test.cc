@@ -182,7 +182,10 @@ TEST(ClusterTest, ClientDeadlineIsHonoured) {
   std::string metrics;
   for (int i = 0; i < 100; ++i) {
     HttpGet(cluster.router_http(), "/metrics", &metrics);
-    if (MetricValue(metrics, "tailserve_router_requests_total{outcome=\"deadline_exceeded\"}") == 1) break;
+    if (MetricValue(metrics, "tailserve_router_requests_total{outcome=\"deadline_exceeded\"}") == 1 &&
+        MetricValue(metrics, "tailserve_router_inflight_requests") == 0) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(MetricValue(metrics, "tailserve_router_requests_total{outcome=\"deadline_exceeded\"}"), 1);
