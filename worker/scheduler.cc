@@ -35,6 +35,8 @@ void Scheduler::Stop() {
   if (!thread_.joinable()) return;
   commands_.Post([this] { stopping_ = true; });
   thread_.join();
+  // Commands that raced with the stop still get their answer (UNAVAILABLE, or 0 cancelled).
+  for (auto& c : commands_.TryTakeAll()) c();
 }
 
 void Scheduler::Submit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
