@@ -72,9 +72,11 @@ class ClosedLoop {
       StartRead(&resp_);
     }
     void OnDone(const grpc::Status& s) override {
-      if (!s.ok() && loop_->first_error_.empty()) loop_->first_error_ = absl::StrCat(s.error_code(), " ", s.error_message());
-      loop_->Finished(s.ok(), tokens_, Ms(Clock::now() - start_));
-      delete this;
+      ClosedLoop* loop = loop_;
+      const int tokens = tokens_;
+      const double ms = Ms(Clock::now() - start_);
+      delete this;  // before Finished: the last Finished lets the caller tear the channel down
+      loop->Finished(s, tokens, ms);
     }
 
    private:
@@ -93,10 +95,12 @@ class ClosedLoop {
     }
     new Call(this, OneToken(static_cast<int>(next_++), max_tokens_));
   }
-  void Finished(bool ok, int tokens, double ms) {
+  void Finished(const grpc::Status& s, int tokens, double ms) {
+    const bool ok = s.ok();
     bool again;
     {
       std::lock_guard lock(mu_);
+      if (!ok && first_error_.empty()) first_error_ = absl::StrCat(s.error_code(), " ", s.error_message());
       (ok ? result_.ok : result_.failed)++;
       result_.tokens += tokens;
       result_.latency_ms.push_back(ms);

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -158,7 +159,7 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
   {
     Section s = top.Sub("batching");
     auto& b = c->batching;
-    s.String("mode", &b.mode, {"fifo"});
+    s.String("mode", &b.mode, {"ladb", "fifo"});
     s.Int("max_batch_size", &b.max_batch_size, 1, 4096);
     s.Int("min_batch_size", &b.min_batch_size, 1, 4096);
     s.Int("target_latency_ms", &b.target_latency_ms, 1, 3'600'000);
@@ -175,6 +176,14 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.Double("base_steps", &p.base_steps, 0.0, 1e9);
     s.Double("step_budget_margin", &p.step_budget_margin, -1.0, 100.0);
     s.Int("min_step_budget", &p.min_step_budget, 1, 1'000'000);
+    s.String("model_path", &p.model_path);
+    s.Int("warmup_steps", &p.warmup_steps, 0, 100'000'000);
+    s.Int("update_interval_ms", &p.update_interval_ms, 10, 86'400'000);
+    s.String("feedback_log", &p.feedback_log);
+    s.Double("drift_mape_threshold", &p.drift_mape_threshold, 0.01, 1000);
+    s.Double("drift_window_s", &p.drift_window_s, 1, 86400);
+    s.Double("drift_cooldown_s", &p.drift_cooldown_s, 0, 86400);
+    s.Int("drift_min_samples", &p.drift_min_samples, 1, 10'000'000);
   }
   {
     Section s = top.Sub("router");
@@ -183,8 +192,9 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.Int("grpc_port", &r.grpc_port, 0, 65535);
     s.Int("http_port", &r.http_port, 0, 65535);
     s.StringList("workers", &r.workers);
-    s.String("queue_strategy", &r.queue_strategy, {"fifo"});
+    s.String("queue_strategy", &r.queue_strategy, {"fifo", "priority_by_remaining_steps"});
     s.Int("timeout_ms", &r.timeout_ms, 0, 3'600'000);
+    s.Int("max_wait_ms", &r.max_wait_ms, 1, 3'600'000);
     s.String("fallback_policy", &r.fallback_policy, {"immediate_dispatch"});
     s.Int("max_queue_size", &r.max_queue_size, 1, 10'000'000);
     s.Int("max_tokens_limit", &r.max_tokens_limit, 1, 10'000'000);
@@ -244,7 +254,14 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path, const std::vector
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open config file"));
   std::stringstream ss;
   ss << in.rdbuf();
-  return ParseConfig(ss.str(), overrides, path);
+  absl::StatusOr<Config> config = ParseConfig(ss.str(), overrides, path);
+  // Relative paths in the file are relative to the file's folder, wherever the process starts.
+  if (config.ok()) {
+    for (std::string* p : {&config->predictor.model_path, &config->predictor.feedback_log}) {
+      if (!p->empty() && (*p)[0] != '/') *p = (std::filesystem::path(path).parent_path() / *p).lexically_normal().string();
+    }
+  }
+  return config;
 }
 
 }  // namespace tailserve

@@ -9,7 +9,7 @@
 namespace tailserve {
 
 struct BatchingConfig {
-  std::string mode = "fifo";  // fifo (the length-aware "ladb" mode plugs into the same seam)
+  std::string mode = "ladb";  // ladb (length-aware) or fifo (arrival order)
   int max_batch_size = 32;
   int min_batch_size = 4;
   int target_latency_ms = 350;
@@ -25,6 +25,20 @@ struct PredictorConfig {
   // returned unfinished and re-queued with a doubled budget. Negative disables budgets.
   double step_budget_margin = 0.2;
   int min_step_budget = 16;
+  // ONNX model (features -> steps); empty: the rule alone.
+  std::string model_path;
+  // Finished requests observed in shadow mode before the model drives batching.
+  int warmup_steps = 500;
+  // How often the per-bucket residual correction is refreshed from feedback.
+  int update_interval_ms = 10000;
+  // JSON lines of (features, actual steps) for retraining; empty: none.
+  std::string feedback_log;
+  // Drift: the window MAPE of the model above mape_threshold (with at least min_samples) switches
+  // batching to FIFO and predictions to the rule for cooldown_s; back once the window recovers.
+  double drift_mape_threshold = 0.8;
+  double drift_window_s = 300;
+  double drift_cooldown_s = 300;
+  int drift_min_samples = 200;
 };
 
 struct RouterConfig {
@@ -32,8 +46,10 @@ struct RouterConfig {
   int grpc_port = 50051;
   int http_port = 9090;
   std::vector<std::string> workers;  // host:port of each worker's gRPC endpoint
-  std::string queue_strategy = "fifo";
+  std::string queue_strategy = "priority_by_remaining_steps";
   int timeout_ms = 200;
+  // Bounded wait: a request queued this long goes before every class and shorter prediction.
+  int max_wait_ms = 2000;
   std::string fallback_policy = "immediate_dispatch";
   int max_queue_size = 1024;
   int max_tokens_limit = 4096;

@@ -1,9 +1,16 @@
 #pragma once
 // The batching seam: the core pushes waiting requests in and asks, whenever something changes or a
-// deadline passes, for a batch to dispatch. FifoBatcher is plain arrival-order batching; the
-// length-aware batcher implements the same interface.
+// deadline passes, for a batch to dispatch.
+//
+// LadbBatcher (latency-aware dynamic batching) groups requests whose predicted decode steps lie
+// within +-variance_tolerance of an anchor's. Anchors are tried most urgent first: requests that
+// waited router.max_wait_ms (bounded wait, oldest first), then by priority class, then shortest
+// prediction (queue_strategy priority_by_remaining_steps; "fifo" keeps arrival order). A group
+// leaves when it is full (max_batch_size), reaches min_batch_size, or its anchor has waited
+// router.timeout_ms (fallback immediate_dispatch: it goes with whatever is in its group, alone if
+// need be). Length-unaware (batching.mode fifo, or predictor drift) it is plain FIFO batching: the
+// same thresholds over arrival order, no grouping.
 #include <cstdint>
-#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,7 +24,7 @@ namespace tailserve {
 struct QueuedRequest {
   uint64_t id = 0;
   v1::Priority priority = v1::PRIORITY_STANDARD;
-  double predicted_steps = 0;
+  double predicted_steps = 0;  // remaining decode steps
   SteadyTime enqueued;
 };
 
@@ -35,25 +42,35 @@ class Batcher {
   virtual std::vector<uint64_t> Next(SteadyTime now, size_t capacity, BatchReason* reason) = 0;
   // When Next could return a batch with no new arrival (the oldest request's timeout), if ever.
   virtual std::optional<SteadyTime> NextDeadline() const = 0;
+  // Off: plain FIFO batching (the fallback while predictions are not trusted).
+  virtual void SetLengthAware(bool on) = 0;
+  virtual bool length_aware() const = 0;
 };
 
-// Arrival order. A batch leaves when max_batch_size requests wait (full), when min_batch_size wait
-// (min size), or when the oldest has waited router.timeout_ms (timeout; immediate_dispatch of
-// whatever is there).
-class FifoBatcher final : public Batcher {
+class LadbBatcher final : public Batcher {
  public:
-  FifoBatcher(const BatchingConfig& batching, const RouterConfig& router);
+  LadbBatcher(const BatchingConfig& batching, const RouterConfig& router);
   void Push(const QueuedRequest& r, bool requeued) override;
   bool Remove(uint64_t id) override;
   size_t size() const override { return queue_.size(); }
   std::vector<uint64_t> Next(SteadyTime now, size_t capacity, BatchReason* reason) override;
   std::optional<SteadyTime> NextDeadline() const override;
+  void SetLengthAware(bool on) override { length_aware_ = on; }
+  bool length_aware() const override { return length_aware_; }
 
  private:
+  std::vector<uint64_t> NextFifo(SteadyTime now, size_t limit, BatchReason* reason);
+  std::vector<uint64_t> NextGrouped(SteadyTime now, size_t limit, BatchReason* reason);
+  std::vector<uint64_t> Take(const std::vector<size_t>& positions);
+
   const size_t max_batch_;
   const size_t min_batch_;
+  const double tolerance_;
   const Duration timeout_;
-  std::deque<QueuedRequest> queue_;
+  const Duration max_wait_;
+  const bool by_remaining_steps_;
+  bool length_aware_;
+  std::vector<QueuedRequest> queue_;  // arrival order; re-queued work in front
 };
 
 }  // namespace tailserve

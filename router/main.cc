@@ -7,6 +7,7 @@
 #include "absl/strings/str_split.h"
 #include "common/process.h"
 #include "router/generation_service.h"
+#include "router/predictor/onnx_model.h"
 #include "router/router_core.h"
 
 namespace tailserve {
@@ -37,9 +38,19 @@ int Main(int argc, char** argv) {
   ByteTokenizer tokenizer;
   std::vector<std::unique_ptr<WorkerClient>> clients;
   for (const auto& w : config->router.workers) clients.push_back(MakeGrpcWorkerClient(w));
+  std::unique_ptr<LengthModel> model;
+  if (!config->predictor.model_path.empty()) {
+    auto loaded = OnnxModel::Load(config->predictor.model_path, kFeatureInputName, kNumFeatures);
+    if (!loaded.ok()) {
+      spdlog::critical("invalid configuration: predictor.model_path: {}", std::string(loaded.status().message()));
+      return 2;
+    }
+    spdlog::info("length predictor: {}", (*loaded)->Describe());
+    model = *std::move(loaded);
+  }
   RouterCore core(*config, config->router.workers, std::move(clients),
-                  std::make_unique<FifoBatcher>(config->batching, config->router),
-                  std::make_unique<RulePredictor>(config->predictor), tokenizer, metrics);
+                  std::make_unique<LadbBatcher>(config->batching, config->router),
+                  std::make_unique<LengthPredictor>(config->predictor, std::move(model), metrics), tokenizer, metrics);
   GenerationService service(core, config->router, tokenizer, metrics);
   absl::StatusOr<Servers> servers = StartServers(
       config->router.listen_host, config->router.grpc_port, config->router.http_port, {&service}, registry,

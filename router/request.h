@@ -16,6 +16,8 @@ struct ParsedRequest {
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   v1::Priority priority = v1::PRIORITY_STANDARD;
+  // Share of non-alphanumeric characters in the prompt text (a predictor feature).
+  double non_alnum_ratio = 0;
 };
 
 }  // namespace tailserve

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 
@@ -10,7 +11,7 @@ namespace tailserve {
 
 RouterCore::RouterCore(const Config& config, std::vector<std::string> worker_addresses,
                        std::vector<std::unique_ptr<WorkerClient>> workers, std::unique_ptr<Batcher> batcher,
-                       std::unique_ptr<Predictor> predictor, const Tokenizer& tokenizer, RouterMetrics& metrics,
+                       std::unique_ptr<LengthPredictor> predictor, const Tokenizer& tokenizer, RouterMetrics& metrics,
                        const Clock& clock)
     : config_(config),
       pool_(std::move(worker_addresses), config.router.unhealthy_after_failures),
@@ -61,13 +62,14 @@ void RouterCore::DoSubmit(uint64_t key, ParsedRequest req, std::shared_ptr<Clien
   // A fixed seed makes a re-dispatched sequence continue with the same randomness.
   if (!req.sampling.has_seed()) req.sampling.set_seed(rng_());
   Request r;
-  r.predicted_steps = predictor_->PredictSteps(req);
-  r.step_budget = InitialStepBudget(config_.predictor, r.predicted_steps);
+  r.prediction = predictor_->Predict(req);
+  r.remaining_steps = r.prediction.steps;
+  r.step_budget = InitialStepBudget(config_.predictor, r.prediction.steps);
   r.req = std::move(req);
   r.sink = std::move(sink);
   r.arrival = arrival;
   r.decoder = std::make_unique<StreamingDecoder>(tokenizer_);
-  batcher_->Push({key, r.req.priority, r.predicted_steps, arrival}, false);
+  batcher_->Push({key, r.req.priority, r.remaining_steps, arrival}, false);
   requests_.emplace(key, std::move(r));
 }
 
@@ -149,6 +151,7 @@ void RouterCore::Complete(uint64_t key, v1::FinishReason reason, const std::stri
   resp.mutable_usage()->set_completion_tokens(static_cast<int32_t>(r.generated.size()));
   *resp.mutable_timings() = TimingsOf(r, now);
   resp.set_simulated(r.simulated);
+  predictor_->Feedback(r.prediction, static_cast<int64_t>(r.generated.size()));
   // Metrics first: a client that sees its stream end and then scrapes finds its request counted.
   metrics_.requests.Labels({outcome}).Inc();
   const double total = Seconds(now - r.arrival);
@@ -190,9 +193,13 @@ void RouterCore::Requeue(uint64_t key, Request& r, const std::string& reason) {
          "unavailable");
     return;
   }
-  if (reason == "budget") r.step_budget = static_cast<int32_t>(std::min<int64_t>(int64_t{r.step_budget} * 2, 1'000'000'000));
+  if (reason == "budget") {
+    // Mispredicted long: at least another doubled budget to go, so it now groups with long work.
+    r.step_budget = static_cast<int32_t>(std::min<int64_t>(int64_t{r.step_budget} * 2, 1'000'000'000));
+    r.remaining_steps = std::min<double>(r.step_budget, r.req.max_tokens - static_cast<double>(r.generated.size()));
+  }
   metrics_.redispatches.Labels({reason}).Inc();
-  batcher_->Push({key, r.req.priority, r.predicted_steps, r.arrival}, true);
+  batcher_->Push({key, r.req.priority, r.remaining_steps, r.arrival}, true);
 }
 
 void RouterCore::OnEvent(uint64_t batch_id, const v1::TokenEvent& ev) {
@@ -313,8 +320,11 @@ void RouterCore::Dispatch() {
     v1::Batch batch;
     batch.set_batch_id(absl::StrCat(batch_id));
     InflightBatch inflight{*w, {}, nullptr};
+    double sum = 0, sum_sq = 0;
     for (uint64_t id : ids) {
       Request& r = requests_.at(id);
+      sum += r.remaining_steps;
+      sum_sq += r.remaining_steps * r.remaining_steps;
       v1::Sequence* s = batch.add_sequences();
       s->set_sequence_id(id);
       s->mutable_prompt_token_ids()->Add(r.req.prompt.begin(), r.req.prompt.end());
@@ -334,6 +344,8 @@ void RouterCore::Dispatch() {
       inflight.open.insert(id);
     }
     const int n = static_cast<int>(ids.size());
+    const double mean = sum / n;
+    metrics_.batch_prediction_cv.Observe(mean > 0 ? std::sqrt(std::max(0.0, sum_sq / n - mean * mean)) / mean : 0);
     pool_.AddInflight(*w, n);
     metrics_.batch_size.Observe(n);
     metrics_.batch_efficiency.Observe(static_cast<double>(n) / config_.batching.max_batch_size);
@@ -362,10 +374,13 @@ void RouterCore::UpdateGauges() {
 void RouterCore::Loop() {
   next_poll_ = clock_.Now();
   while (!stopping_) {
-    std::optional<SteadyTime> wake = next_poll_;
+    std::optional<SteadyTime> wake = std::min(next_poll_, predictor_->next_tick());
     if (auto d = batcher_->NextDeadline()) wake = std::min(*wake, *d);
     for (auto& c : commands_.TakeAll(wake)) c();
     if (stopping_) break;
+    predictor_->Tick();
+    // Drift: predictions are not trusted, so batch by arrival until the predictor recovers.
+    batcher_->SetLengthAware(config_.batching.mode == "ladb" && !predictor_->drift_active());
     PollWorkers();
     Dispatch();
     UpdateGauges();

@@ -14,7 +14,7 @@
 #include "common/server_stream.h"
 #include "common/tokenizer.h"
 #include "router/batcher.h"
-#include "router/predictor.h"
+#include "router/length_predictor.h"
 #include "router/request.h"
 #include "router/router_metrics.h"
 #include "router/worker_client.h"
@@ -28,7 +28,7 @@ class RouterCore {
  public:
   RouterCore(const Config& config, std::vector<std::string> worker_addresses,
              std::vector<std::unique_ptr<WorkerClient>> workers, std::unique_ptr<Batcher> batcher,
-             std::unique_ptr<Predictor> predictor, const Tokenizer& tokenizer, RouterMetrics& metrics,
+             std::unique_ptr<LengthPredictor> predictor, const Tokenizer& tokenizer, RouterMetrics& metrics,
              const Clock& clock = SystemClock::Get());
   ~RouterCore();
 
@@ -56,7 +56,8 @@ class RouterCore {
     std::vector<int32_t> generated;
     std::unique_ptr<StreamingDecoder> decoder;
     std::string held_text;  // decoded text held back while it could still start a stop string
-    double predicted_steps = 0;
+    Prediction prediction;
+    double remaining_steps = 0;  // what batching groups by: the prediction, then re-estimates
     int32_t step_budget = 0;
     int dispatches = 0;
     int failed_dispatches = 0;
@@ -91,7 +92,7 @@ class RouterCore {
   WorkerPool pool_;
   std::vector<std::unique_ptr<WorkerClient>> workers_;
   std::unique_ptr<Batcher> batcher_;
-  std::unique_ptr<Predictor> predictor_;
+  std::unique_ptr<LengthPredictor> predictor_;
   const Tokenizer& tokenizer_;
   RouterMetrics& metrics_;
   const Clock& clock_;

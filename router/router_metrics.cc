@@ -49,6 +49,23 @@ RouterMetrics::RouterMetrics(Registry& r, double w)
                                 {"reason"})),
       output_tokens(r.AddCounter("tailserve_router_output_tokens_total", "Tokens streamed to clients.").Get()),
       workers_healthy(r.AddGauge("tailserve_router_workers_healthy", "Workers in rotation.").Get()),
+      predictions(r.AddCounter("tailserve_router_predictions_total",
+                               "Step predictions by source: model (ONNX, calibrated) or rule.", {"source"})),
+      predictor_abs_error(r.AddHistogram("tailserve_router_predictor_abs_error_steps",
+                                         "|predicted - actual| decode steps of finished requests.",
+                                         {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})
+                              .Get()),
+      predictor_window_mape(r.AddGauge("tailserve_router_predictor_window_mape",
+                                       "Mean absolute percentage error of the model over the drift window (0.3 = 30%).")
+                                .Get()),
+      drift_active(r.AddGauge("tailserve_router_predictor_drift_active",
+                              "1 while drift is detected (FIFO batching, rule predictions).")
+                       .Get()),
+      drift_events(r.AddCounter("tailserve_router_predictor_drift_events_total", "Times drift was detected.").Get()),
+      batch_prediction_cv(r.AddHistogram("tailserve_router_batch_prediction_cv_ratio",
+                                         "Coefficient of variation (std / mean) of predicted steps within a batch.",
+                                         {0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2})
+                              .Get()),
       worker_up(r.AddGauge("tailserve_router_worker_up", "1 when the worker is in rotation, else 0.", {"worker"})) {}
 
 }  // namespace tailserve

@@ -23,6 +23,12 @@ struct RouterMetrics {
   Registry::Family<Counter>& redispatches;  // reason
   Counter& output_tokens;
   Gauge& workers_healthy;
+  Registry::Family<Counter>& predictions;  // source
+  Histogram& predictor_abs_error;
+  Gauge& predictor_window_mape;
+  Gauge& drift_active;
+  Counter& drift_events;
+  Histogram& batch_prediction_cv;
   Registry::Family<Gauge>& worker_up;  // worker
 };
 

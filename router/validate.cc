@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "router/predictor/features.h"
 
 namespace tailserve {
 namespace {
@@ -31,6 +32,7 @@ absl::StatusOr<ParsedRequest> ValidateRequest(const v1::GenerateRequest& req, co
       return Invalid("prompt", absl::StrCat(req.prompt().size(), " bytes is too long"));
     }
     out.prompt = tokenizer.Encode(req.prompt());
+    out.non_alnum_ratio = NonAlnumRatio(req.prompt());
   } else {
     const int32_t vocab = tokenizer.vocab_size();
     for (int i = 0; i < req.prompt_token_ids_size(); ++i) {
@@ -41,6 +43,9 @@ absl::StatusOr<ParsedRequest> ValidateRequest(const v1::GenerateRequest& req, co
       }
     }
     out.prompt.assign(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
+    std::string text;
+    for (int32_t t : out.prompt) text += tokenizer.TokenBytes(t);
+    out.non_alnum_ratio = NonAlnumRatio(text);
   }
   if (out.prompt.empty()) return Invalid("prompt", "tokenizes to no tokens");
   if (static_cast<int64_t>(out.prompt.size()) > limits.max_prompt_tokens) {

@@ -118,8 +118,9 @@ class RouterCoreTest : public ::testing::Test {
     }
     metrics_ = std::make_unique<RouterMetrics>(registry_, 60);
     core_ = std::make_unique<RouterCore>(config_, names, std::move(clients),
-                                         std::make_unique<FifoBatcher>(config_.batching, config_.router),
-                                         std::make_unique<RulePredictor>(config_.predictor), tokenizer_, *metrics_);
+                                         std::make_unique<LadbBatcher>(config_.batching, config_.router),
+                                         std::make_unique<LengthPredictor>(config_.predictor, nullptr, *metrics_),
+                                         tokenizer_, *metrics_);
     core_->Start();
     for (int i = 0; i < 500 && !core_->ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     ASSERT_TRUE(core_->ready());

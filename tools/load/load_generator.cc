@@ -62,8 +62,11 @@ class Call final : public grpc::ClientReadReactor<v1::GenerateResponse> {
   void OnDone(const grpc::Status& s) override {
     out_->code = s.error_code();
     out_->e2e_s = Since();
-    done_();
+    // Delete before signalling: once the caller hears the last call is done it tears down the
+    // channel, and no ClientContext may outlive that.
+    auto done = std::move(done_);
     delete this;
+    done();
   }
 
  private:
