@@ -34,6 +34,7 @@ LadbBatcher::LadbBatcher(const BatchingConfig& batching, const RouterConfig& rou
       tolerance_(batching.variance_tolerance),
       timeout_(std::chrono::milliseconds(router.timeout_ms)),
       max_wait_(std::chrono::milliseconds(router.max_wait_ms)),
+      target_seconds_(batching.target_latency_ms / 1000.0),
       by_remaining_steps_(router.queue_strategy == "priority_by_remaining_steps"),
       length_aware_(batching.mode == "ladb") {}
 
@@ -48,11 +49,20 @@ bool LadbBatcher::Remove(uint64_t id) {
   return true;
 }
 
+Duration LadbBatcher::WaitLimit(const QueuedRequest& q) const {
+  if (!length_aware_ || step_seconds_ <= 0) return timeout_;
+  const double slack = target_seconds_ - q.predicted_steps * step_seconds_;
+  if (slack <= 0) return Duration::zero();
+  return std::min(timeout_, std::chrono::duration_cast<Duration>(std::chrono::duration<double>(slack)));
+}
+
 std::optional<SteadyTime> LadbBatcher::NextDeadline() const {
-  if (queue_.empty()) return std::nullopt;
-  SteadyTime oldest = queue_.front().enqueued;
-  for (const auto& q : queue_) oldest = std::min(oldest, q.enqueued);
-  return oldest + timeout_;
+  std::optional<SteadyTime> next;
+  for (const auto& q : queue_) {
+    const SteadyTime t = q.enqueued + WaitLimit(q);
+    if (!next || t < *next) next = t;
+  }
+  return next;
 }
 
 std::vector<uint64_t> LadbBatcher::Take(const std::vector<size_t>& positions) {
@@ -111,7 +121,7 @@ std::vector<uint64_t> LadbBatcher::NextGrouped(SteadyTime now, size_t limit, Bat
       *reason = BatchReason::kFull;
     } else if (group.size() >= min_batch_) {
       *reason = BatchReason::kMinSize;
-    } else if (now - anchor.enqueued >= timeout_) {
+    } else if (now - anchor.enqueued >= WaitLimit(anchor)) {
       *reason = BatchReason::kTimeout;
     } else {
       continue;

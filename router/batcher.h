@@ -6,10 +6,14 @@
 // within +-variance_tolerance of an anchor's. Anchors are tried most urgent first: requests that
 // waited router.max_wait_ms (bounded wait, oldest first), then by priority class, then shortest
 // prediction (queue_strategy priority_by_remaining_steps; "fifo" keeps arrival order). A group
-// leaves when it is full (max_batch_size), reaches min_batch_size, or its anchor has waited
-// router.timeout_ms (fallback immediate_dispatch: it goes with whatever is in its group, alone if
-// need be). Length-unaware (batching.mode fifo, or predictor drift) it is plain FIFO batching: the
-// same thresholds over arrival order, no grouping.
+// leaves when it is full (max_batch_size), reaches min_batch_size, or its anchor has waited as long
+// as it may (fallback immediate_dispatch: it goes with whatever is in its group, alone if need be).
+// Latency-aware wait: a request may wait for batch mates only for the slack its latency target
+// leaves, target_latency_ms - predicted_steps * measured step time, and never beyond
+// router.timeout_ms; a request predicted to need the whole target goes at once. (Workers batch
+// continuously, so a short request never waits for a long batch mate there: waiting at the router
+// is only worth what the target can spare.) Length-unaware (batching.mode fifo, or predictor drift)
+// it is plain FIFO batching: min_batch_size or timeout_ms over arrival order, no grouping.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -45,6 +49,8 @@ class Batcher {
   // Off: plain FIFO batching (the fallback while predictions are not trusted).
   virtual void SetLengthAware(bool on) = 0;
   virtual bool length_aware() const = 0;
+  // The workers' current decode step time (0: unknown), for the latency-aware wait.
+  virtual void SetStepSeconds(double seconds) = 0;
 };
 
 class LadbBatcher final : public Batcher {
@@ -57,17 +63,22 @@ class LadbBatcher final : public Batcher {
   std::optional<SteadyTime> NextDeadline() const override;
   void SetLengthAware(bool on) override { length_aware_ = on; }
   bool length_aware() const override { return length_aware_; }
+  void SetStepSeconds(double seconds) override { step_seconds_ = seconds; }
 
  private:
   std::vector<uint64_t> NextFifo(SteadyTime now, size_t limit, BatchReason* reason);
   std::vector<uint64_t> NextGrouped(SteadyTime now, size_t limit, BatchReason* reason);
   std::vector<uint64_t> Take(const std::vector<size_t>& positions);
+  // How long this request may wait for batch mates.
+  Duration WaitLimit(const QueuedRequest& q) const;
 
   const size_t max_batch_;
   const size_t min_batch_;
   const double tolerance_;
   const Duration timeout_;
   const Duration max_wait_;
+  const double target_seconds_;
+  double step_seconds_ = 0;
   const bool by_remaining_steps_;
   bool length_aware_;
   std::vector<QueuedRequest> queue_;  // arrival order; re-queued work in front

@@ -381,6 +381,7 @@ void RouterCore::Loop() {
     predictor_->Tick();
     // Drift: predictions are not trusted, so batch by arrival until the predictor recovers.
     batcher_->SetLengthAware(config_.batching.mode == "ladb" && !predictor_->drift_active());
+    batcher_->SetStepSeconds(pool_.MeanStepSeconds());
     PollWorkers();
     Dispatch();
     UpdateGauges();

@@ -21,6 +21,7 @@ bool WorkerPool::OnStatus(size_t i, const absl::StatusOr<v1::WorkerStatus>& stat
     w.healthy = true;
     w.total_slots = status->total_slots();
     w.running_reported = status->running_sequences();
+    w.step_p50_seconds = status->step_time_p50_seconds();
   } else if (status.ok()) {
     w.healthy = false;  // reachable but not ready (warming up or shutting down)
   } else if (++w.failures >= unhealthy_after_) {
@@ -47,6 +48,17 @@ int WorkerPool::Free(size_t i) const {
   const Worker& w = workers_[i];
   if (!w.healthy) return 0;
   return std::max(0, w.total_slots - std::max(w.inflight, w.running_reported));
+}
+
+double WorkerPool::MeanStepSeconds() const {
+  double sum = 0;
+  int n = 0;
+  for (const Worker& w : workers_) {
+    if (!w.healthy || w.step_p50_seconds <= 0) continue;
+    sum += w.step_p50_seconds;
+    ++n;
+  }
+  return n ? sum / n : 0;
 }
 
 std::optional<size_t> WorkerPool::Pick() {

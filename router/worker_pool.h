@@ -36,6 +36,8 @@ class WorkerPool {
   int Free(size_t i) const;
   // The healthy worker with the most free slots (ties: fewest of our sequences, then rotating).
   std::optional<size_t> Pick();
+  // Mean of the healthy workers' reported median step time (0 before any report).
+  double MeanStepSeconds() const;
 
  private:
   struct Worker {
@@ -45,6 +47,7 @@ class WorkerPool {
     int total_slots = 0;
     int running_reported = 0;  // sequences the worker said it runs (all routers)
     int inflight = 0;          // sequences this router has on it
+    double step_p50_seconds = 0;
   };
   const int unhealthy_after_;
   std::vector<Worker> workers_;

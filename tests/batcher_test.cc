@@ -160,6 +160,26 @@ TEST_F(BatcherTest, RequeuedLongWorkGroupsWithLongWork) {
   EXPECT_EQ(b->Next(clock_.Now(), 100, &reason_), (Ids{2, 7}));  // not with the 10-step request
 }
 
+TEST_F(BatcherTest, LatencyAwareWaitSpendsOnlyTheTargetsSlack) {
+  batching_.target_latency_ms = 350;
+  auto b = Make("ladb");
+  b->SetStepSeconds(0.005);                 // 5 ms per decode step
+  b->Push(Req(1, 100), false);              // needs 500 ms > target: no slack, goes at once
+  EXPECT_EQ(b->Next(clock_.Now(), 100, &reason_), Ids{1});
+  EXPECT_EQ(reason_, BatchReason::kTimeout);
+  b->Push(Req(2, 40), false);               // 200 ms of work: 150 ms of slack
+  EXPECT_NEAR(Seconds(*b->NextDeadline() - clock_.Now()), 0.150, 1e-6);
+  Wait(149);
+  EXPECT_TRUE(b->Next(clock_.Now(), 100, &reason_).empty());
+  Wait(1);
+  EXPECT_EQ(b->Next(clock_.Now(), 100, &reason_), Ids{2});
+  b->Push(Req(3, 2), false);                // plenty of slack: capped at timeout_ms
+  EXPECT_EQ(*b->NextDeadline(), clock_.Now() + std::chrono::milliseconds(200));
+  b->SetStepSeconds(0);                     // step time unknown: the plain timeout
+  b->Push(Req(4, 1000), false);
+  EXPECT_EQ(*b->NextDeadline(), clock_.Now() + std::chrono::milliseconds(200));
+}
+
 TEST_F(BatcherTest, SwitchingToFifoKeepsTheQueue) {
   auto b = Make("ladb");
   b->Push(Req(1, 10), false);

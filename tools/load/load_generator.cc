@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/sim_token.h"
 #include "tailserve/v1/generation.grpc.pb.h"
 
 namespace tailserve {
@@ -98,8 +99,9 @@ double Percentile(std::vector<double> v, double q) {
   return v[lo] + (v[hi] - v[lo]) * (pos - lo);
 }
 
-absl::StatusOr<std::vector<PlannedRequest>> LoadTrace(const std::string& path, double speed, size_t limit,
+absl::StatusOr<std::vector<PlannedRequest>> LoadTrace(const std::string& path, double speed, const TraceWindow& window,
                                                       int32_t max_prompt_tokens) {
+  const size_t limit = window.limit;
   if (!(speed > 0)) return absl::InvalidArgumentError("speed must be > 0");
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
@@ -128,7 +130,11 @@ absl::StatusOr<std::vector<PlannedRequest>> LoadTrace(const std::string& path, d
       t = *ts;
     }
     if (!first) first = t;
-    plan.push_back({(t - *first) / speed, static_cast<int32_t>(std::clamp<int64_t>(prompt, 1, max_prompt_tokens)),
+    const double at = t - *first;
+    if (at < window.from_s) continue;
+    if (window.duration_s > 0 && at >= window.from_s + window.duration_s) break;
+    plan.push_back({(at - window.from_s) / speed,
+                    static_cast<int32_t>(std::clamp<int64_t>(prompt, 1, max_prompt_tokens)),
                     static_cast<int32_t>(std::max<int64_t>(output, 1))});
   }
   return plan;
@@ -138,6 +144,16 @@ std::vector<PlannedRequest> FixedRatePlan(size_t n, double rate, int32_t prompt_
   std::vector<PlannedRequest> plan;
   for (size_t i = 0; i < n; ++i) plan.push_back({rate > 0 ? i / rate : 0.0, prompt_tokens, max_tokens});
   return plan;
+}
+
+std::pair<uint64_t, int32_t> SimEosSeed(uint64_t seed, int32_t length, int32_t vocab) {
+  std::vector<bool> seen(static_cast<size_t>(vocab));
+  for (;; ++seed) {
+    const int32_t eos = SimToken(seed, length - 1, vocab);
+    bool unique = true;
+    for (int32_t i = 0; i + 1 < length && unique; ++i) unique = SimToken(seed, i, vocab) != eos;
+    if (unique) return {seed, eos};
+  }
 }
 
 LoadReport RunLoad(const LoadOptions& o, const std::vector<PlannedRequest>& plan) {
@@ -157,8 +173,15 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<PlannedRequest>& plan
     v1::GenerateRequest req;
     req.set_request_id(absl::StrCat("load-", i));
     for (int32_t k = 0; k < plan[i].prompt_tokens; ++k) req.add_prompt_token_ids(static_cast<int32_t>(rng() % o.vocab));
-    req.set_max_tokens(plan[i].max_tokens);
-    req.mutable_sampling()->set_seed(rng());
+    if (o.sim_eos) {
+      const auto [seed, eos] = SimEosSeed(rng(), plan[i].max_tokens, o.vocab);
+      req.mutable_sampling()->set_seed(seed);
+      req.add_stop_token_ids(eos);
+      req.set_max_tokens(std::max(o.max_tokens_cap, plan[i].max_tokens));
+    } else {
+      req.set_max_tokens(plan[i].max_tokens);
+      req.mutable_sampling()->set_seed(rng());
+    }
     req.set_priority(static_cast<v1::Priority>(o.priority));
     report.results[i].expected_tokens = plan[i].max_tokens;
     new Call(stub.get(), std::move(req), o.timeout_s, &report.results[i], [&] {

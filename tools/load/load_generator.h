@@ -17,9 +17,16 @@ struct PlannedRequest {
 };
 
 // Trace rows as planned requests: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or Mooncake
-// JSONL (timestamp ms, input_length, output_length). Arrivals are relative to the first row and
-// divided by `speed`; at most `limit` rows (0: all); prompts clipped to `max_prompt_tokens`.
-absl::StatusOr<std::vector<PlannedRequest>> LoadTrace(const std::string& path, double speed, size_t limit,
+// JSONL (timestamp ms, input_length, output_length). Only rows in the window [from_s, from_s +
+// duration_s) of trace time (seconds after the first row; duration 0: to the end) are kept, at
+// most `limit` (0: all); arrivals are relative to the window's start and divided by `speed`;
+// prompts are clipped to `max_prompt_tokens`.
+struct TraceWindow {
+  double from_s = 0;
+  double duration_s = 0;
+  size_t limit = 0;
+};
+absl::StatusOr<std::vector<PlannedRequest>> LoadTrace(const std::string& path, double speed, const TraceWindow& window,
                                                       int32_t max_prompt_tokens);
 // N requests at `rate` per second (0: all at once), evenly spaced.
 std::vector<PlannedRequest> FixedRatePlan(size_t n, double rate, int32_t prompt_tokens, int32_t max_tokens);
@@ -30,7 +37,17 @@ struct LoadOptions {
   int32_t vocab = 256;      // prompt token ids are drawn from [0, vocab)
   uint64_t seed = 1;
   int priority = 0;
+  // Against sim workers: each request asks for up to max_tokens_cap tokens and carries a stop
+  // token chosen (through its seed) so the simulated model ends it after exactly the planned
+  // output length, the way a real model ends with EOS. Without it, max_tokens is the planned
+  // length itself (the usual benchmark convention, which hands the length to the router).
+  bool sim_eos = false;
+  int32_t max_tokens_cap = 4096;
 };
+
+// A seed and stop token with which a simulated sequence ends after exactly `length` tokens: the
+// token at position length-1 appears nowhere before it.
+std::pair<uint64_t, int32_t> SimEosSeed(uint64_t start_seed, int32_t length, int32_t vocab);
 
 struct RequestResult {
   int code = 0;  // grpc status code

@@ -10,7 +10,8 @@ int main(int argc, char** argv) {
   CLI::App app{"tailserve load generator"};
   tailserve::LoadOptions o;
   o.target = "127.0.0.1:50051";
-  size_t requests = 100, limit = 0;
+  size_t requests = 100;
+  tailserve::TraceWindow window;
   double rate = 10, speed = 1;
   int32_t prompt_tokens = 128, max_tokens = 64, max_prompt_tokens = 8192;
   std::string trace, json_out;
@@ -21,7 +22,12 @@ int main(int argc, char** argv) {
   app.add_option("--max-tokens", max_tokens, "output tokens per request (without --trace)");
   app.add_option("--trace", trace, "replay a trace: Azure CSV or Mooncake JSONL");
   app.add_option("--speed", speed, "trace time divided by this (2 = twice as fast)");
-  app.add_option("--limit", limit, "replay at most this many trace rows (0: all)");
+  app.add_option("--limit", window.limit, "replay at most this many trace rows (0: all)");
+  app.add_option("--from-s", window.from_s, "start the replay this many seconds into the trace");
+  app.add_option("--duration-s", window.duration_s, "replay this many seconds of trace time (0: to the end)");
+  app.add_flag("--sim-eos", o.sim_eos, "sim workers: end each request at its planned length by a stop token, "
+               "with max_tokens = --max-tokens-cap (so the length is not handed to the router)");
+  app.add_option("--max-tokens-cap", o.max_tokens_cap, "max_tokens sent with --sim-eos");
   app.add_option("--max-prompt-tokens", max_prompt_tokens, "clip trace prompts to this many tokens");
   app.add_option("--timeout-s", o.timeout_s, "per-request deadline in seconds");
   app.add_option("--vocab", o.vocab, "prompt token ids are drawn from [0, vocab)");
@@ -32,7 +38,7 @@ int main(int argc, char** argv) {
 
   std::vector<tailserve::PlannedRequest> plan;
   if (!trace.empty()) {
-    auto t = tailserve::LoadTrace(trace, speed, limit, max_prompt_tokens);
+    auto t = tailserve::LoadTrace(trace, speed, window, max_prompt_tokens);
     if (!t.ok()) {
       std::fprintf(stderr, "%s\n", std::string(t.status().message()).c_str());
       return 2;

@@ -10,14 +10,15 @@
 int main(int argc, char** argv) {
   using namespace tailserve;
   CLI::App app{"Train the tailserve length predictor and export it as ONNX"};
-  std::string feedback, trace, out, kind = "linear";
+  std::string feedback, out, kind = "linear";
+  std::vector<std::string> traces;
   size_t limit = 0;
   double holdout = 0.2, ridge = 1e-3;
   int hidden = 16, epochs = 1500;
   FeatureInput defaults;
   defaults.max_tokens = 4096;
   app.add_option("--feedback", feedback, "router feedback log (JSON lines)");
-  app.add_option("--trace", trace, "trace CSV/JSONL (prompt and output lengths)");
+  app.add_option("--trace", traces, "trace CSV/JSONL (prompt and output lengths); repeatable");
   app.add_option("--limit", limit, "use at most this many rows");
   app.add_option("--holdout", holdout, "fraction of the data (its tail, in time order) kept out of training");
   app.add_option("--model", kind, "linear or mlp")->check(CLI::IsMember({"linear", "mlp"}));
@@ -28,18 +29,27 @@ int main(int argc, char** argv) {
   app.add_option("--trace-non-alnum", defaults.non_alnum_ratio, "non_alnum_ratio of traced prompts");
   app.add_option("--out", out, "where to write the ONNX model")->required();
   CLI11_PARSE(app, argc, argv);
-  if (feedback.empty() == trace.empty()) {
-    std::fprintf(stderr, "give exactly one of --feedback and --trace\n");
+  if (feedback.empty() == traces.empty()) {
+    std::fprintf(stderr, "give --feedback or --trace, not both\n");
     return 2;
   }
-  absl::StatusOr<std::vector<Sample>> data = feedback.empty() ? ReadTrace(trace, defaults, limit) : ReadFeedbackLog(feedback);
-  if (!data.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(data.status().message()).c_str());
-    return 2;
+  // Each source's tail (in time order) is held out, so the error shown is on requests the model
+  // has not seen.
+  std::vector<Sample> all, train, test;
+  std::vector<std::string> sources = feedback.empty() ? traces : std::vector<std::string>{feedback};
+  for (const std::string& source : sources) {
+    absl::StatusOr<std::vector<Sample>> data =
+        feedback.empty() ? ReadTrace(source, defaults, limit) : ReadFeedbackLog(source);
+    if (!data.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(data.status().message()).c_str());
+      return 2;
+    }
+    if (limit && data->size() > limit) data->resize(limit);
+    const size_t n_train = std::max<size_t>(1, static_cast<size_t>(data->size() * (1.0 - holdout)));
+    train.insert(train.end(), data->begin(), data->begin() + n_train);
+    test.insert(test.end(), data->begin() + n_train, data->end());
+    all.insert(all.end(), data->begin(), data->end());
   }
-  if (limit && data->size() > limit) data->resize(limit);
-  const size_t n_train = std::max<size_t>(1, static_cast<size_t>(data->size() * (1.0 - holdout)));
-  const std::vector<Sample> train(data->begin(), data->begin() + n_train), test(data->begin() + n_train, data->end());
   const Fit fit = kind == "linear" ? FitLinear(train, ridge) : FitMlp(train, hidden, epochs, 1);
 
   // Constant baseline: the training mean, for scale.
@@ -69,7 +79,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   double worst = 0;
-  for (const Sample& s : *data) {
+  for (const Sample& s : all) {
     const double a = fit.predict(s.x), b = *(*loaded)->Predict(s.x);
     worst = std::max(worst, std::abs(a - b) / std::max(1.0, std::abs(a)));
   }

@@ -85,7 +85,7 @@ absl::StatusOr<std::vector<Sample>> ReadFeedbackLog(const std::string& path) {
 }
 
 absl::StatusOr<std::vector<Sample>> ReadTrace(const std::string& path, const FeatureInput& defaults, size_t limit) {
-  absl::StatusOr<std::vector<PlannedRequest>> plan = LoadTrace(path, 1.0, limit, 1 << 30);
+  absl::StatusOr<std::vector<PlannedRequest>> plan = LoadTrace(path, 1.0, TraceWindow{0, 0, limit}, 1 << 30);
   if (!plan.ok()) return plan.status();
   std::vector<Sample> out;
   for (const PlannedRequest& r : *plan) {

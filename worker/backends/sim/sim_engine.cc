@@ -4,15 +4,6 @@
 
 namespace tailserve {
 
-int32_t SimToken(uint64_t seed, int64_t index, int32_t vocab_size) {
-  // splitmix64 of (seed, index): cheap, well mixed, stateless.
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<int32_t>(z % static_cast<uint64_t>(vocab_size));
-}
-
 double SimStepSeconds(const SimBackendConfig& c, int batch, int64_t kv_tokens, int64_t prefill_tokens) {
   return c.step_base_ms * 1e-3 + c.step_per_sequence_ms * 1e-3 * batch + c.step_per_kv_token_ns * 1e-9 * kv_tokens +
          c.step_per_prefill_token_ms * 1e-3 * prefill_tokens;

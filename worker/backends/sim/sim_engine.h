@@ -7,12 +7,11 @@
 
 #include "common/clock.h"
 #include "common/config.h"
+#include "common/sim_token.h"
 #include "worker/engine/engine.h"
 
 namespace tailserve {
 
-// The token a simulated sequence with this seed emits at output position `index`.
-int32_t SimToken(uint64_t seed, int64_t index, int32_t vocab_size);
 
 // Cost of one step in seconds under the model.
 double SimStepSeconds(const SimBackendConfig& c, int batch, int64_t kv_tokens, int64_t prefill_tokens);

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# LADB vs FIFO on the real traces: for each trace, train the length predictor on its first 80%
+# (time order), then replay a window of the held-out last 20% against a router + 4 sim workers
+# (default cost model: an 8B model with FP8 KV on an H200) at 1x, 2x and 4x the trace's own
+# arrival rate, once per batching mode. Prints the table (bench/ladb_table.py) and keeps every
+# run's JSON summary and router metrics under OUT.
+#
+#   bench/ladb_traces.sh [WINDOW_S=300] [OUT=bench/out/ladb]     (build first: scripts/build.sh)
+#
+# Requests end by a simulated EOS at the trace's output length with max_tokens capped at 4096
+# (tailserve-load --sim-eos), so the router never learns a length from max_tokens.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WINDOW_S=${WINDOW_S:-300}
+OUT=${OUT:-bench/out/ladb}
+SPEEDS=${SPEEDS:-"1 2 4"}
+TRACES=${TRACES:-"conv code"}
+B=build/bin
+SHARED=../shared/traces
+mkdir -p "$OUT"
+
+start_cluster() {  # $1: batching mode, $2: model
+  local d="$OUT/run"; rm -rf "$d"; mkdir -p "$d"
+  pids=(); workers=""
+  for i in 1 2 3 4; do
+    "$B/tailserve-worker" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
+      --log-level warn --ports-file "$d/w$i" >"$d/w$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in 1 2 3 4; do
+    for _ in $(seq 100); do [ -s "$d/w$i" ] && break; sleep 0.05; done
+    workers+="${workers:+,}127.0.0.1:$(sed -n 's/grpc_port=//p' "$d/w$i")"
+  done
+  "$B/tailserve-router" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
+    --log-level warn --workers "$workers" --ports-file "$d/r" --set batching.mode="$1" \
+    --set predictor.model_path="$(realpath "$2")" --set predictor.warmup_steps=0 \
+    --set router.max_prompt_tokens=16384 >"$d/r.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do [ -s "$d/r" ] && break; sleep 0.05; done
+  router_grpc=$(sed -n 's/grpc_port=//p' "$d/r"); router_http=$(sed -n 's/http_port=//p' "$d/r")
+  for _ in $(seq 100); do curl -sf "localhost:$router_http/readyz" >/dev/null && break; sleep 0.1; done
+}
+
+stop_cluster() { kill "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true; }
+trap stop_cluster EXIT
+
+for trace in $TRACES; do
+  file="$SHARED/AzureLLMInferenceTrace_$trace.csv"
+  model="$OUT/model_$trace.onnx"
+  "$B/tailserve-train" --trace "$file" --model mlp --holdout 0.2 --out "$model" > "$OUT/train_$trace.md"
+  # Trace time (s) at which the held-out 20% of rows begins.
+  from_s=$(python3 - "$file" <<'PY'
+import csv, sys, datetime
+rows = list(csv.reader(open(sys.argv[1])))[1:]
+t = lambda r: datetime.datetime.strptime(r[0][:26], "%Y-%m-%d %H:%M:%S.%f")
+print(f"{(t(rows[int(len(rows) * 0.8)]) - t(rows[0])).total_seconds():.3f}")
+PY
+)
+  for speed in $SPEEDS; do
+    for mode in ladb fifo; do
+      start_cluster "$mode" "$model"
+      echo "== $trace ${speed}x $mode (trace window ${from_s}s + ${WINDOW_S}s)" >&2
+      "$B/tailserve-load" --target "127.0.0.1:$router_grpc" --trace "$file" --from-s "$from_s" \
+        --duration-s "$WINDOW_S" --speed "$speed" --sim-eos --max-prompt-tokens 16384 \
+        --json "$OUT/${trace}_${speed}x_${mode}.json" >&2 || true
+      curl -s "localhost:$router_http/metrics" > "$OUT/${trace}_${speed}x_${mode}.metrics"
+      stop_cluster
+    done
+  done
+done
+python3 bench/ladb_table.py "$OUT"
