@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -361,6 +362,57 @@ TEST(ClusterTest, HealthAndReflectionServeStandardClients) {
     EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << target;
     EXPECT_NE(std::find(names.begin(), names.end(), "grpc.health.v1.Health"), names.end()) << target;
   }
+}
+
+TEST(ClusterTest, FeedbackLogRetrainsThePredictor) {
+  char tmpl[] = "/tmp/tailserve-feedback-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string log = dir + "/feedback.jsonl", model = dir + "/model.onnx";
+  {
+    Cluster cluster({1, kFastSim, {"--set", "predictor.feedback_log=" + log, "--set",
+                                   "predictor.update_interval_ms=50"}});
+    ASSERT_TRUE(cluster.Start().ok());
+    auto stub = GenerationStub(cluster.router_target());
+    std::vector<std::unique_ptr<Stream>> streams;
+    for (int i = 0; i < 40; ++i) streams.push_back(std::make_unique<Stream>(stub.get(), Request(2 + i % 20, i, 4 + i)));
+    for (auto& s : streams) ASSERT_TRUE(s->Wait().ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the log is flushed every update interval
+  }
+  std::ifstream in(log);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  EXPECT_EQ(lines, 40);
+  // The trainer fits it, writes ONNX, and checks the file against the router's own evaluator.
+  Subprocess train;
+  ASSERT_TRUE(train.Start({std::string(TAILSERVE_BIN_DIR) + "/tailserve-train", "--feedback", log, "--out", model},
+                          dir + "/train.log")
+                  .ok());
+  absl::StatusOr<int> st = train.Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(WEXITSTATUS(*st), 0);
+  // And a router starts with it.
+  Cluster cluster({1, kFastSim, {"--set", "predictor.model_path=" + model}});
+  EXPECT_TRUE(cluster.Start().ok());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ClusterTest, UnusableModelRefusesToStart) {
+  const std::string bad = "/tmp/tailserve-bad-model-" + std::to_string(::getpid()) + ".onnx";
+  std::ofstream(bad) << "not a model";
+  Subprocess p;
+  const std::string log = bad + ".log";
+  ASSERT_TRUE(p.Start({std::string(TAILSERVE_BIN_DIR) + "/tailserve-router", "--workers", "127.0.0.1:1", "--set",
+                       "predictor.model_path=" + bad},
+                      log)
+                  .ok());
+  absl::StatusOr<int> st = p.Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(WEXITSTATUS(*st), 2);
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("predictor.model_path: " + bad + ": not an ONNX model"), std::string::npos) << text;
+  std::remove(bad.c_str());
+  std::remove(log.c_str());
 }
 
 TEST(ClusterTest, InvalidConfigRefusesToStart) {
