@@ -363,12 +363,17 @@ void RouterCore::Dispatch() {
 void RouterCore::UpdateGauges() {
   metrics_.queue_length.Set(static_cast<double>(batcher_->size()));
   metrics_.inflight.Set(static_cast<double>(requests_.size()));
-  // Per-worker gauges before the total, so a reader that waits on the total sees them current.
-  for (size_t w = 0; w < pool_.size(); ++w) metrics_.worker_up.Labels({pool_.address(w)}).Set(pool_.healthy(w) ? 1 : 0);
+  std::vector<bool> health(pool_.size());
+  for (size_t w = 0; w < pool_.size(); ++w) health[w] = pool_.healthy(w);
+  if (published_health_ && *published_health_ == health) return;
+  published_health_ = health;
   const size_t healthy = pool_.healthy_count();
+  const int was = healthy_workers_.exchange(static_cast<int>(healthy));
+  // Per-worker gauges before the total, so a reader that waits on the total sees them current.
+  // (Label lookups take a lock: only when the health picture changed, not every loop turn.)
+  for (size_t w = 0; w < pool_.size(); ++w) metrics_.worker_up.Labels({pool_.address(w)}).Set(health[w] ? 1 : 0);
   metrics_.workers_healthy.Set(static_cast<double>(healthy));
-  const bool was_ready = healthy_workers_.exchange(static_cast<int>(healthy)) > 0;
-  if (on_readiness_ && was_ready != (healthy > 0)) on_readiness_(healthy > 0);
+  if (on_readiness_ && (was > 0) != (healthy > 0)) on_readiness_(healthy > 0);
 }
 
 void RouterCore::Loop() {

@@ -105,6 +105,7 @@ class RouterCore {
 
   // Owned by the core thread.
   bool stopping_ = false;
+  std::optional<std::vector<bool>> published_health_;  // what the worker gauges last showed
   std::unordered_map<uint64_t, Request> requests_;
   std::unordered_map<uint64_t, InflightBatch> batches_;
   uint64_t next_batch_ = 1;
