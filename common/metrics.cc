@@ -137,18 +137,16 @@ WindowQuantiles::Snapshot WindowQuantiles::Read(const std::vector<double>& qs) c
   std::sort(values.begin(), values.end());
   for (double v : values) s.sum += v;
   s.count = values.size();
-  for (double q : qs) {
-    if (values.empty()) {
-      s.quantiles.push_back(std::numeric_limits<double>::quiet_NaN());
-      continue;
-    }
-    // Linear interpolation between closest ranks (numpy's default).
-    const double pos = q * (values.size() - 1);
-    const size_t lo = static_cast<size_t>(std::floor(pos));
-    const size_t hi = std::min(lo + 1, values.size() - 1);
-    s.quantiles.push_back(values[lo] + (values[hi] - values[lo]) * (pos - lo));
-  }
+  for (double q : qs) s.quantiles.push_back(QuantileOfSorted(values, q));
   return s;
+}
+
+double QuantileOfSorted(const std::vector<double>& v, double q) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
 }
 
 std::vector<double> LatencyBuckets() {

@@ -76,6 +76,10 @@ class WindowQuantiles {
   mutable std::deque<std::pair<SteadyTime, double>> samples_;
 };
 
+// The q-quantile of ascending `sorted` values by linear interpolation between closest ranks
+// (numpy's default); NaN when empty.
+double QuantileOfSorted(const std::vector<double>& sorted, double q);
+
 // Bucket layouts shared by both processes.
 std::vector<double> LatencyBuckets();   // seconds, 1 ms .. 120 s
 std::vector<double> StepTimeBuckets();  // seconds, 50 us .. 2 s

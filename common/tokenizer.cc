@@ -14,41 +14,45 @@ std::string ByteTokenizer::TokenBytes(int32_t id) const {
   return std::string(1, static_cast<char>(id));
 }
 
+int DecodeUtf8(std::string_view s, size_t i, uint32_t* cp) {
+  const unsigned char c = s[i];
+  size_t len;
+  uint32_t min_cp;
+  if (c < 0x80) {
+    *cp = c;
+    return 1;
+  } else if ((c & 0xE0) == 0xC0) {
+    len = 2, min_cp = 0x80;
+  } else if ((c & 0xF0) == 0xE0) {
+    len = 3, min_cp = 0x800;
+  } else if ((c & 0xF8) == 0xF0) {
+    len = 4, min_cp = 0x10000;
+  } else {
+    return -1;
+  }
+  uint32_t v = c & (0x7F >> len);
+  for (size_t k = 1; k < len; ++k) {
+    if (i + k >= s.size()) return 0;
+    const unsigned char cc = s[i + k];
+    if ((cc & 0xC0) != 0x80) return -1;
+    v = (v << 6) | (cc & 0x3F);
+  }
+  if (v < min_cp || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return -1;
+  *cp = v;
+  return static_cast<int>(len);
+}
+
 size_t ValidUtf8Prefix(std::string_view s, bool* invalid) {
   *invalid = false;
   size_t i = 0;
+  uint32_t cp;
   while (i < s.size()) {
-    const unsigned char c = s[i];
-    size_t len;
-    uint32_t min_cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      len = 2, min_cp = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, min_cp = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, min_cp = 0x10000;
-    } else {
-      *invalid = true;
+    const int n = DecodeUtf8(s, i, &cp);
+    if (n <= 0) {
+      *invalid = n < 0;
       return i;
     }
-    uint32_t cp = c & (0x7F >> len);
-    for (size_t k = 1; k < len; ++k) {
-      if (i + k >= s.size()) return i;  // incomplete: wait for more bytes
-      const unsigned char cc = s[i + k];
-      if ((cc & 0xC0) != 0x80) {
-        *invalid = true;
-        return i;
-      }
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-      *invalid = true;
-      return i;
-    }
-    i += len;
+    i += static_cast<size_t>(n);
   }
   return i;
 }

@@ -39,6 +39,10 @@ class StreamingDecoder {
   std::string pending_;
 };
 
+// Decodes the character starting at s[i] into *cp. Returns its length in bytes, 0 when s ends
+// inside it (more bytes may come), or -1 when the bytes can never form a valid character.
+int DecodeUtf8(std::string_view s, size_t i, uint32_t* cp);
+
 // Number of leading bytes of `s` that form complete, valid UTF-8; sets *invalid when the next byte
 // can never start or continue a valid character.
 size_t ValidUtf8Prefix(std::string_view s, bool* invalid);

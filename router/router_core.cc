@@ -77,15 +77,19 @@ void RouterCore::DoCancel(uint64_t key, bool deadline) {
   auto it = requests_.find(key);
   if (it == requests_.end()) return;
   Request& r = it->second;
+  Detach(key, r);
+  metrics_.requests.Labels({deadline ? "deadline_exceeded" : "cancelled"}).Inc();
+  r.sink->Finish(deadline ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded")
+                          : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+  requests_.erase(it);
+}
+
+void RouterCore::Detach(uint64_t key, const Request& r) {
   if (r.batch == 0) {
     batcher_->Remove(key);
   } else if (auto b = batches_.find(r.batch); b != batches_.end()) {
     workers_[b->second.worker]->Cancel({key});
   }
-  metrics_.requests.Labels({deadline ? "deadline_exceeded" : "cancelled"}).Inc();
-  r.sink->Finish(deadline ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded")
-                          : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
-  requests_.erase(it);
 }
 
 bool RouterCore::Relay(Request& r, const v1::SequenceEvent& se) {
@@ -175,9 +179,7 @@ void RouterCore::Complete(uint64_t key, v1::FinishReason reason, const std::stri
 void RouterCore::Fail(uint64_t key, const grpc::Status& status, const std::string& outcome) {
   auto it = requests_.find(key);
   if (it == requests_.end()) return;
-  if (it->second.batch != 0) {
-    if (auto b = batches_.find(it->second.batch); b != batches_.end()) workers_[b->second.worker]->Cancel({key});
-  }
+  Detach(key, it->second);
   metrics_.requests.Labels({outcome}).Inc();
   it->second.sink->Finish(status);
   requests_.erase(it);

@@ -79,6 +79,8 @@ class RouterCore {
   void PollWorkers();
   void Dispatch();
   void WorkerDown(size_t worker);
+  // Takes an ending request out of the queue, or cancels it on the worker running it.
+  void Detach(uint64_t key, const Request& r);
   // Appends tokens and streams them; returns true when a stop string ended the request.
   bool Relay(Request& r, const v1::SequenceEvent& se);
   void Complete(uint64_t key, v1::FinishReason reason, const std::string& outcome);

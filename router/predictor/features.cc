@@ -32,27 +32,18 @@ bool IsSymbol(uint32_t cp) {
 double NonAlnumRatio(std::string_view text) {
   size_t counted = 0, non_alnum = 0, i = 0;
   while (i < text.size()) {
-    const unsigned char c = text[i];
-    if (c < 0x80) {
-      ++i;
-      if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    uint32_t cp = 0;
+    const int n = DecodeUtf8(text, i, &cp);
+    if (n <= 0) {  // an invalid or cut-off byte counts as one non-alphanumeric character
       ++counted;
-      if (!std::isalnum(c)) ++non_alnum;
-      continue;
-    }
-    bool invalid = false;
-    const size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
-    const size_t ok = ValidUtf8Prefix(text.substr(i, len), &invalid);
-    ++counted;
-    if (ok != len || len == 1) {
       ++non_alnum;
       ++i;
       continue;
     }
-    uint32_t cp = c & (0x7F >> len);
-    for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
-    if (IsSymbol(cp)) ++non_alnum;
-    i += len;
+    i += static_cast<size_t>(n);
+    if (cp == ' ' || cp == '\t' || cp == '\n' || cp == '\r') continue;
+    ++counted;
+    if (cp < 0x80 ? !std::isalnum(static_cast<int>(cp)) : IsSymbol(cp)) ++non_alnum;
   }
   return counted ? static_cast<double>(non_alnum) / counted : 0.0;
 }

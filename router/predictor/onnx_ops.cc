@@ -113,6 +113,22 @@ absl::Status Unary(const onnx::NodeProto& node, const Inputs& in, std::vector<Te
   return absl::OkStatus();
 }
 
+// out[m x n] = alpha * op(a) op(b), op transposing when asked; a is [m x k] (or [k x m] when
+// transposed), b is [k x n] (or [n x k]). Accumulates in double.
+std::vector<float> Multiply(const std::vector<float>& a, const std::vector<float>& b, int64_t m, int64_t k, int64_t n,
+                            bool ta, bool tb, float alpha) {
+  std::vector<float> r(static_cast<size_t>(m * n), 0.0f);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        acc += double(ta ? a[p * m + i] : a[i * k + p]) * (tb ? b[j * k + p] : b[p * n + j]);
+      }
+      r[i * n + j] = static_cast<float>(alpha * acc);
+    }
+  return r;
+}
+
 absl::Status MatMul(const onnx::NodeProto& node, const Inputs& in, std::vector<Tensor>* out) {
   if (absl::Status s = NeedFloats(node, in, 2); !s.ok()) return s;
   const Tensor& a = *in[0];
@@ -126,14 +142,7 @@ absl::Status MatMul(const onnx::NodeProto& node, const Inputs& in, std::vector<T
   std::vector<int64_t> dims;
   if (a.dims.size() == 2) dims.push_back(m);
   if (b.dims.size() == 2) dims.push_back(n);
-  Tensor r = Tensor::Float(dims, std::vector<float>(static_cast<size_t>(m * n), 0.0f));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double acc = 0;
-      for (int64_t p = 0; p < k; ++p) acc += double(a.f[i * k + p]) * b.f[p * n + j];
-      r.f[i * n + j] = static_cast<float>(acc);
-    }
-  out->push_back(std::move(r));
+  out->push_back(Tensor::Float(dims, Multiply(a.f, b.f, m, k, n, false, false, 1.0f)));
   return absl::OkStatus();
 }
 
@@ -149,15 +158,7 @@ absl::Status Gemm(const onnx::NodeProto& node, const Inputs& in, std::vector<Ten
   const int64_t m = ta ? a.dims[1] : a.dims[0], k = ta ? a.dims[0] : a.dims[1];
   const int64_t kb = tb ? b.dims[1] : b.dims[0], n = tb ? b.dims[0] : b.dims[1];
   if (k != kb) return Bad(node, absl::StrCat("inner dimensions differ: ", a.ShapeString(), " x ", b.ShapeString()));
-  Tensor r = Tensor::Float({m, n}, std::vector<float>(static_cast<size_t>(m * n), 0.0f));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double acc = 0;
-      for (int64_t p = 0; p < k; ++p) {
-        acc += double(ta ? a.f[p * m + i] : a.f[i * k + p]) * (tb ? b.f[j * k + p] : b.f[p * n + j]);
-      }
-      r.f[i * n + j] = static_cast<float>(alpha * acc);
-    }
+  Tensor r = Tensor::Float({m, n}, Multiply(a.f, b.f, m, k, n, ta, tb, alpha));
   if (in.size() > 2 && in[2]) {
     if (in[2]->type != Tensor::Type::kFloat) return Bad(node, "C must be float");
     Tensor scaled = *in[2];

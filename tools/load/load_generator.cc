@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "common/sim_token.h"
 #include "tailserve/v1/generation.grpc.pb.h"
 
@@ -91,12 +92,8 @@ std::string CodeName(int code) {
 }  // namespace
 
 double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return std::nan("");
   std::sort(v.begin(), v.end());
-  const double pos = q * (v.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(pos));
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - lo);
+  return QuantileOfSorted(v, q);
 }
 
 absl::StatusOr<std::vector<PlannedRequest>> LoadTrace(const std::string& path, double speed, const TraceWindow& window,
