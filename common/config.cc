@@ -204,6 +204,7 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.Int("health_check_timeout_ms", &r.health_check_timeout_ms, 10, 3'600'000);
     s.Int("unhealthy_after_failures", &r.unhealthy_after_failures, 1, 1000);
     s.Double("metrics_window_seconds", &r.metrics_window_seconds, 1, 86400);
+    s.String("model_path", &r.model_path);
   }
   {
     Section s = top.Sub("worker");
@@ -211,8 +212,10 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.String("listen_host", &w.listen_host);
     s.Int("grpc_port", &w.grpc_port, 0, 65535);
     s.Int("http_port", &w.http_port, 0, 65535);
-    s.String("backend", &w.backend, {"sim"});
+    s.String("backend", &w.backend, {"sim", "cpu"});
     s.String("model_id", &w.model_id);
+    s.String("model_path", &w.model_path);
+    s.Int("threads", &w.threads, 0, 1024);
     s.Int("slots", &w.slots, 1, 65536);
     s.Double("metrics_window_seconds", &w.metrics_window_seconds, 1, 86400);
     Section sim = s.Sub("sim");
@@ -257,7 +260,8 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path, const std::vector
   absl::StatusOr<Config> config = ParseConfig(ss.str(), overrides, path);
   // Relative paths in the file are relative to the file's folder, wherever the process starts.
   if (config.ok()) {
-    for (std::string* p : {&config->predictor.model_path, &config->predictor.feedback_log}) {
+    for (std::string* p : {&config->predictor.model_path, &config->predictor.feedback_log, &config->router.model_path,
+                           &config->worker.model_path}) {
       if (!p->empty() && (*p)[0] != '/') *p = (std::filesystem::path(path).parent_path() / *p).lexically_normal().string();
     }
   }

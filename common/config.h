@@ -59,6 +59,9 @@ struct RouterConfig {
   int health_check_timeout_ms = 500;
   int unhealthy_after_failures = 2;
   double metrics_window_seconds = 60;
+  // Checkpoint directory whose tokenizer.json (text prompts, streamed text) and context length the
+  // router uses; empty: a byte tokenizer (sim clusters).
+  std::string model_path;
 };
 
 struct SimBackendConfig {
@@ -75,6 +78,9 @@ struct WorkerConfig {
   int http_port = 9091;
   std::string backend = "sim";
   std::string model_id = "sim";
+  // HuggingFace checkpoint directory the cpu backend serves.
+  std::string model_path;
+  int threads = 0;  // cpu backend: BLAS threads, 0 = the library's default
   int slots = 64;
   double metrics_window_seconds = 60;
   SimBackendConfig sim;

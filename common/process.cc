@@ -1,5 +1,8 @@
 #include "common/process.h"
 
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
@@ -24,6 +27,18 @@ void AddShorthand(CLI::App& app, CommonFlags* flags, const std::string& flag, co
                   const std::string& help) {
   app.add_option_function<std::string>(
       flag, [flags, key](const std::string& v) { flags->shorthands.push_back(key + "=" + v); },
+      help + " (sets " + key + ")");
+}
+
+void AddPathShorthand(CLI::App& app, CommonFlags* flags, const std::string& flag, const std::string& key,
+                      const std::string& help) {
+  app.add_option_function<std::string>(
+      flag,
+      [flags, key](const std::string& v) {
+        // A path on the command line is relative to where the process starts, not to the config file.
+        const std::string abs = std::filesystem::absolute(v).lexically_normal().string();
+        flags->shorthands.push_back(key + "=" + nlohmann::json(abs).dump());
+      },
       help + " (sets " + key + ")");
 }
 

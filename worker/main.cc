@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/process.h"
+#include "worker/backends/cpu/cpu_engine.h"
 #include "worker/backends/sim/sim_engine.h"
 #include "worker/scheduler.h"
 #include "worker/worker_service.h"
@@ -42,12 +43,27 @@ class WarmupSink final : public BatchSink {
   int tokens_ = 0;
 };
 
+absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const WorkerConfig& wc) {
+  if (wc.backend == "sim") return std::make_unique<SimEngine>(wc.sim, wc.model_id);
+  if (wc.model_path.empty()) return absl::InvalidArgumentError("worker.model_path (--model) is required");
+  const SteadyTime start = SystemClock::Get().Now();
+  absl::StatusOr<std::unique_ptr<CpuEngine>> cpu = CpuEngine::Load(wc.model_path, {.threads = wc.threads});
+  if (!cpu.ok()) return cpu.status();
+  const ModelConfig& c = (*cpu)->config();
+  spdlog::info("loaded {} from {} in {:.2f} s: {} layers, hidden {}, {} heads / {} KV heads, vocab {}{}",
+               ArchitectureName(c.arch), wc.model_path, Seconds(SystemClock::Get().Now() - start), c.num_layers,
+               c.hidden_size, c.num_heads, c.num_kv_heads, c.vocab_size,
+               c.num_experts ? absl::StrCat(", ", c.num_experts, " experts (top ", c.experts_per_token, ")") : "");
+  return std::unique_ptr<Engine>(std::move(*cpu));
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"tailserve worker: serves tailserve.v1.Worker over one engine backend"};
   CommonFlags common;
   AddCommonFlags(app, &common, "worker");
   AddShorthand(app, &common, "--slots", "worker.slots", "sequences running at once");
-  AddShorthand(app, &common, "--backend", "worker.backend", "engine backend");
+  AddShorthand(app, &common, "--backend", "worker.backend", "engine backend: sim or cpu");
+  AddPathShorthand(app, &common, "--model", "worker.model_path", "HuggingFace checkpoint directory (cpu backend)");
   CLI11_PARSE(app, argc, argv);
   std::optional<Config> config = InitProcess("worker", common);
   if (!config) return 2;
@@ -65,7 +81,12 @@ int Main(int argc, char** argv) {
 
   Registry registry;
   WorkerMetrics metrics(registry, wc.metrics_window_seconds);
-  SimEngine engine(wc.sim, wc.model_id);
+  absl::StatusOr<std::unique_ptr<Engine>> loaded = MakeEngine(wc);
+  if (!loaded.ok()) {
+    spdlog::critical("cannot start the {} backend: {}", wc.backend, std::string(loaded.status().message()));
+    return 1;
+  }
+  Engine& engine = **loaded;
   Scheduler scheduler(engine, wc.slots, metrics);
   scheduler.Start();
 

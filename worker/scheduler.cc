@@ -22,7 +22,7 @@ Sampling ToSampling(const v1::SamplingParams& p) {
 }  // namespace
 
 Scheduler::Scheduler(Engine& engine, int slots, WorkerMetrics& metrics, const Clock& clock)
-    : engine_(engine), slots_(slots), metrics_(metrics), clock_(clock) {
+    : engine_(engine), eos_ids_(engine.eos_token_ids()), slots_(slots), metrics_(metrics), clock_(clock) {
   metrics_.total_slots.Set(slots_);
   PublishSnapshot();
 }
@@ -100,6 +100,11 @@ absl::Status Scheduler::Validate(const v1::Batch& batch) const {
         }
       }
     }
+    const int64_t length = static_cast<int64_t>(s.prompt_token_ids_size()) + s.generated_token_ids_size();
+    if (length >= engine_.max_context()) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ": ", length, " tokens leave no room in the model's context of ",
+                                                     engine_.max_context(), " tokens"));
+    }
     if (s.max_tokens() <= s.generated_token_ids_size()) {
       return absl::InvalidArgumentError(absl::StrCat(at, ".max_tokens: ", s.max_tokens(),
                                                      " leaves nothing to generate after ",
@@ -138,6 +143,7 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
     slot.budget = s.step_budget();
     slot.sampling = ToSampling(s.sampling());
     slot.stop_ids.insert(s.stop_token_ids().begin(), s.stop_token_ids().end());
+    slot.stop_ids.insert(eos_ids_.begin(), eos_ids_.end());
     slot.sink = sink;
     running_.push_back(std::move(slot));
   }
@@ -199,7 +205,7 @@ void Scheduler::RunStep() {
     if (s.stop_ids.count(token)) {
       se->set_state(v1::FINISH_STATE_STOP);
       retire.emplace_back(i, "stop");
-    } else if (generated >= s.max_tokens) {
+    } else if (generated >= s.max_tokens || static_cast<int64_t>(s.tokens.size()) >= engine_.max_context()) {
       se->set_state(v1::FINISH_STATE_LENGTH);
       retire.emplace_back(i, "length");
     } else if (s.budget > 0 && s.steps >= s.budget) {

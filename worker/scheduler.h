@@ -72,6 +72,7 @@ class Scheduler {
   void PublishSnapshot();
 
   Engine& engine_;
+  const std::vector<int32_t> eos_ids_;  // the model's EOS ids end every sequence
   const int slots_;
   WorkerMetrics& metrics_;
   const Clock& clock_;

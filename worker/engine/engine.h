@@ -1,7 +1,9 @@
 #pragma once
 // The backend interface the worker scheduler drives. The scheduler owns slots and sequences; the
-// backend owns its cache layout. Backends: sim (cost model), later cpu and cuda.
+// backend owns its cache layout. Backends: sim (cost model), cpu (fp32 reference),
+// later cuda.
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,6 +38,10 @@ class Engine {
   // True when tokens are not model output (the simulator).
   virtual bool simulated() const = 0;
   virtual int32_t vocab_size() const = 0;
+  // Longest sequence (prompt + generated) the model can hold.
+  virtual int32_t max_context() const { return std::numeric_limits<int32_t>::max(); }
+  // Token ids that end a sequence (generation_config.json), added to every request's stop ids.
+  virtual std::vector<int32_t> eos_token_ids() const { return {}; }
   // Runs the model over each sequence's uncomputed tokens and samples one next token per sequence,
   // written to (*next)[i] for batch[i].
   virtual absl::Status Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) = 0;

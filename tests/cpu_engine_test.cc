@@ -1,0 +1,175 @@
+// The CPU backend against what HuggingFace transformers computes for the reference checkpoints
+// (../shared/reference): teacher-forced logits at every position, greedy continuation, and the
+// engine's own consistency (one token at a time and batched equal all at once).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/model/safetensors.h"
+#include "tests/test_paths.h"
+#include "worker/backends/cpu/cpu_engine.h"
+
+namespace tailserve {
+namespace {
+
+using nlohmann::json;
+
+struct Case {
+  std::vector<int32_t> prompt, greedy;
+  std::vector<float> margin;
+  std::string logits_tensor;
+};
+
+std::vector<Case> LoadCases(const std::string& dir) {
+  std::ifstream in(dir + "/expected.json");
+  json j = json::parse(in);
+  std::vector<Case> cases;
+  for (const json& c : j["cases"]) {
+    cases.push_back({c["prompt_ids"].get<std::vector<int32_t>>(), c["greedy_ids"].get<std::vector<int32_t>>(),
+                     c["top1_margin"].get<std::vector<float>>(), c["logits_tensor"].get<std::string>()});
+  }
+  return cases;
+}
+
+double RelL2(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+class ReferenceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReferenceTest, TeacherForcedLogitsMatchTransformers) {
+  TAILSERVE_REQUIRE_SHARED();
+  const std::string dir = testing::ReferenceDir(GetParam());
+  auto engine = CpuEngine::Load(dir);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto expected = SafetensorsFile::Open(dir + "/expected_logits.safetensors");
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  const int64_t vocab = (*engine)->config().vocab_size;
+  uint64_t id = 1;
+  for (const Case& c : LoadCases(dir)) {
+    std::vector<int32_t> tokens = c.prompt;
+    tokens.insert(tokens.end(), c.greedy.begin(), c.greedy.end());
+    const TensorInfo& want = (*expected)->tensors().at(c.logits_tensor);
+    ASSERT_EQ(want.shape, (std::vector<int64_t>{static_cast<int64_t>(tokens.size()), vocab}));
+    std::vector<float> want_f(static_cast<size_t>(want.numel()));
+    ToFloat(want.dtype, want.data, want_f.size(), want_f.data());
+
+    Sampling greedy;
+    StepSequence seq{id++, &tokens, static_cast<int32_t>(c.prompt.size()), 0, &greedy};
+    std::vector<float> logits;
+    ASSERT_TRUE((*engine)->Forward({&seq, 1}, /*all_positions=*/true, &logits).ok());
+    ASSERT_EQ(logits.size(), want_f.size());
+    double worst = 0;
+    for (size_t p = 0; p < tokens.size(); ++p) {
+      const double err = RelL2(logits.data() + p * vocab, want_f.data() + p * vocab, static_cast<size_t>(vocab));
+      worst = std::max(worst, err);
+      EXPECT_LE(err, 1e-4) << GetParam() << " " << c.logits_tensor << " position " << p;
+    }
+    RecordProperty(c.logits_tensor + "_worst_rel_l2", std::to_string(worst));
+    (*engine)->Release(seq.id);
+  }
+}
+
+TEST_P(ReferenceTest, GreedyGenerationReproducesTransformers) {
+  TAILSERVE_REQUIRE_SHARED();
+  const std::string dir = testing::ReferenceDir(GetParam());
+  auto engine = CpuEngine::Load(dir);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<Case> cases = LoadCases(dir);
+  // All cases decode together, as one batch: batching must not change anyone's tokens.
+  std::vector<std::vector<int32_t>> tokens;
+  for (const Case& c : cases) tokens.push_back(c.prompt);
+  Sampling greedy;
+  std::vector<int32_t> computed(cases.size(), 0);
+  for (size_t step = 0; step < 24; ++step) {
+    std::vector<StepSequence> batch;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      batch.push_back({i + 1, &tokens[i], static_cast<int32_t>(cases[i].prompt.size()), computed[i], &greedy});
+    }
+    std::vector<int32_t> next;
+    ASSERT_TRUE((*engine)->Step(batch, &next).ok());
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const size_t pos = cases[i].prompt.size() + step;  // the position whose logits chose this token
+      if (cases[i].margin[pos - 1] >= 1e-3f) {
+        EXPECT_EQ(next[i], cases[i].greedy[step]) << GetParam() << " case " << i << " step " << step;
+      }
+      // Teacher-force HF's token so one near-tie cannot derail the rest of the comparison.
+      tokens[i].push_back(cases[i].greedy[step]);
+      computed[i] = static_cast<int32_t>(tokens[i].size()) - 1;
+    }
+  }
+}
+
+TEST_P(ReferenceTest, IncrementalDecodeEqualsFullForward) {
+  TAILSERVE_REQUIRE_SHARED();
+  const std::string dir = testing::ReferenceDir(GetParam());
+  auto engine = CpuEngine::Load(dir);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const Case c = LoadCases(dir)[2];
+  std::vector<int32_t> tokens = c.prompt;
+  tokens.insert(tokens.end(), c.greedy.begin(), c.greedy.end());
+  Sampling greedy;
+  StepSequence full{1, &tokens, static_cast<int32_t>(tokens.size()), 0, &greedy};
+  std::vector<float> all;
+  ASSERT_TRUE((*engine)->Forward({&full, 1}, true, &all).ok());
+  const int64_t vocab = (*engine)->config().vocab_size;
+  std::vector<int32_t> growing(tokens.begin(), tokens.begin() + 5);
+  for (size_t n = 5; n <= tokens.size(); ++n) {
+    growing.resize(n);
+    std::copy(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n), growing.begin());
+    StepSequence s{2, &growing, 5, n == 5 ? 0 : static_cast<int32_t>(n) - 1, &greedy};
+    std::vector<float> last;
+    ASSERT_TRUE((*engine)->Forward({&s, 1}, false, &last).ok());
+    EXPECT_LE(RelL2(last.data(), all.data() + (n - 1) * vocab, static_cast<size_t>(vocab)), 1e-5) << "length " << n;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, ReferenceTest, ::testing::Values("llama-gqa", "qwen2-bias-tied", "mixtral-moe"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return n;
+                         });
+
+TEST(CpuEngineTest, SeededSamplingRepeatsAndDiffersAcrossSeeds) {
+  TAILSERVE_REQUIRE_SHARED();
+  auto engine = CpuEngine::Load(testing::ReferenceDir("llama-gqa"));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto generate = [&](uint64_t seed, uint64_t id) {
+    Sampling s{.temperature = 1.0f, .top_p = 0.9f, .top_k = 50, .seed = seed};
+    std::vector<int32_t> tokens = {1, 843, 20, 77};
+    for (int i = 0; i < 16; ++i) {
+      StepSequence seq{id, &tokens, 4, i == 0 ? 0 : static_cast<int32_t>(tokens.size()) - 1, &s};
+      std::vector<int32_t> next;
+      EXPECT_TRUE((*engine)->Step({&seq, 1}, &next).ok());
+      tokens.push_back(next[0]);
+    }
+    (*engine)->Release(id);
+    return tokens;
+  };
+  const auto a = generate(7, 1), b = generate(7, 2), c = generate(8, 3);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST(CpuEngineTest, RefusesSequencesBeyondTheContext) {
+  TAILSERVE_REQUIRE_SHARED();
+  auto engine = CpuEngine::Load(testing::ReferenceDir("qwen2-bias-tied"));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<int32_t> tokens((*engine)->max_context() + 1, 5);
+  Sampling greedy;
+  StepSequence seq{1, &tokens, static_cast<int32_t>(tokens.size()), 0, &greedy};
+  std::vector<int32_t> next;
+  const absl::Status s = (*engine)->Step({&seq, 1}, &next);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+}
+
+}  // namespace
+}  // namespace tailserve

@@ -1,0 +1,31 @@
+#pragma once
+// Where tests find data that lives outside the repository: the shared reference outputs
+// (../shared, or $TAILSERVE_SHARED_DIR) and the tokenizer files scripts/fetch-tokenizers.sh fetched.
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace tailserve::testing {
+
+inline std::string SharedDir() {
+  if (const char* env = std::getenv("TAILSERVE_SHARED_DIR"); env && *env) return env;
+  return std::string(TAILSERVE_SOURCE_DIR) + "/../shared";
+}
+
+inline std::string ReferenceDir(const std::string& name) { return SharedDir() + "/reference/" + name; }
+
+// name: "llama3" or "qwen3".
+inline std::string TokenizerDir(const std::string& name) {
+  return std::string(TAILSERVE_SOURCE_DIR) + "/.deps/tokenizers/" + name;
+}
+
+}  // namespace tailserve::testing
+
+// Skips the test, saying why, when the shared reference data is not present on this machine.
+#define TAILSERVE_REQUIRE_SHARED()                                                                 \
+  do {                                                                                             \
+    if (!std::filesystem::exists(::tailserve::testing::SharedDir() + "/reference")) {              \
+      GTEST_SKIP() << "shared reference data not found at " << ::tailserve::testing::SharedDir()  \
+                   << " (set TAILSERVE_SHARED_DIR)";                                               \
+    }                                                                                              \
+  } while (0)

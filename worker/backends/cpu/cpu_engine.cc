@@ -1,0 +1,301 @@
+#include "worker/backends/cpu/cpu_engine.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/sampling.h"
+
+namespace tailserve {
+namespace {
+
+// y[rows, out] = x[rows, in] · w[out, in]ᵀ (+ bias): the layout of HF nn.Linear weights.
+void Linear(const float* x, int64_t rows, int64_t in, const std::vector<float>& w, int64_t out, const std::vector<float>* bias,
+            float* y) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(out), static_cast<int>(in),
+              1.0f, x, static_cast<int>(in), w.data(), static_cast<int>(in), 0.0f, y, static_cast<int>(out));
+  if (bias && !bias->empty()) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t o = 0; o < out; ++o) y[r * out + o] += (*bias)[o];
+    }
+  }
+}
+
+// HF LlamaRMSNorm in fp32: x / sqrt(mean(x²) + eps) * weight.
+void RmsNorm(const float* x, int64_t rows, int64_t dim, const std::vector<float>& w, double eps, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    double sum = 0;
+    for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(xr[i]) * xr[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(dim) + eps));
+    for (int64_t i = 0; i < dim; ++i) y[r * dim + i] = w[i] * (xr[i] * inv);
+  }
+}
+
+// Rotate-half RoPE (HF convention: dimension i pairs with i + head_dim/2), in place on one row.
+void ApplyRope(float* x, int64_t heads, int64_t head_dim, int64_t pos, const std::vector<float>& inv_freq) {
+  const int64_t half = head_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(pos) * inv_freq[i];  // fp32 product, as transformers does
+    const float c = static_cast<float>(std::cos(static_cast<double>(angle)));
+    const float s = static_cast<float>(std::sin(static_cast<double>(angle)));
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + h * head_dim;
+      const float a = v[i], b = v[i + half];
+      v[i] = a * c - b * s;
+      v[i + half] = b * c + a * s;
+    }
+  }
+}
+
+float Silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Load(const std::string& dir, const CpuEngineOptions& options) {
+  if (options.threads > 0) openblas_set_num_threads(options.threads);
+  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(dir);
+  if (!ckpt.ok()) return ckpt.status();
+  std::unique_ptr<CpuEngine> e(new CpuEngine());
+  e->config_ = ckpt->config;
+  e->model_id_ = std::filesystem::path(dir).lexically_normal().filename().string();
+  if (e->model_id_.empty()) e->model_id_ = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
+  if (absl::Status s = e->LoadWeights(*ckpt); !s.ok()) return s;
+  e->rope_inv_freq_ = RopeInverseFrequencies(e->config_);
+  return e;
+}
+
+absl::Status CpuEngine::LoadWeights(const Checkpoint& ckpt) {
+  const ModelConfig& c = config_;
+  const TensorStore& t = ckpt.tensors;
+  const int64_t h = c.hidden_size, ffn = c.intermediate_size;
+  auto read = [&](const std::string& name, std::vector<int64_t> shape, std::vector<float>* out) {
+    return t.ReadFloat(name, shape, out);
+  };
+#define READ(name, shape, out)                                  \
+  do {                                                          \
+    if (absl::Status s = read(name, shape, out); !s.ok()) return s; \
+  } while (0)
+  READ("model.embed_tokens.weight", (std::vector<int64_t>{c.vocab_size, h}), &embed_);
+  READ("model.norm.weight", (std::vector<int64_t>{h}), &final_norm_);
+  if (!c.tie_word_embeddings) READ("lm_head.weight", (std::vector<int64_t>{c.vocab_size, h}), &lm_head_);
+  layers_.resize(static_cast<size_t>(c.num_layers));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    Layer& L = layers_[l];
+    auto name = [&](const char* suffix) { return LayerTensorName(l, suffix); };
+    READ(name("input_layernorm.weight"), (std::vector<int64_t>{h}), &L.attn_norm);
+    READ(name("post_attention_layernorm.weight"), (std::vector<int64_t>{h}), &L.mlp_norm);
+    READ(name("self_attn.q_proj.weight"), (std::vector<int64_t>{c.q_dim(), h}), &L.wq);
+    READ(name("self_attn.k_proj.weight"), (std::vector<int64_t>{c.kv_dim(), h}), &L.wk);
+    READ(name("self_attn.v_proj.weight"), (std::vector<int64_t>{c.kv_dim(), h}), &L.wv);
+    READ(name("self_attn.o_proj.weight"), (std::vector<int64_t>{h, c.q_dim()}), &L.wo);
+    if (c.qkv_bias) {
+      READ(name("self_attn.q_proj.bias"), (std::vector<int64_t>{c.q_dim()}), &L.bq);
+      READ(name("self_attn.k_proj.bias"), (std::vector<int64_t>{c.kv_dim()}), &L.bk);
+      READ(name("self_attn.v_proj.bias"), (std::vector<int64_t>{c.kv_dim()}), &L.bv);
+    }
+    if (c.o_bias) READ(name("self_attn.o_proj.bias"), (std::vector<int64_t>{h}), &L.bo);
+    if (c.num_experts > 0) {
+      READ(name("block_sparse_moe.gate.weight"), (std::vector<int64_t>{c.num_experts, h}), &L.router);
+      L.experts.resize(static_cast<size_t>(c.num_experts));
+      for (int64_t x = 0; x < c.num_experts; ++x) {
+        READ(ExpertTensorName(l, x, "w1"), (std::vector<int64_t>{ffn, h}), &L.experts[x].w1);
+        READ(ExpertTensorName(l, x, "w2"), (std::vector<int64_t>{h, ffn}), &L.experts[x].w2);
+        READ(ExpertTensorName(l, x, "w3"), (std::vector<int64_t>{ffn, h}), &L.experts[x].w3);
+      }
+    } else {
+      READ(name("mlp.gate_proj.weight"), (std::vector<int64_t>{ffn, h}), &L.w_gate);
+      READ(name("mlp.up_proj.weight"), (std::vector<int64_t>{ffn, h}), &L.w_up);
+      READ(name("mlp.down_proj.weight"), (std::vector<int64_t>{h, ffn}), &L.w_down);
+    }
+  }
+#undef READ
+  return absl::OkStatus();
+}
+
+void CpuEngine::Attention(const Layer&, int64_t l, const std::vector<Row>& rows, const float* q, float* out) const {
+  const ModelConfig& c = config_;
+  const int64_t hd = c.head_dim, group = c.num_heads / c.num_kv_heads, kv_dim = c.kv_dim();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> scores;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const SeqCache& cache = *rows[r].cache;
+    const int64_t pos = rows[r].pos;
+    const int64_t lo = c.sliding_window > 0 ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
+    const float* keys = cache.k[l].data();
+    const float* values = cache.v[l].data();
+    scores.resize(static_cast<size_t>(pos - lo + 1));
+    for (int64_t head = 0; head < c.num_heads; ++head) {
+      const float* qh = q + static_cast<int64_t>(r) * c.q_dim() + head * hd;
+      const int64_t kvh = head / group;
+      float max = -INFINITY;
+      for (int64_t j = lo; j <= pos; ++j) {
+        const float* kj = keys + j * kv_dim + kvh * hd;
+        float dot = 0;
+        for (int64_t d = 0; d < hd; ++d) dot += qh[d] * kj[d];
+        scores[j - lo] = dot * scale;
+        max = std::max(max, scores[j - lo]);
+      }
+      double total = 0;
+      for (float& s : scores) {
+        s = std::exp(s - max);
+        total += s;
+      }
+      float* oh = out + static_cast<int64_t>(r) * c.q_dim() + head * hd;
+      std::fill(oh, oh + hd, 0.0f);
+      const float inv_total = static_cast<float>(1.0 / total);
+      for (int64_t j = lo; j <= pos; ++j) {
+        const float p = scores[j - lo] * inv_total;
+        const float* vj = values + j * kv_dim + kvh * hd;
+        for (int64_t d = 0; d < hd; ++d) oh[d] += p * vj[d];
+      }
+    }
+  }
+}
+
+void CpuEngine::Mlp(const Layer& L, int64_t rows, const float* x, float* out) {
+  const int64_t h = config_.hidden_size, ffn = config_.intermediate_size;
+  if (config_.num_experts == 0) {
+    std::vector<float> gate(static_cast<size_t>(rows * ffn)), up(static_cast<size_t>(rows * ffn));
+    Linear(x, rows, h, L.w_gate, ffn, nullptr, gate.data());
+    Linear(x, rows, h, L.w_up, ffn, nullptr, up.data());
+    for (size_t i = 0; i < gate.size(); ++i) gate[i] = Silu(gate[i]) * up[i];
+    Linear(gate.data(), rows, ffn, L.w_down, h, nullptr, out);
+    return;
+  }
+  // Mixtral: softmax over all experts, keep the top k, renormalise their weights to sum to one.
+  const int64_t E = config_.num_experts, K = config_.experts_per_token;
+  std::vector<float> logits(static_cast<size_t>(rows * E));
+  Linear(x, rows, h, L.router, E, nullptr, logits.data());
+  std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));  // (row, weight)
+  std::vector<int64_t> order(static_cast<size_t>(E));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* lr = logits.data() + r * E;
+    const float max = *std::max_element(lr, lr + E);
+    double total = 0;
+    for (int64_t e = 0; e < E; ++e) total += std::exp(static_cast<double>(lr[e] - max));
+    std::vector<float> prob(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) prob[e] = static_cast<float>(std::exp(static_cast<double>(lr[e] - max)) / total);
+    for (int64_t e = 0; e < E; ++e) order[e] = e;
+    // Highest probability first, lower index on ties (torch.topk order).
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return prob[a] > prob[b]; });
+    float kept = 0;
+    for (int64_t k = 0; k < K; ++k) kept += prob[order[k]];
+    for (int64_t k = 0; k < K; ++k) routed[order[k]].emplace_back(r, prob[order[k]] / kept);
+  }
+  std::fill(out, out + rows * h, 0.0f);
+  std::vector<float> xs, gate, up, down;
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& sel = routed[e];
+    if (sel.empty()) continue;
+    const int64_t n = static_cast<int64_t>(sel.size());
+    xs.resize(static_cast<size_t>(n * h));
+    for (int64_t i = 0; i < n; ++i) std::copy_n(x + sel[i].first * h, h, xs.data() + i * h);
+    gate.resize(static_cast<size_t>(n * ffn));
+    up.resize(static_cast<size_t>(n * ffn));
+    down.resize(static_cast<size_t>(n * h));
+    Linear(xs.data(), n, h, L.experts[e].w1, ffn, nullptr, gate.data());
+    Linear(xs.data(), n, h, L.experts[e].w3, ffn, nullptr, up.data());
+    for (size_t i = 0; i < gate.size(); ++i) gate[i] = Silu(gate[i]) * up[i];
+    Linear(gate.data(), n, ffn, L.experts[e].w2, h, nullptr, down.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float* o = out + sel[i].first * h;
+      for (int64_t d = 0; d < h; ++d) o[d] += sel[i].second * down[i * h + d];
+    }
+  }
+}
+
+absl::Status CpuEngine::Forward(std::span<const StepSequence> batch, bool all_positions, std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const int64_t h = c.hidden_size;
+  std::vector<Row> rows;
+  std::vector<int32_t> row_tokens;
+  std::vector<int64_t> last_row;  // per sequence: its last new row
+  for (const StepSequence& s : batch) {
+    const int64_t n = static_cast<int64_t>(s.tokens->size());
+    if (n > c.max_position) {
+      return absl::OutOfRangeError(absl::StrCat("sequence ", s.id, ": ", n, " tokens exceed the model's context of ",
+                                                c.max_position));
+    }
+    SeqCache& cache = caches_[s.id];
+    if (cache.k.empty()) {
+      cache.k.resize(static_cast<size_t>(c.num_layers));
+      cache.v.resize(static_cast<size_t>(c.num_layers));
+    }
+    // The scheduler's `computed` is the truth; a longer cache (a sequence re-admitted under the
+    // same id) is cut back to it, a shorter one is caught up by processing more tokens.
+    cache.len = std::min<int64_t>(cache.len, s.computed);
+    if (cache.len >= n) cache.len = n - 1;  // always run at least the last token
+    for (int64_t p = cache.len; p < n; ++p) {
+      const int32_t tok = (*s.tokens)[p];
+      if (tok < 0 || tok >= c.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s.id, ": token id ", tok, " outside the vocabulary"));
+      }
+      rows.push_back({&cache, p});
+      row_tokens.push_back(tok);
+    }
+    last_row.push_back(static_cast<int64_t>(rows.size()) - 1);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      cache.k[l].resize(static_cast<size_t>(n * c.kv_dim()));
+      cache.v[l].resize(static_cast<size_t>(n * c.kv_dim()));
+    }
+  }
+  const int64_t T = static_cast<int64_t>(rows.size());
+  std::vector<float> x(static_cast<size_t>(T * h)), xn(x.size()), tmp(x.size());
+  for (int64_t r = 0; r < T; ++r) std::copy_n(embed_.data() + row_tokens[r] * h, h, x.data() + r * h);
+  std::vector<float> q(static_cast<size_t>(T * c.q_dim())), k(static_cast<size_t>(T * c.kv_dim())), v(k.size());
+  std::vector<float> attn(q.size());
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const Layer& L = layers_[l];
+    RmsNorm(x.data(), T, h, L.attn_norm, c.rms_norm_eps, xn.data());
+    Linear(xn.data(), T, h, L.wq, c.q_dim(), &L.bq, q.data());
+    Linear(xn.data(), T, h, L.wk, c.kv_dim(), &L.bk, k.data());
+    Linear(xn.data(), T, h, L.wv, c.kv_dim(), &L.bv, v.data());
+    for (int64_t r = 0; r < T; ++r) {
+      ApplyRope(q.data() + r * c.q_dim(), c.num_heads, c.head_dim, rows[r].pos, rope_inv_freq_);
+      ApplyRope(k.data() + r * c.kv_dim(), c.num_kv_heads, c.head_dim, rows[r].pos, rope_inv_freq_);
+      SeqCache& cache = *rows[r].cache;
+      std::copy_n(k.data() + r * c.kv_dim(), c.kv_dim(), cache.k[l].data() + rows[r].pos * c.kv_dim());
+      std::copy_n(v.data() + r * c.kv_dim(), c.kv_dim(), cache.v[l].data() + rows[r].pos * c.kv_dim());
+    }
+    Attention(L, l, rows, q.data(), attn.data());
+    Linear(attn.data(), T, c.q_dim(), L.wo, h, &L.bo, tmp.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    RmsNorm(x.data(), T, h, L.mlp_norm, c.rms_norm_eps, xn.data());
+    Mlp(L, T, xn.data(), tmp.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+  }
+  for (const Row& r : rows) r.cache->len = std::max(r.cache->len, r.pos + 1);
+
+  // Only the rows whose logits are wanted go through the final norm and the LM head.
+  std::vector<int64_t> out_rows;
+  if (all_positions) {
+    for (int64_t r = 0; r < T; ++r) out_rows.push_back(r);
+  } else {
+    out_rows = last_row;
+  }
+  const int64_t R = static_cast<int64_t>(out_rows.size());
+  std::vector<float> sel(static_cast<size_t>(R * h));
+  for (int64_t i = 0; i < R; ++i) std::copy_n(x.data() + out_rows[i] * h, h, sel.data() + i * h);
+  RmsNorm(sel.data(), R, h, final_norm_, c.rms_norm_eps, sel.data());
+  logits->resize(static_cast<size_t>(R * c.vocab_size));
+  Linear(sel.data(), R, h, c.tie_word_embeddings ? embed_ : lm_head_, c.vocab_size, nullptr, logits->data());
+  return absl::OkStatus();
+}
+
+absl::Status CpuEngine::Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) {
+  std::vector<float> logits;
+  if (absl::Status s = Forward(batch, /*all_positions=*/false, &logits); !s.ok()) return s;
+  next->resize(batch.size());
+  const int64_t vocab = config_.vocab_size;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    std::span<const float> row(logits.data() + static_cast<int64_t>(i) * vocab, static_cast<size_t>(vocab));
+    (*next)[i] = SampleToken(row, *batch[i].sampling, static_cast<int64_t>(batch[i].tokens->size()), &sample_scratch_);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tailserve

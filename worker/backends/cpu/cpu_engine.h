@@ -1,0 +1,75 @@
+#pragma once
+// The CPU reference backend: fp32 maths over the checkpoint's weights (converted once at load),
+// a KV cache per sequence, and every projection of a step done as one GEMM over all the tokens the
+// step processes (prefill and decode tokens of many sequences together). It is what the faster
+// backends are checked against, and what CI and the demo run.
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/checkpoint.h"
+#include "worker/engine/engine.h"
+
+namespace tailserve {
+
+struct CpuEngineOptions {
+  int threads = 0;  // BLAS threads; 0 keeps the library's default
+};
+
+class CpuEngine final : public Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<CpuEngine>> Load(const std::string& dir, const CpuEngineOptions& options = {});
+
+  std::string backend() const override { return "cpu"; }
+  std::string model_id() const override { return model_id_; }
+  bool simulated() const override { return false; }
+  int32_t vocab_size() const override { return static_cast<int32_t>(config_.vocab_size); }
+  int32_t max_context() const override { return static_cast<int32_t>(config_.max_position); }
+  std::vector<int32_t> eos_token_ids() const override { return config_.eos_token_ids; }
+  absl::Status Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) override;
+  void Release(uint64_t id) override { caches_.erase(id); }
+
+  // Runs each sequence's uncomputed tokens through the model (filling its cache) and writes logits
+  // [rows, vocab]: one row per new token when `all_positions`, else the last new token of each
+  // sequence. Step() is this plus sampling; tests use it for teacher-forced logits.
+  absl::Status Forward(std::span<const StepSequence> batch, bool all_positions, std::vector<float>* logits);
+
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  struct Expert {
+    std::vector<float> w1, w2, w3;  // gate [ffn, h], down [h, ffn], up [ffn, h]
+  };
+  struct Layer {
+    std::vector<float> attn_norm, wq, wk, wv, wo, bq, bk, bv, bo, mlp_norm;
+    std::vector<float> w_gate, w_up, w_down;  // dense MLP
+    std::vector<float> router;                 // MoE: [experts, h]
+    std::vector<Expert> experts;
+  };
+  struct SeqCache {
+    std::vector<std::vector<float>> k, v;  // per layer: [len, kv_dim]
+    int64_t len = 0;
+  };
+  // One row of the step: a token of some sequence at some position.
+  struct Row {
+    SeqCache* cache;
+    int64_t pos;
+  };
+
+  CpuEngine() = default;
+  absl::Status LoadWeights(const Checkpoint& ckpt);
+  void Attention(const Layer& layer, int64_t l, const std::vector<Row>& rows, const float* q, float* out) const;
+  void Mlp(const Layer& layer, int64_t rows, const float* x, float* out);
+
+  ModelConfig config_;
+  std::string model_id_;
+  std::vector<float> embed_, final_norm_, lm_head_;  // lm_head_ empty when tied
+  std::vector<Layer> layers_;
+  std::vector<float> rope_inv_freq_;
+  std::unordered_map<uint64_t, SeqCache> caches_;
+  std::vector<std::pair<float, int32_t>> sample_scratch_;
+};
+
+}  // namespace tailserve

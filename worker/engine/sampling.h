@@ -1,0 +1,21 @@
+#pragma once
+// Token sampling from logits: greedy, temperature, top-k, top-p. Randomness is a pure function of
+// (seed, position), so a seeded request gives the same tokens whatever it is batched with and
+// after a re-dispatch to another worker.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "worker/engine/engine.h"
+
+namespace tailserve {
+
+// `position`: index of the token being chosen within its sequence. `scratch` is reused between
+// calls to avoid allocating per token.
+int32_t SampleToken(std::span<const float> logits, const Sampling& sampling, int64_t position,
+                    std::vector<std::pair<float, int32_t>>* scratch);
+
+// Uniform [0, 1) from (seed, position): counter-based, no state to carry between steps.
+double SampleUniform(uint64_t seed, int64_t position);
+
+}  // namespace tailserve
