@@ -7,6 +7,7 @@
 #include "absl/strings/str_split.h"
 #include "common/process.h"
 #include "router/generation_service.h"
+#include "router/model_tokenizer.h"
 #include "router/predictor/onnx_model.h"
 #include "router/router_core.h"
 
@@ -25,6 +26,8 @@ int Main(int argc, char** argv) {
         common.shorthands.push_back(absl::StrCat("router.workers=[", absl::StrJoin(list, ","), "]"));
       },
       "worker gRPC endpoints, comma-separated host:port (sets router.workers)");
+  AddPathShorthand(app, &common, "--model", "router.model_path",
+                   "checkpoint directory whose tokenizer and context length the router uses");
   CLI11_PARSE(app, argc, argv);
   std::optional<Config> config = InitProcess("router", common);
   if (!config) return 2;
@@ -35,7 +38,21 @@ int Main(int argc, char** argv) {
 
   Registry registry;
   RouterMetrics metrics(registry, config->router.metrics_window_seconds);
-  ByteTokenizer tokenizer;
+  // The served model's tokenizer, or one id per byte for sim clusters.
+  std::unique_ptr<Tokenizer> tokenizer = std::make_unique<ByteTokenizer>();
+  if (!config->router.model_path.empty()) {
+    auto loaded = ModelTokenizer::Load(config->router.model_path);
+    if (!loaded.ok()) {
+      spdlog::critical("invalid configuration: router.model_path: {}", std::string(loaded.status().message()));
+      return 2;
+    }
+    // A prompt must leave the model room for at least one new token.
+    const int limit = std::min(config->router.max_prompt_tokens, (*loaded)->max_context() - 1);
+    spdlog::info("tokenizer from {}: vocab {}, context {} (prompts up to {} tokens)", config->router.model_path,
+                 (*loaded)->vocab_size(), (*loaded)->max_context(), limit);
+    config->router.max_prompt_tokens = limit;
+    tokenizer = *std::move(loaded);
+  }
   std::vector<std::unique_ptr<WorkerClient>> clients;
   for (const auto& w : config->router.workers) clients.push_back(MakeGrpcWorkerClient(w));
   std::unique_ptr<LengthModel> model;
@@ -50,8 +67,8 @@ int Main(int argc, char** argv) {
   }
   RouterCore core(*config, config->router.workers, std::move(clients),
                   std::make_unique<LadbBatcher>(config->batching, config->router),
-                  std::make_unique<LengthPredictor>(config->predictor, std::move(model), metrics), tokenizer, metrics);
-  GenerationService service(core, config->router, tokenizer, metrics);
+                  std::make_unique<LengthPredictor>(config->predictor, std::move(model), metrics), *tokenizer, metrics);
+  GenerationService service(core, config->router, *tokenizer, metrics);
   absl::StatusOr<Servers> servers = StartServers(
       config->router.listen_host, config->router.grpc_port, config->router.http_port, {&service}, registry,
       [&]() -> absl::Status { return core.ready() ? absl::OkStatus() : absl::UnavailableError("no healthy worker"); },

@@ -1,0 +1,32 @@
+#include "router/model_tokenizer.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/model_config.h"
+
+namespace tailserve {
+
+absl::StatusOr<std::unique_ptr<ModelTokenizer>> ModelTokenizer::Load(const std::string& model_dir) {
+  absl::StatusOr<ModelConfig> config = LoadModelConfig(model_dir);
+  if (!config.ok()) return config.status();
+  const std::string path = (std::filesystem::path(model_dir) / "tokenizer.json").string();
+  absl::StatusOr<std::unique_ptr<BpeTokenizer>> bpe = BpeTokenizer::Load(path);
+  if (!bpe.ok()) return bpe.status();
+  if ((*bpe)->vocab_size() > config->vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ids up to ", (*bpe)->vocab_size() - 1,
+                                                   " do not fit the model's vocab_size ", config->vocab_size));
+  }
+  std::unique_ptr<ModelTokenizer> t(new ModelTokenizer());
+  t->bpe_ = *std::move(bpe);
+  t->vocab_size_ = static_cast<int32_t>(config->vocab_size);
+  t->max_context_ = static_cast<int32_t>(config->max_position);
+  return t;
+}
+
+std::string ModelTokenizer::TokenBytes(int32_t id) const {
+  if (bpe_->IsSpecial(id)) return {};
+  return bpe_->TokenBytes(id);
+}
+
+}  // namespace tailserve
