@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Starts a local tailserve cluster (router + 2 sim workers) on a fresh Debian machine and shows it
-# serving: one streamed request, then a short load run with its P95. The cluster keeps running
-# until Ctrl-C (or exits at once with --exit).
+# Starts a local tailserve cluster on a fresh Debian machine and shows it serving: a router and two
+# CPU workers on the embedded default model (a synthetic Llama-architecture checkpoint with the real
+# Llama 3 tokenizer, made by scripts/make-default-model.sh), one streamed text request, then a short
+# load run with its P95. The cluster keeps running until Ctrl-C (or exits at once with --exit).
+# MODEL=/path/to/hf/checkpoint serves another Llama/Qwen2/Mistral/Mixtral checkpoint instead.
 #   router: gRPC 127.0.0.1:50051, HTTP :9090 (/metrics /healthz /readyz)
 #   workers: gRPC :50061 and :50062, HTTP :9091 and :9092
 set -euo pipefail
@@ -10,6 +12,8 @@ EXIT_AFTER=0
 [ "${1:-}" = "--exit" ] && EXIT_AFTER=1
 bash scripts/build.sh >/tmp/tailserve-demo-build.log 2>&1 || { tail -50 /tmp/tailserve-demo-build.log; exit 1; }
 B=build/bin
+bash scripts/make-default-model.sh
+MODEL=${MODEL:-.deps/models/tiny-llama3}
 RUN=.run
 mkdir -p "$RUN"
 rm -f "$RUN"/*.ports
@@ -18,27 +22,30 @@ cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
 for i in 1 2; do
-  "$B/tailserve-worker" --config ladb_config.yaml --listen-host 127.0.0.1 --grpc-port "5006$i" \
-    --http-port "909$i" --ports-file "$RUN/worker$i.ports" >"$RUN/worker$i.log" 2>&1 &
+  # One BLAS thread each: the two workers share this machine's cores.
+  "$B/tailserve-worker" --config ladb_config.yaml --backend cpu --model "$MODEL" --set worker.threads=1 \
+    --listen-host 127.0.0.1 --grpc-port "5006$i" --http-port "909$i" --ports-file "$RUN/worker$i.ports" \
+    >"$RUN/worker$i.log" 2>&1 &
   pids+=($!)
 done
 "$B/tailserve-router" --config ladb_config.yaml --listen-host 127.0.0.1 --grpc-port 50051 --http-port 9090 \
-  --workers 127.0.0.1:50061,127.0.0.1:50062 --ports-file "$RUN/router.ports" >"$RUN/router.log" 2>&1 &
+  --model "$MODEL" --workers 127.0.0.1:50061,127.0.0.1:50062 --ports-file "$RUN/router.ports" >"$RUN/router.log" 2>&1 &
 pids+=($!)
 
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do
   curl -sf localhost:9090/readyz >/dev/null 2>&1 && break
   for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { echo "a process exited; logs in $RUN/"; tail -5 "$RUN"/*.log; exit 1; }; done
   sleep 0.1
 done
 curl -sf localhost:9090/readyz >/dev/null || { echo "router not ready; logs in $RUN/"; exit 1; }
-echo "== tailserve is up: router 127.0.0.1:50051 (HTTP :9090), workers :50061 :50062 (sim backend)"
+echo "== tailserve is up: router 127.0.0.1:50051 (HTTP :9090), workers :50061 :50062 (cpu backend, $MODEL)"
 echo
-echo "== one streamed request"
-"$B/tailserve-generate" --target 127.0.0.1:50051 --prompt "Tell me about tail latency." --max-tokens 24 --seed 42
+echo "== one streamed request (random weights: the text is random tokens, decoded by the real tokenizer)"
+"$B/tailserve-generate" --target 127.0.0.1:50051 --prompt "Tell me about tail latency." --max-tokens 24 --seed 42 \
+  --temperature 0.8
 echo
-echo "== load: 300 requests at 60 req/s, 256 prompt tokens, 64 output tokens"
-"$B/tailserve-load" --target 127.0.0.1:50051 --requests 300 --rate 60 --prompt-tokens 256 --max-tokens 64
+echo "== load: 100 requests at 8 req/s, 64 prompt tokens, 32 output tokens"
+"$B/tailserve-load" --target 127.0.0.1:50051 --requests 100 --rate 8 --prompt-tokens 64 --max-tokens 32 --vocab 128000
 echo
 echo "== the router's own sliding-window P95s (from /metrics)"
 curl -s localhost:9090/metrics | grep -E '^tailserve_router_(ttft|e2e_latency|queue_time)_window_seconds\{quantile="0.95"\}'

@@ -216,3 +216,63 @@ TEST(SimEngineTest, CostModel) {
 
 }  // namespace
 }  // namespace tailserve
+
+namespace tailserve {
+namespace {
+
+// The simulator with a model's EOS ids and context length, as a real backend reports them.
+class ModelLikeEngine final : public Engine {
+ public:
+  ModelLikeEngine(std::vector<int32_t> eos, int32_t context) : sim_(FreeSim(), "m"), eos_(std::move(eos)), context_(context) {}
+  std::string backend() const override { return "test"; }
+  std::string model_id() const override { return "m"; }
+  bool simulated() const override { return false; }
+  int32_t vocab_size() const override { return sim_.vocab_size(); }
+  int32_t max_context() const override { return context_; }
+  std::vector<int32_t> eos_token_ids() const override { return eos_; }
+  absl::Status Step(std::span<const StepSequence> b, std::vector<int32_t>* next) override { return sim_.Step(b, next); }
+  void Release(uint64_t id) override { sim_.Release(id); }
+
+ private:
+  SimEngine sim_;
+  std::vector<int32_t> eos_;
+  int32_t context_;
+};
+
+TEST(SchedulerModelTest, EosFromTheModelStopsAndContextCapsLength) {
+  const int32_t eos = SimToken(7, 3, 1000);
+  ModelLikeEngine engine({eos}, /*context=*/12);
+  Registry registry;
+  WorkerMetrics metrics(registry, 60);
+  Scheduler scheduler(engine, 4, metrics);
+  scheduler.Start();
+
+  auto sink = std::make_shared<Sink>();
+  v1::Batch b;
+  *b.add_sequences() = Seq(1, 50, 7);   // its 4th token is the model's EOS
+  *b.add_sequences() = Seq(2, 50, 99);  // never (checked below) meets EOS: the 12-token context ends it
+  scheduler.Submit(sink, b);
+  ASSERT_TRUE(sink->WaitFinish().ok());
+  auto out = Collect(*sink);
+  int first_eos = 0;
+  while (SimToken(7, first_eos, 1000) != eos) ++first_eos;
+  EXPECT_EQ(out[1].state, v1::FINISH_STATE_STOP);
+  EXPECT_EQ(out[1].tokens.size(), static_cast<size_t>(first_eos + 1));
+  for (int i = 0; i < 9; ++i) ASSERT_NE(SimToken(99, i, 1000), eos);
+  EXPECT_EQ(out[2].state, v1::FINISH_STATE_LENGTH);
+  EXPECT_EQ(out[2].tokens.size(), 9u);  // 3 prompt + 9 generated = the context of 12
+
+  // A prompt that fills the context is refused, naming it.
+  auto refused = std::make_shared<Sink>();
+  v1::Batch big;
+  *big.add_sequences() = Seq(3, 5);
+  for (int i = 0; i < 9; ++i) big.mutable_sequences(0)->add_prompt_token_ids(1);
+  scheduler.Submit(refused, big);
+  const grpc::Status s = refused->WaitFinish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "sequences[0]: 12 tokens leave no room in the model's context of 12 tokens");
+  scheduler.Stop();
+}
+
+}  // namespace
+}  // namespace tailserve
