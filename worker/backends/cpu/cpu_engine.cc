@@ -116,43 +116,50 @@ absl::Status CpuEngine::LoadWeights(const Checkpoint& ckpt) {
   return absl::OkStatus();
 }
 
-void CpuEngine::Attention(const Layer&, int64_t l, const std::vector<Row>& rows, const float* q, float* out) const {
+void CpuEngine::Attention(int64_t l, const std::vector<Row>& rows, const float* q, float* out) const {
   const ModelConfig& c = config_;
-  const int64_t hd = c.head_dim, group = c.num_heads / c.num_kv_heads, kv_dim = c.kv_dim();
+  const int64_t hd = c.head_dim, group = c.num_heads / c.num_kv_heads, q_dim = c.q_dim(), kv_dim = c.kv_dim();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> scores;
-  for (size_t r = 0; r < rows.size(); ++r) {
-    const SeqCache& cache = *rows[r].cache;
-    const int64_t pos = rows[r].pos;
-    const int64_t lo = c.sliding_window > 0 ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
-    const float* keys = cache.k[l].data();
-    const float* values = cache.v[l].data();
-    scores.resize(static_cast<size_t>(pos - lo + 1));
+  // Rows of one sequence are consecutive with consecutive positions: each such run is one GEMM per
+  // head for Q·Kᵀ and one for P·V (a prefill gets matrix products, a decode token a vector one).
+  for (size_t r0 = 0; r0 < rows.size();) {
+    size_t r1 = r0 + 1;
+    while (r1 < rows.size() && rows[r1].cache == rows[r0].cache) ++r1;
+    const SeqCache& cache = *rows[r0].cache;
+    const int64_t m = static_cast<int64_t>(r1 - r0), pos0 = rows[r0].pos, end = pos0 + m;
+    const int64_t lo0 = c.sliding_window > 0 ? std::max<int64_t>(0, pos0 - c.sliding_window + 1) : 0;
+    const int64_t n = end - lo0;
+    scores.resize(static_cast<size_t>(m * n));
     for (int64_t head = 0; head < c.num_heads; ++head) {
-      const float* qh = q + static_cast<int64_t>(r) * c.q_dim() + head * hd;
       const int64_t kvh = head / group;
-      float max = -INFINITY;
-      for (int64_t j = lo; j <= pos; ++j) {
-        const float* kj = keys + j * kv_dim + kvh * hd;
-        float dot = 0;
-        for (int64_t d = 0; d < hd; ++d) dot += qh[d] * kj[d];
-        scores[j - lo] = dot * scale;
-        max = std::max(max, scores[j - lo]);
+      const float* qh = q + static_cast<int64_t>(r0) * q_dim + head * hd;
+      const float* kh = cache.k[l].data() + lo0 * kv_dim + kvh * hd;
+      const float* vh = cache.v[l].data() + lo0 * kv_dim + kvh * hd;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+                  static_cast<int>(hd), scale, qh, static_cast<int>(q_dim), kh, static_cast<int>(kv_dim), 0.0f,
+                  scores.data(), static_cast<int>(n));
+      for (int64_t i = 0; i < m; ++i) {
+        // Causal (and sliding-window) mask: row i at position pos0 + i sees [lo, pos0 + i].
+        const int64_t pos = pos0 + i;
+        const int64_t lo = c.sliding_window > 0 ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
+        float* si = scores.data() + i * n;
+        float max = -INFINITY;
+        for (int64_t j = lo - lo0; j <= pos - lo0; ++j) max = std::max(max, si[j]);
+        double total = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          const bool visible = j >= lo - lo0 && j <= pos - lo0;
+          si[j] = visible ? std::exp(si[j] - max) : 0.0f;
+          total += si[j];
+        }
+        const float inv_total = static_cast<float>(1.0 / total);
+        for (int64_t j = 0; j < n; ++j) si[j] *= inv_total;
       }
-      double total = 0;
-      for (float& s : scores) {
-        s = std::exp(s - max);
-        total += s;
-      }
-      float* oh = out + static_cast<int64_t>(r) * c.q_dim() + head * hd;
-      std::fill(oh, oh + hd, 0.0f);
-      const float inv_total = static_cast<float>(1.0 / total);
-      for (int64_t j = lo; j <= pos; ++j) {
-        const float p = scores[j - lo] * inv_total;
-        const float* vj = values + j * kv_dim + kvh * hd;
-        for (int64_t d = 0; d < hd; ++d) oh[d] += p * vj[d];
-      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(hd),
+                  static_cast<int>(n), 1.0f, scores.data(), static_cast<int>(n), vh, static_cast<int>(kv_dim), 0.0f,
+                  out + static_cast<int64_t>(r0) * q_dim + head * hd, static_cast<int>(q_dim));
     }
+    r0 = r1;
   }
 }
 
@@ -261,7 +268,7 @@ absl::Status CpuEngine::Forward(std::span<const StepSequence> batch, bool all_po
       std::copy_n(k.data() + r * c.kv_dim(), c.kv_dim(), cache.k[l].data() + rows[r].pos * c.kv_dim());
       std::copy_n(v.data() + r * c.kv_dim(), c.kv_dim(), cache.v[l].data() + rows[r].pos * c.kv_dim());
     }
-    Attention(L, l, rows, q.data(), attn.data());
+    Attention(l, rows, q.data(), attn.data());
     Linear(attn.data(), T, c.q_dim(), L.wo, h, &L.bo, tmp.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
     RmsNorm(x.data(), T, h, L.mlp_norm, c.rms_norm_eps, xn.data());

@@ -60,7 +60,7 @@ class CpuEngine final : public Engine {
 
   CpuEngine() = default;
   absl::Status LoadWeights(const Checkpoint& ckpt);
-  void Attention(const Layer& layer, int64_t l, const std::vector<Row>& rows, const float* q, float* out) const;
+  void Attention(int64_t layer, const std::vector<Row>& rows, const float* q, float* out) const;
   void Mlp(const Layer& layer, int64_t rows, const float* x, float* out);
 
   ModelConfig config_;
