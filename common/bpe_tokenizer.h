@@ -15,13 +15,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/bpe_merge.h"
+#include "common/pre_tokenizer.h"
 #include "common/tokenizer.h"
+#include "common/unicode_text.h"
 
 namespace tailserve {
 
 namespace bpe_internal {
 struct EncodeScratch;  // per-call buffers, so Encode stays const and thread-safe
-struct PreTokenizerStep;
 
 // Hash/equality that accept std::string_view, so lookups need no temporary std::string.
 struct StringHash {
@@ -52,7 +54,7 @@ class BpeTokenizer final : public Tokenizer {
   std::string Decode(std::span<const int32_t> ids) const;
 
  private:
-  enum class Normalization { kNone, kNfc, kNfd, kNfkc, kNfkd };
+  using Normalization = bpe_internal::NormalizationForm;
 
   struct AddedToken {
     std::string content;  // as in the file; the trie holds it normalized when `normalized`
@@ -74,23 +76,7 @@ class BpeTokenizer final : public Tokenizer {
     bool empty() const { return nodes.size() <= 1; }
   };
 
-  struct Merge {
-    int32_t rank;
-    int32_t new_id;
-  };
-  // Open-addressing (linear probing) table of merges keyed by MergeKey: the hot lookup of
-  // encoding, kept flat for cache locality.
-  struct MergeSlot {
-    static constexpr uint64_t kEmpty = ~uint64_t{0};
-    uint64_t key = kEmpty;
-    Merge merge{};
-  };
-
   BpeTokenizer();
-  static uint64_t MergeKey(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-           static_cast<uint32_t>(right);
-  }
 
   // Loading: each part of tokenizer.json; errors name the field, Load adds the file.
   absl::Status ParseRoot(const nlohmann::json& root);
@@ -115,19 +101,12 @@ class BpeTokenizer final : public Tokenizer {
   std::string Normalize(std::string_view text) const;
   void EncodeNormalizedSegment(std::string_view segment, bpe_internal::EncodeScratch& scratch,
                                std::vector<int32_t>* ids) const;
-  void PreTokenize(std::string_view segment, bpe_internal::EncodeScratch& scratch) const;
   void EncodeWord(std::string_view word, bpe_internal::EncodeScratch& scratch,
                   std::vector<int32_t>* ids) const;
-  void BuildSymbols(std::string_view word, bpe_internal::EncodeScratch& scratch) const;
-  void MergeSymbols(bpe_internal::EncodeScratch& scratch) const;
-  void BuildMergeTable(const std::vector<std::pair<uint64_t, Merge>>& merges);
-  size_t MergeSlotIndex(uint64_t key) const {
-    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> merge_shift_);  // Fibonacci hash
-  }
-  const Merge* FindMerge(int32_t left, int32_t right) const;
+  void BuildSymbols(std::string_view word, bpe_internal::MergeScratch& scratch) const;
 
   Normalization normalization_ = Normalization::kNone;
-  std::vector<std::unique_ptr<bpe_internal::PreTokenizerStep>> pre_tokenizer_;
+  bpe_internal::PreTokenizer pre_tokenizer_;
   bool ignore_merges_ = false;
   std::optional<int32_t> unk_id_;
   bool fuse_unk_ = false;
@@ -135,8 +114,7 @@ class BpeTokenizer final : public Tokenizer {
   bpe_internal::StringIdMap raw_vocab_;    // byte-level-decoded token bytes -> id
   bpe_internal::StringIdMap other_vocab_;  // vocab strings outside the byte-level alphabet
   int32_t byte_token_id_[256];             // id of the single-byte token, -1 if absent
-  std::vector<MergeSlot> merge_slots_;     // size a power of two, at most half full
-  int merge_shift_ = 64;                   // 64 - log2(merge_slots_.size())
+  bpe_internal::MergeTable merges_;
 
   std::vector<AddedToken> added_tokens_;
   bpe_internal::StringIdMap added_by_content_;  // original content -> id
