@@ -212,10 +212,14 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.String("listen_host", &w.listen_host);
     s.Int("grpc_port", &w.grpc_port, 0, 65535);
     s.Int("http_port", &w.http_port, 0, 65535);
-    s.String("backend", &w.backend, {"sim", "cpu"});
+    s.String("backend", &w.backend, {"sim", "cpu", "cuda"});
     s.String("model_id", &w.model_id);
     s.String("model_path", &w.model_path);
     s.Int("threads", &w.threads, 0, 1024);
+    s.String("kv_cache_dtype", &w.kv_cache_dtype, {"fp8_e4m3", "fp8_e5m2", "fp16"});
+    s.Double("kv_memory_fraction", &w.kv_memory_fraction, 0.01, 0.99);
+    s.Int("max_context", &w.max_context, 0, 10'000'000);
+    s.Int("cuda_device", &w.cuda_device, 0, 64);
     s.Int("slots", &w.slots, 1, 65536);
     s.Double("metrics_window_seconds", &w.metrics_window_seconds, 1, 86400);
     Section sim = s.Sub("sim");

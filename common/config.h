@@ -81,6 +81,11 @@ struct WorkerConfig {
   // HuggingFace checkpoint directory the cpu backend serves.
   std::string model_path;
   int threads = 0;  // cpu backend: BLAS threads, 0 = the library's default
+  // cuda backend.
+  std::string kv_cache_dtype = "fp8_e4m3";
+  double kv_memory_fraction = 0.9;
+  int max_context = 0;  // 0: the model's max_position_embeddings
+  int cuda_device = 0;
   int slots = 64;
   double metrics_window_seconds = 60;
   SimBackendConfig sim;

@@ -1,11 +1,11 @@
 #include "common/process.h"
 
-#include <filesystem>
-#include <nlohmann/json.hpp>
-
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"

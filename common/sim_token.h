@@ -4,14 +4,13 @@
 // worker runs it, so a re-dispatched sequence continues exactly where it stopped.
 #include <cstdint>
 
+#include "common/splitmix.h"
+
 namespace tailserve {
 
 inline int32_t SimToken(uint64_t seed, int64_t index, int32_t vocab_size) {
   // splitmix64 of (seed, index): cheap, well mixed, stateless.
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
+  const uint64_t z = SplitMixFinalize(seed + kSplitMixGamma * static_cast<uint64_t>(index + 1));
   return static_cast<int32_t>(z % static_cast<uint64_t>(vocab_size));
 }
 

@@ -100,7 +100,9 @@ TEST_P(LadbTable, FormsTheExpectedBatch) {
   Wait(c.wait_ms);
   const Ids got = b->Next(clock_.Now(), 100, &reason_);
   EXPECT_EQ(got, c.expected);
-  if (!c.expected.empty()) EXPECT_EQ(reason_, c.reason);
+  if (!c.expected.empty()) {
+    EXPECT_EQ(reason_, c.reason);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

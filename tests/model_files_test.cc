@@ -48,7 +48,8 @@ ModelConfig TinyConfig(Architecture arch = Architecture::kLlama) {
 
 std::string Write(const std::string& dir, const ModelConfig& c, uint64_t seed = 3, uint64_t shard_bytes = 1ull << 40,
                   const std::string& format = "hf4") {
-  CheckpointSpec spec{.config = c, .seed = seed, .init_std = 0.2f, .config_format = format, .shard_bytes = shard_bytes};
+  CheckpointSpec spec{.config = c, .seed = seed, .init_std = 0.2f, .tokenizer_dir = "", .config_format = format,
+                      .shard_bytes = shard_bytes};
   EXPECT_TRUE(WriteCheckpoint(spec, dir).ok());
   return dir;
 }

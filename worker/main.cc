@@ -11,6 +11,7 @@
 #include "worker/scheduler.h"
 #include "worker/worker_service.h"
 #ifdef TAILSERVE_HAVE_CUDA
+#include "worker/backends/cuda/cuda_engine.h"
 #include "worker/backends/cuda/device_info.h"
 #endif
 
@@ -43,17 +44,38 @@ class WarmupSink final : public BatchSink {
   int tokens_ = 0;
 };
 
+void LogLoaded(const ModelConfig& c, const std::string& path, SteadyTime start) {
+  spdlog::info("loaded {} from {} in {:.2f} s: {} layers, hidden {}, {} heads / {} KV heads, vocab {}{}",
+               ArchitectureName(c.arch), path, Seconds(SystemClock::Get().Now() - start), c.num_layers, c.hidden_size,
+               c.num_heads, c.num_kv_heads, c.vocab_size,
+               c.num_experts ? absl::StrCat(", ", c.num_experts, " experts (top ", c.experts_per_token, ")") : "");
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const WorkerConfig& wc) {
   if (wc.backend == "sim") return std::make_unique<SimEngine>(wc.sim, wc.model_id);
   if (wc.model_path.empty()) return absl::InvalidArgumentError("worker.model_path (--model) is required");
   const SteadyTime start = SystemClock::Get().Now();
+  if (wc.backend == "cuda") {
+#ifdef TAILSERVE_HAVE_CUDA
+    absl::StatusOr<KvDtype> kv = ParseKvDtype(wc.kv_cache_dtype);
+    if (!kv.ok()) return kv.status();
+    CudaEngineOptions o{.kv_dtype = *kv, .kv_memory_fraction = wc.kv_memory_fraction,
+                        .max_sequences = std::max(256, wc.slots), .max_context = wc.max_context, .device = wc.cuda_device};
+    absl::StatusOr<std::unique_ptr<CudaEngine>> cuda = CudaEngine::Load(wc.model_path, o);
+    if (!cuda.ok()) return cuda.status();
+    LogLoaded((*cuda)->config(), wc.model_path, start);
+    for (const auto& [what, bytes] : (*cuda)->memory()) spdlog::info("device memory: {} {:.2f} GiB", what, bytes / double(1 << 30));
+    const EngineStats st = *(*cuda)->stats();
+    spdlog::info("KV cache: {} blocks of {} tokens ({}), graphs for batch buckets captured", st.kv_blocks_total,
+                 (*cuda)->options().block_size, wc.kv_cache_dtype);
+    return std::unique_ptr<Engine>(std::move(*cuda));
+#else
+    return absl::FailedPreconditionError("this build has no CUDA backend (configure with TAILSERVE_CUDA=ON)");
+#endif
+  }
   absl::StatusOr<std::unique_ptr<CpuEngine>> cpu = CpuEngine::Load(wc.model_path, {.threads = wc.threads});
   if (!cpu.ok()) return cpu.status();
-  const ModelConfig& c = (*cpu)->config();
-  spdlog::info("loaded {} from {} in {:.2f} s: {} layers, hidden {}, {} heads / {} KV heads, vocab {}{}",
-               ArchitectureName(c.arch), wc.model_path, Seconds(SystemClock::Get().Now() - start), c.num_layers,
-               c.hidden_size, c.num_heads, c.num_kv_heads, c.vocab_size,
-               c.num_experts ? absl::StrCat(", ", c.num_experts, " experts (top ", c.experts_per_token, ")") : "");
+  LogLoaded((*cpu)->config(), wc.model_path, start);
   return std::unique_ptr<Engine>(std::move(*cpu));
 }
 
@@ -62,8 +84,8 @@ int Main(int argc, char** argv) {
   CommonFlags common;
   AddCommonFlags(app, &common, "worker");
   AddShorthand(app, &common, "--slots", "worker.slots", "sequences running at once");
-  AddShorthand(app, &common, "--backend", "worker.backend", "engine backend: sim or cpu");
-  AddPathShorthand(app, &common, "--model", "worker.model_path", "HuggingFace checkpoint directory (cpu backend)");
+  AddShorthand(app, &common, "--backend", "worker.backend", "engine backend: sim, cpu or cuda");
+  AddPathShorthand(app, &common, "--model", "worker.model_path", "HuggingFace checkpoint directory (cpu and cuda backends)");
   CLI11_PARSE(app, argc, argv);
   std::optional<Config> config = InitProcess("worker", common);
   if (!config) return 2;

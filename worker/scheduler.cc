@@ -181,6 +181,7 @@ void Scheduler::RunStep() {
   metrics_.step_time_window.Observe(seconds);
   metrics_.step_batch_size.Observe(static_cast<double>(running_.size()));
   metrics_.prefill_tokens.Inc(static_cast<double>(prefill));
+  if (const std::optional<EngineStats> stats = engine_.stats()) metrics_.Publish(*stats);
 
   std::map<BatchSink*, v1::TokenEvent> events;
   std::vector<std::pair<size_t, const char*>> retire;

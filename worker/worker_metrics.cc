@@ -23,6 +23,19 @@ WorkerMetrics::WorkerMetrics(Registry& r, double window_seconds)
                            {"outcome"})),
       sequences(r.AddCounter("tailserve_worker_sequences_total",
                              "Sequences that left their slot, by reason (stop, length, budget, cancelled, error).",
-                             {"reason"})) {}
+                             {"reason"})),
+      kv_blocks(r.AddGauge("tailserve_worker_kv_blocks", "Paged KV-cache blocks by state (used, free).", {"state"})),
+      kv_clamps(r.AddCounter("tailserve_worker_kv_clamps_total",
+                             "KV-cache values clamped to the cache dtype's range (FP8/FP16) instead of overflowing.")
+                    .Get()),
+      graph_replays(r.AddCounter("tailserve_worker_graph_replays_total", "Decode steps run as one CUDA graph replay.")
+                        .Get()) {}
+
+void WorkerMetrics::Publish(const EngineStats& s) {
+  kv_blocks.Labels({"used"}).Set(static_cast<double>(s.kv_blocks_total - s.kv_blocks_free));
+  kv_blocks.Labels({"free"}).Set(static_cast<double>(s.kv_blocks_free));
+  kv_clamps.Inc(static_cast<double>(s.kv_clamps) - kv_clamps.Value());
+  graph_replays.Inc(static_cast<double>(s.graph_replays) - graph_replays.Value());
+}
 
 }  // namespace tailserve

@@ -1,6 +1,7 @@
 #pragma once
 // The worker's Prometheus metrics (documented in the README).
 #include "common/metrics.h"
+#include "worker/engine/engine.h"
 
 namespace tailserve {
 
@@ -17,6 +18,12 @@ struct WorkerMetrics {
   Counter& generated_tokens;
   Registry::Family<Counter>& batches;    // outcome
   Registry::Family<Counter>& sequences;  // reason
+  // Backends with device state (cuda) report these; zero otherwise.
+  Registry::Family<Gauge>& kv_blocks;  // state: used, free
+  Counter& kv_clamps;
+  Counter& graph_replays;
+  // Sets the gauges and advances the counters to the engine's cumulative values.
+  void Publish(const EngineStats& stats);
 };
 
 }  // namespace tailserve

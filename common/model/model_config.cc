@@ -241,11 +241,6 @@ absl::Status ApplyGenerationConfig(const std::string& json_text, ModelConfig* co
     config->eos_token_ids = *eos;
   }
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) config->bos_token_id = j["bos_token_id"].get<int32_t>();
-  for (int32_t id : config->eos_token_ids) {
-    if (id < 0 || id >= config->vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": eos_token_id ", id, " is outside the vocabulary"));
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -260,6 +255,12 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
     absl::StatusOr<std::string> g = ReadFile(gen.string());
     if (!g.ok()) return g.status();
     RETURN_IF_ERROR(ApplyGenerationConfig(*g, &*config));
+  }
+  for (int32_t id : config->eos_token_ids) {
+    if (id < 0 || id >= config->vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": eos_token_id ", id, " is outside the vocabulary of ",
+                                                     config->vocab_size));
+    }
   }
   return config;
 }

@@ -9,19 +9,13 @@
 #include "absl/strings/str_format.h"
 #include "common/model/checkpoint.h"
 #include "common/model/safetensors.h"
+#include "common/splitmix.h"
 
 namespace tailserve {
 namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // Each tensor's values depend only on (seed, name), not on shard layout or write order.
 uint64_t TensorSeed(uint64_t seed, const std::string& name) {
@@ -46,7 +40,7 @@ absl::Status WriteTensor(SafetensorsWriter& w, const TensorSpec& t, uint64_t see
       std::fill(chunk.begin(), chunk.end(), one);
     } else {
       for (int64_t i = 0; i < m; ++i) {
-        const uint64_t r = SplitMix64(state);
+        const uint64_t r = SplitMixNext(state);
         const int32_t centred = static_cast<int32_t>(r >> 40) - (1 << 23);  // 24 random bits, centred
         chunk[i] = FloatToBf16(static_cast<float>(centred) * scale);
       }

@@ -4,6 +4,7 @@
 // later cuda.
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,6 +31,14 @@ struct StepSequence {
   const Sampling* sampling = nullptr;
 };
 
+// What a backend reports about its device state (exported as worker metrics).
+struct EngineStats {
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_free = 0;
+  int64_t kv_clamps = 0;      // KV values clamped to the cache dtype's range (cumulative)
+  int64_t graph_replays = 0;  // decode steps run as one graph replay (cumulative)
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -47,6 +56,8 @@ class Engine {
   virtual absl::Status Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) = 0;
   // The sequence is over (finished, cancelled or handed back): free what the backend holds for it.
   virtual void Release(uint64_t id) = 0;
+  // Device state, for backends that have one.
+  virtual std::optional<EngineStats> stats() const { return std::nullopt; }
 };
 
 }  // namespace tailserve

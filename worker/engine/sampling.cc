@@ -3,15 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/splitmix.h"
+
 namespace tailserve {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 int32_t Argmax(std::span<const float> logits) {
   int32_t best = 0;
@@ -22,11 +17,6 @@ int32_t Argmax(std::span<const float> logits) {
 }
 
 }  // namespace
-
-double SampleUniform(uint64_t seed, int64_t position) {
-  const uint64_t bits = SplitMix64(SplitMix64(seed) ^ static_cast<uint64_t>(position));
-  return static_cast<double>(bits >> 11) * 0x1.0p-53;
-}
 
 int32_t SampleToken(std::span<const float> logits, const Sampling& s, int64_t position,
                     std::vector<std::pair<float, int32_t>>* scratch) {

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "common/splitmix.h"  // SampleUniform
 #include "worker/engine/engine.h"
 
 namespace tailserve {
@@ -14,8 +15,5 @@ namespace tailserve {
 // calls to avoid allocating per token.
 int32_t SampleToken(std::span<const float> logits, const Sampling& sampling, int64_t position,
                     std::vector<std::pair<float, int32_t>>* scratch);
-
-// Uniform [0, 1) from (seed, position): counter-based, no state to carry between steps.
-double SampleUniform(uint64_t seed, int64_t position);
 
 }  // namespace tailserve

@@ -1,0 +1,440 @@
+// GPU tests: each kernel against a CPU computation on odd sizes, then the whole CUDA engine against
+// what HuggingFace transformers computes for the reference checkpoints. Without a CUDA device
+// every test skips, saying so.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "common/model/safetensors.h"
+#include "tests/test_paths.h"
+#include "worker/backends/cuda/cuda_engine.h"
+#include "worker/backends/cuda/device_info.h"
+#include "worker/backends/cuda/kernels/attention.h"
+#include "worker/backends/cuda/kernels/rope_kv.h"
+#include "worker/backends/cuda/kernels/rows.h"
+#include "worker/backends/cuda/kernels/sampling.h"
+
+namespace tailserve {
+namespace {
+
+#define REQUIRE_GPU()                                                                        \
+  do {                                                                                       \
+    auto devices = ListCudaDevices();                                                        \
+    if (!devices.ok() || devices->empty()) {                                                 \
+      GTEST_SKIP() << "no CUDA device: "                                                     \
+                   << (devices.ok() ? std::string("none visible") : std::string(devices.status().message())); \
+    }                                                                                        \
+  } while (0)
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) { EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T)), cudaSuccess); }
+  Dev(const std::vector<T>& host) : Dev(host.size()) { Put(host); }
+  ~Dev() { cudaFree(p); }
+  void Put(const std::vector<T>& host) { EXPECT_EQ(cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess); }
+  std::vector<T> Get() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+std::vector<float> Random(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+float Bf(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+std::vector<float> ToFloats(const std::vector<__nv_bfloat16>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = Bf(v[i]);
+  return f;
+}
+
+TEST(CudaKernelTest, RmsNormMatchesCpuOnOddSizes) {
+  REQUIRE_GPU();
+  const unsigned seed = 1234;
+  std::mt19937 rng(seed);
+  for (int rows : {1, 3, 19}) {
+    for (int hidden : {64, 200, 4096}) {
+      const auto x = Random(size_t(rows) * hidden, rng, 3.0f), w = Random(hidden, rng);
+      Dev<float> dx(x), dw(w);
+      Dev<__nv_bfloat16> out(size_t(rows) * hidden);
+      ASSERT_TRUE(cuda::RmsNormRows(dx.p, nullptr, rows, hidden, dw.p, 1e-5f, out.p, nullptr).ok());
+      std::vector<float> want(x.size());
+      for (int r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int i = 0; i < hidden; ++i) ss += double(x[r * hidden + i]) * x[r * hidden + i];
+        const double inv = 1 / std::sqrt(ss / hidden + 1e-5);
+        for (int i = 0; i < hidden; ++i) want[r * hidden + i] = float(w[i] * x[r * hidden + i] * inv);
+      }
+      EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << "rows " << rows << " hidden " << hidden << " seed " << seed;
+    }
+  }
+}
+
+TEST(CudaKernelTest, SwiGluAndMoeRouteMatchCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(7);
+  const int rows = 19, ffn = 173, experts = 8, k = 2;
+  const auto gu = Random(size_t(rows) * 2 * ffn, rng, 2.0f);
+  Dev<float> dgu(gu);
+  Dev<__nv_bfloat16> out(size_t(rows) * ffn);
+  ASSERT_TRUE(cuda::SwiGlu(dgu.p, rows, ffn, out.p, nullptr).ok());
+  std::vector<float> want(size_t(rows) * ffn);
+  for (int r = 0; r < rows; ++r) {
+    for (int f = 0; f < ffn; ++f) {
+      const float g = gu[r * 2 * ffn + f], u = gu[r * 2 * ffn + ffn + f];
+      want[r * ffn + f] = g / (1 + std::exp(-g)) * u;
+    }
+  }
+  EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3);
+
+  const auto logits = Random(size_t(rows) * experts, rng);
+  Dev<float> dl(logits), dw(size_t(rows) * experts);
+  ASSERT_TRUE(cuda::MoeRoute(dl.p, rows, experts, k, dw.p, nullptr).ok());
+  const auto w = dw.Get();
+  for (int r = 0; r < rows; ++r) {
+    std::vector<int> order(experts);
+    for (int e = 0; e < experts; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[r * experts + a] > logits[r * experts + b]; });
+    const double e0 = std::exp(logits[r * experts + order[0]]), e1 = std::exp(logits[r * experts + order[1]]);
+    EXPECT_NEAR(w[r * experts + order[0]], e0 / (e0 + e1), 1e-5);
+    EXPECT_NEAR(w[r * experts + order[1]], e1 / (e0 + e1), 1e-5);
+    for (int j = 2; j < experts; ++j) EXPECT_EQ(w[r * experts + order[j]], 0.0f);
+  }
+}
+
+// A small paged cache: `seqs` sequences with their own block-table rows, blocks handed out in a
+// scrambled order so that pages are not contiguous.
+struct PagedFixture {
+  KvGeometry g;
+  int blocks;
+  std::vector<int32_t> table;
+  Dev<char> k, v;
+  Dev<float> ks, vs;
+  PagedFixture(int seqs, int max_len, int kv_heads, int head_dim, KvDtype dtype)
+      : g{16, kv_heads, head_dim, (max_len + 15) / 16, dtype},
+        blocks(seqs * g.max_blocks_per_seq + 1),
+        k(size_t(blocks) * 16 * kv_heads * head_dim * KvElementBytes(dtype)),
+        v(k.n),
+        ks(size_t(blocks) * 16 * kv_heads),
+        vs(ks.n) {
+    table.resize(size_t(seqs) * g.max_blocks_per_seq);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = 1 + int32_t((i * 7919) % table.size());
+  }
+  KvLayerView view() { return {k.p, v.p, ks.p, vs.p}; }
+};
+
+// Rotate-half RoPE of one head on the CPU.
+void CpuRope(float* x, int hd, int pos, const std::vector<float>& inv) {
+  for (int i = 0; i < hd / 2; ++i) {
+    const float angle = float(pos) * inv[i];
+    const float c = std::cos(angle), s = std::sin(angle), a = x[i], b = x[i + hd / 2];
+    x[i] = a * c - b * s;
+    x[i + hd / 2] = b * c + a * s;
+  }
+}
+
+struct KvCase {
+  int head_dim;
+  KvDtype dtype;
+  double tol;
+};
+
+void PrintTo(const KvCase& c, std::ostream* os) { *os << KvDtypeName(c.dtype) << " head_dim " << c.head_dim; }
+
+class CudaKvTest : public ::testing::TestWithParam<KvCase> {};
+
+// Writes every position of 3 sequences (lengths across block boundaries) through RopeWriteKv, then
+// checks q in place, the cache read back, and attention for every row against the CPU.
+TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
+  REQUIRE_GPU();
+  const KvCase kc = GetParam();
+  const unsigned seed = 99 + kc.head_dim;
+  std::mt19937 rng(seed);
+  const int heads = 6, kv_heads = 2, hd = kc.head_dim;
+  const std::vector<int> lens = {1, 17, 40};
+  PagedFixture f(int(lens.size()), 48, kv_heads, hd, kc.dtype);
+  std::vector<int32_t> row_seq, row_pos;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    for (int p = 0; p < lens[s]; ++p) row_seq.push_back(int32_t(s)), row_pos.push_back(p);
+  }
+  const int rows = int(row_seq.size()), width = (heads + 2 * kv_heads) * hd;
+  const auto qkv = Random(size_t(rows) * width, rng, 2.0f), bias = Random(width, rng, 0.5f);
+  std::vector<float> inv(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / hd);
+  Dev<float> dqkv(qkv), dbias(bias), dinv(inv);
+  Dev<int32_t> dseq(row_seq), dpos(row_pos), dtable(f.table);
+  Dev<unsigned long long> clamps(1);
+  CUDA_OK(cudaMemset(clamps.p, 0, 8));
+  const RowMeta meta{dseq.p, dpos.p, dtable.p};
+  ASSERT_TRUE(cuda::RopeWriteKv(dqkv.p, dbias.p, rows, heads, meta, f.g, f.view(), dinv.p, clamps.p, nullptr).ok());
+  const auto got_qkv = dqkv.Get();
+
+  // CPU: bias, rotation; keys and values as the cache should hold them.
+  std::vector<float> ref = qkv;
+  for (int r = 0; r < rows; ++r) {
+    float* x = ref.data() + size_t(r) * width;
+    for (int i = 0; i < width; ++i) x[i] += bias[i];
+    for (int h = 0; h < heads + kv_heads; ++h) CpuRope(x + h * hd, hd, row_pos[r], inv);
+  }
+  std::vector<float> q_got, q_want;
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < heads * hd; ++i) q_got.push_back(got_qkv[size_t(r) * width + i]), q_want.push_back(ref[size_t(r) * width + i]);
+  }
+  EXPECT_LE(RelL2(q_got, q_want), 1e-5) << "seed " << seed;
+  std::vector<float> k_got, k_want, v_got, v_want;
+  Dev<float> head(hd);
+  for (int r = 0; r < rows; ++r) {
+    const int block = f.table[size_t(row_seq[r]) * f.g.max_blocks_per_seq + row_pos[r] / 16];
+    for (int kh = 0; kh < kv_heads; ++kh) {
+      for (int value = 0; value < 2; ++value) {
+        ASSERT_TRUE(cuda::ReadKvForTest(f.g, f.view(), value, block, row_pos[r] % 16, kh, head.p, nullptr).ok());
+        const auto h = head.Get();
+        const float* want = ref.data() + size_t(r) * width + (heads + value * kv_heads + kh) * hd;
+        auto& got_v = value ? v_got : k_got;
+        auto& want_v = value ? v_want : k_want;
+        got_v.insert(got_v.end(), h.begin(), h.end());
+        want_v.insert(want_v.end(), want, want + hd);
+      }
+    }
+  }
+  EXPECT_LE(RelL2(k_got, k_want), kc.tol) << KvDtypeName(kc.dtype) << " seed " << seed;
+  EXPECT_LE(RelL2(v_got, v_want), kc.tol) << KvDtypeName(kc.dtype) << " seed " << seed;
+  EXPECT_EQ(clamps.Get()[0], 0u);
+
+  // Attention over the cache (as stored, so quantisation is not counted against the kernel).
+  for (int splits : {1, 3, 32}) {
+    for (int window : {0, 7}) {
+      cuda::AttentionShape shape{.rows = rows, .heads = heads, .q_stride = width, .sliding_window = window,
+                                 .splits = splits, .scale = 1.0f / std::sqrt(float(hd))};
+      Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
+      Dev<__nv_bfloat16> out(size_t(rows) * heads * hd);
+      ASSERT_TRUE(cuda::PagedAttention(dqkv.p, shape, meta, f.g, f.view(), ws.p, out.p, nullptr).ok());
+      std::vector<float> want(size_t(rows) * heads * hd);
+      for (int r = 0; r < rows; ++r) {
+        const int lo = window ? std::max(0, row_pos[r] - window + 1) : 0;
+        for (int h = 0; h < heads; ++h) {
+          const int kh = h / (heads / kv_heads);
+          const float* q = got_qkv.data() + size_t(r) * width + h * hd;
+          std::vector<double> s;
+          for (int p = lo; p <= row_pos[r]; ++p) {
+            const int rr = r - (row_pos[r] - p);  // rows of a sequence are consecutive by position
+            const float* kk = k_got.data() + (size_t(rr) * kv_heads + kh) * hd;
+            double dot = 0;
+            for (int d = 0; d < hd; ++d) dot += double(q[d]) * kk[d];
+            s.push_back(dot / std::sqrt(double(hd)));
+          }
+          const double m = *std::max_element(s.begin(), s.end());
+          double z = 0;
+          for (double& e : s) z += (e = std::exp(e - m));
+          for (int d = 0; d < hd; ++d) {
+            double a = 0;
+            for (size_t j = 0; j < s.size(); ++j) {
+              const int rr = r - (row_pos[r] - (lo + int(j)));
+              a += s[j] / z * v_got[(size_t(rr) * kv_heads + kh) * hd + d];
+            }
+            want[(size_t(r) * heads + h) * hd + d] = float(a);
+          }
+        }
+      }
+      EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << "splits " << splits << " window " << window << " seed " << seed;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaKvTest,
+                         ::testing::Values(KvCase{64, KvDtype::kFp16, 1e-3}, KvCase{128, KvDtype::kFp16, 1e-3},
+                                           KvCase{64, KvDtype::kFp8E4M3, 4e-2}, KvCase{128, KvDtype::kFp8E4M3, 4e-2},
+                                           KvCase{128, KvDtype::kFp8E5M2, 8e-2}),
+                         [](const auto& info) {
+                           return std::string(KvDtypeName(info.param.dtype)) + "_hd" + std::to_string(info.param.head_dim);
+                         });
+
+TEST(CudaKernelTest, KvWriteClampsNonFiniteValuesAndCountsThem) {
+  REQUIRE_GPU();
+  for (KvDtype dtype : {KvDtype::kFp8E4M3, KvDtype::kFp16}) {
+    PagedFixture f(1, 16, 1, 64, dtype);
+    const int width = 3 * 64;
+    std::vector<float> qkv(width, 1.0f);
+    qkv[64 + 3] = INFINITY;   // a key element
+    qkv[128 + 5] = NAN;       // a value element
+    qkv[128 + 6] = 1e6f;      // beyond fp16's range (fine for scaled fp8)
+    std::vector<float> inv(32, 0.0f);
+    Dev<float> dqkv(qkv), dinv(inv);
+    Dev<int32_t> dseq(std::vector<int32_t>{0}), dpos(std::vector<int32_t>{0}), dtable(f.table);
+    Dev<unsigned long long> clamps(1);
+    CUDA_OK(cudaMemset(clamps.p, 0, 8));
+    ASSERT_TRUE(cuda::RopeWriteKv(dqkv.p, nullptr, 1, 1, {dseq.p, dpos.p, dtable.p}, f.g, f.view(), dinv.p, clamps.p,
+                                  nullptr).ok());
+    Dev<float> head(64);
+    for (int value = 0; value < 2; ++value) {
+      ASSERT_TRUE(cuda::ReadKvForTest(f.g, f.view(), value, f.table[0], 0, 0, head.p, nullptr).ok());
+      for (float x : head.Get()) EXPECT_TRUE(std::isfinite(x)) << KvDtypeName(dtype);
+    }
+    EXPECT_EQ(clamps.Get()[0], dtype == KvDtype::kFp16 ? 3u : 2u) << KvDtypeName(dtype);
+  }
+}
+
+TEST(CudaKernelTest, SamplingGreedyTopKTopP) {
+  REQUIRE_GPU();
+  const int vocab = 50021;  // odd on purpose
+  std::mt19937 rng(5);
+  auto logits = Random(size_t(3) * vocab, rng);
+  logits[17] = 9.0f, logits[vocab + 40000] = 9.0f, logits[vocab + 40001] = 8.9f;
+  logits[2 * vocab + 7] = 30.0f;
+  std::vector<cuda::SampleParams> p(3);
+  p[0] = {};                                                     // greedy
+  p[1] = {.temperature = 1.0f, .top_p = 1.0f, .top_k = 2, .seed = 1, .position = 3};
+  p[2] = {.temperature = 0.7f, .top_p = 0.5f, .top_k = 0, .seed = 2, .position = 9};
+  Dev<float> dl(logits);
+  std::set<int32_t> second;
+  for (uint64_t seed = 0; seed < 64; ++seed) {
+    p[1].seed = seed;
+    Dev<cuda::SampleParams> dp(p);
+    Dev<int32_t> out(3);
+    ASSERT_TRUE(cuda::SampleRows(dl.p, 3, vocab, dp.p, out.p, nullptr).ok());
+    const auto o = out.Get();
+    EXPECT_EQ(o[0], 17);
+    second.insert(o[1]);
+    EXPECT_EQ(o[2], 7);  // one token holds nearly all the mass: top_p 0.5 keeps only it
+  }
+  EXPECT_EQ(second, (std::set<int32_t>{40000, 40001}));
+}
+
+// The whole engine against transformers (../shared/reference).
+struct EngineCase {
+  std::string model;
+  KvDtype dtype;
+  double tol;
+};
+
+void PrintTo(const EngineCase& c, std::ostream* os) { *os << c.model << " " << KvDtypeName(c.dtype); }
+
+class CudaEngineTest : public ::testing::TestWithParam<EngineCase> {};
+
+TEST_P(CudaEngineTest, LogitsAndGreedyMatchTransformers) {
+  REQUIRE_GPU();
+  TAILSERVE_REQUIRE_SHARED();
+  const EngineCase ec = GetParam();
+  const std::string dir = testing::ReferenceDir(ec.model);
+  CudaEngineOptions o{.kv_dtype = ec.dtype, .kv_memory_fraction = 0.05, .prefill_chunk = 512, .logits_rows = 512};
+  auto engine = CudaEngine::Load(dir, o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::ifstream in(dir + "/expected.json");
+  const auto j = nlohmann::json::parse(in);
+  auto expected = SafetensorsFile::Open(dir + "/expected_logits.safetensors");
+  ASSERT_TRUE(expected.ok());
+  const int64_t vocab = (*engine)->config().vocab_size;
+  double worst = 0;
+  for (const auto& c : j["cases"]) {
+    const auto prompt = c["prompt_ids"].get<std::vector<int32_t>>();
+    const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
+    const auto margin = c["top1_margin"].get<std::vector<float>>();
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), greedy.begin(), greedy.end());
+    const TensorInfo& t = (*expected)->tensors().at(c["logits_tensor"].get<std::string>());
+    std::vector<float> want(size_t(t.numel()));
+    ToFloat(t.dtype, t.data, want.size(), want.data());
+    std::vector<float> got;
+    ASSERT_TRUE((*engine)->ForwardAllLogits(all, &got).ok());
+    for (size_t p = 0; p < all.size(); ++p) {
+      const std::vector<float> g(got.begin() + p * vocab, got.begin() + (p + 1) * vocab);
+      const std::vector<float> w(want.begin() + p * vocab, want.begin() + (p + 1) * vocab);
+      const double err = RelL2(g, w);
+      worst = std::max(worst, err);
+      EXPECT_LE(err, ec.tol) << ec.model << " " << KvDtypeName(ec.dtype) << " position " << p;
+    }
+    // Greedy through Step (prefill + the decode graph), teacher-forced on HF's tokens.
+    std::vector<int32_t> tokens = prompt;
+    Sampling s;
+    for (size_t step = 0; step < greedy.size(); ++step) {
+      StepSequence seq{7, &tokens, int32_t(prompt.size()), step == 0 ? 0 : int32_t(tokens.size()) - 1, &s};
+      std::vector<int32_t> next;
+      ASSERT_TRUE((*engine)->Step({&seq, 1}, &next).ok());
+      if (margin[prompt.size() + step - 1] >= 0.05f) {
+        EXPECT_EQ(next[0], greedy[step]) << ec.model << " step " << step;
+      }
+      tokens.push_back(greedy[step]);
+    }
+    (*engine)->Release(7);
+  }
+  RecordProperty("worst_rel_l2", std::to_string(worst));
+  std::printf("[ %s %s ] worst rel L2 %.3g\n", ec.model.c_str(), KvDtypeName(ec.dtype), worst);
+  EXPECT_GT((*engine)->stats()->graph_replays, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Reference, CudaEngineTest,
+    ::testing::Values(EngineCase{"llama-gqa", KvDtype::kFp16, 1e-2}, EngineCase{"qwen2-bias-tied", KvDtype::kFp16, 1e-2},
+                      EngineCase{"mixtral-moe", KvDtype::kFp16, 1e-2}, EngineCase{"llama-gqa", KvDtype::kFp8E4M3, 3e-2},
+                      EngineCase{"qwen2-bias-tied", KvDtype::kFp8E4M3, 3e-2},
+                      EngineCase{"mixtral-moe", KvDtype::kFp8E4M3, 3e-2}),
+    [](const auto& info) {
+      std::string n = info.param.model + "_" + KvDtypeName(info.param.dtype);
+      for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+      return n;
+    });
+
+TEST(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
+  REQUIRE_GPU();
+  TAILSERVE_REQUIRE_SHARED();
+  auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"), {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
+  Sampling greedy;
+  auto run = [&](std::vector<int> which, uint64_t id_base) {
+    std::vector<std::vector<int32_t>> toks;
+    for (int w : which) {
+      std::vector<int32_t> t;
+      for (int i = 0; i < 3 + 5 * w; ++i) t.push_back((i * 31 + w * 7) % 1000);
+      toks.push_back(t);
+    }
+    std::vector<int32_t> computed(which.size(), 0);
+    for (int step = 0; step < 12; ++step) {
+      std::vector<StepSequence> b;
+      for (size_t i = 0; i < which.size(); ++i) {
+        b.push_back({id_base + which[i], &toks[i], 0, computed[i], &greedy});
+      }
+      std::vector<int32_t> next;
+      EXPECT_TRUE((*engine)->Step(b, &next).ok());
+      for (size_t i = 0; i < which.size(); ++i) {
+        toks[i].push_back(next[i]);
+        computed[i] = int32_t(toks[i].size()) - 1;
+      }
+    }
+    for (int w : which) (*engine)->Release(id_base + w);
+    return toks;
+  };
+  std::vector<int> all(19);
+  for (int i = 0; i < 19; ++i) all[i] = i;
+  const auto together = run(all, 1000);
+  for (int i = 0; i < 19; ++i) EXPECT_EQ(run({i}, 5000)[0], together[i]) << "sequence " << i;
+  const auto st = (*engine)->stats();
+  EXPECT_EQ(st->kv_blocks_free, st->kv_blocks_total);  // everything released
+}
+
+}  // namespace
+}  // namespace tailserve

@@ -1,0 +1,601 @@
+#include "worker/backends/cuda/cuda_engine.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "worker/backends/cuda/cuda_check.h"
+#include "worker/backends/cuda/gemm.h"
+#include "worker/backends/cuda/kernels/attention.h"
+#include "worker/backends/cuda/kernels/rope_kv.h"
+#include "worker/backends/cuda/kernels/rows.h"
+
+namespace tailserve {
+
+struct CudaEngine::Buffers {
+  // Step inputs: one pinned host mirror, one device copy, uploaded together before each forward.
+  PinnedMemory host_inputs;
+  size_t inputs_bytes = 0;
+  int32_t* tokens = nullptr;  // device [max_rows]
+  int32_t* pos = nullptr;
+  int32_t* row_seq = nullptr;
+  int32_t* logit_src = nullptr;  // [logit_rows] row whose hidden state feeds each logits row
+  cuda::SampleParams* params = nullptr;  // [logit_rows]
+  // Host views into host_inputs at the same offsets.
+  int32_t* h_tokens = nullptr;
+  int32_t* h_pos = nullptr;
+  int32_t* h_row_seq = nullptr;
+  int32_t* h_logit_src = nullptr;
+  cuda::SampleParams* h_params = nullptr;
+  void* inputs = nullptr;  // device base
+
+  // Outputs, copied back after the forward.
+  int32_t* out_tokens = nullptr;
+  unsigned long long* clamps = nullptr;
+  PinnedMemory host_outputs;  // out_tokens then clamps
+
+  int32_t* block_table = nullptr;  // [(max_sequences + 1), max_blocks_per_seq]
+  PinnedMemory host_table;
+
+  float* x = nullptr;               // residual stream, fp32 [max_rows, h]
+  __nv_bfloat16* xn = nullptr;      // normed, bf16 [max_rows, h]
+  float* qkv = nullptr;             // [max_rows, q + 2 kv]
+  __nv_bfloat16* attn = nullptr;    // [max_rows, q]
+  float* gate_up = nullptr;         // [max_rows, 2 ffn]
+  __nv_bfloat16* act = nullptr;     // [max_rows, ffn]
+  float* attn_partial = nullptr;
+  float* router_logits = nullptr;   // MoE [max_rows, experts]
+  float* route_weights = nullptr;
+  float* expert_out = nullptr;      // MoE [max_rows, h]
+  __nv_bfloat16* final_xn = nullptr;  // [logit_rows, h]
+  float* logits = nullptr;          // [logit_rows, vocab]
+  void* cublas_workspace = nullptr;
+  size_t cublas_workspace_bytes = 32 << 20;
+};
+
+absl::StatusOr<KvDtype> ParseKvDtype(const std::string& name) {
+  if (name == "fp8_e4m3" || name == "fp8") return KvDtype::kFp8E4M3;
+  if (name == "fp8_e5m2") return KvDtype::kFp8E5M2;
+  if (name == "fp16") return KvDtype::kFp16;
+  return absl::InvalidArgumentError(absl::StrCat("kv_cache_dtype \"", name, "\" is not one of fp8_e4m3, fp8_e5m2, fp16"));
+}
+
+CudaEngine::CudaEngine(const CudaEngineOptions& options) : options_(options) {}
+
+CudaEngine::~CudaEngine() {
+  if (stream_) cudaStreamSynchronize(stream_.get());
+}
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Load(const std::string& dir, const CudaEngineOptions& options) {
+  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(dir);
+  if (!ckpt.ok()) return ckpt.status();
+  std::unique_ptr<CudaEngine> e(new CudaEngine(options));
+  e->model_id_ = std::filesystem::path(dir).lexically_normal().filename().string();
+  if (absl::Status s = e->Init(*ckpt); !s.ok()) return s;
+  return e;
+}
+
+absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
+  config_ = ckpt.config;
+  const ModelConfig& c = config_;
+  if (options_.buckets.empty()) return absl::InvalidArgumentError("cuda: at least one batch bucket is needed");
+  std::sort(options_.buckets.begin(), options_.buckets.end());
+  max_bucket_ = options_.buckets.back();
+  max_rows_ = std::max(options_.prefill_chunk, max_bucket_);
+  logit_rows_ = std::max(options_.logits_rows, max_bucket_);
+  max_context_ = static_cast<int32_t>(options_.max_context > 0 ? std::min<int64_t>(options_.max_context, c.max_position)
+                                                               : c.max_position);
+  kv_ = {.block_size = options_.block_size, .kv_heads = static_cast<int32_t>(c.num_kv_heads),
+         .head_dim = static_cast<int32_t>(c.head_dim),
+         .max_blocks_per_seq = (max_context_ + options_.block_size - 1) / options_.block_size, .dtype = options_.kv_dtype};
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  absl::StatusOr<CudaStream> stream = MakeStream();
+  if (!stream.ok()) return stream.status();
+  stream_ = *std::move(stream);
+  absl::StatusOr<CublasHandle> cublas = MakeCublas();
+  if (!cublas.ok()) return cublas.status();
+  cublas_ = *std::move(cublas);
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasSetStream(cublas_.get(), stream_.get()));
+  if (absl::Status s = LoadWeights(ckpt); !s.ok()) return s;
+  if (absl::Status s = AllocateWorkspaces(); !s.ok()) return s;
+  if (options_.use_graphs) {
+    if (absl::Status s = CaptureGraphs(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// bf16 bytes of a checkpoint tensor (converted when the file holds fp16 or fp32).
+void ToBf16(const TensorInfo& t, std::vector<uint16_t>* out) {
+  const size_t n = static_cast<size_t>(t.numel());
+  out->resize(n);
+  if (t.dtype == DType::kBF16) {
+    std::memcpy(out->data(), t.data, n * 2);
+    return;
+  }
+  std::vector<float> f(n);
+  ToFloat(t.dtype, t.data, n, f.data());
+  for (size_t i = 0; i < n; ++i) (*out)[i] = FloatToBf16(f[i]);
+}
+
+}  // namespace
+
+absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
+  const ModelConfig& c = config_;
+  const TensorStore& t = ckpt.tensors;
+  // One allocation holds every weight: matrices in bf16, norms and biases in fp32.
+  size_t exact = static_cast<size_t>(c.head_dim) * 4 + 256;  // + the RoPE frequencies
+  for (const TensorSpec& spec : ExpectedTensors(c)) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    exact += static_cast<size_t>(n) * (spec.shape.size() == 1 ? 4 : 2) + 256;
+  }
+  absl::StatusOr<DeviceMemory> mem = DeviceAlloc(exact);
+  if (!mem.ok()) return mem.status();
+  weight_memory_ = *std::move(mem);
+  memory_["weights"] = exact;
+  DeviceArena arena(weight_memory_.get(), exact);
+
+  std::vector<uint16_t> host;
+  std::vector<float> hostf;
+  // Copies tensors (concatenated along their first dimension) into one bf16 device matrix.
+  auto matrix = [&](std::vector<std::string> names, std::vector<std::vector<int64_t>> shapes,
+                    const __nv_bfloat16** out) -> absl::Status {
+    int64_t total = 0;
+    for (auto& s : shapes) total += s[0] * s[1];
+    auto* dst = arena.Take<__nv_bfloat16>(static_cast<size_t>(total));
+    int64_t at = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      absl::StatusOr<const TensorInfo*> info = t.Get(names[i], shapes[i]);
+      if (!info.ok()) return info.status();
+      ToBf16(**info, &host);
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst + at, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+      at += static_cast<int64_t>(host.size());
+    }
+    *out = dst;
+    return absl::OkStatus();
+  };
+  auto vector = [&](std::vector<std::string> names, std::vector<int64_t> sizes, const float** out) -> absl::Status {
+    int64_t total = 0;
+    for (int64_t s : sizes) total += s;
+    auto* dst = arena.Take<float>(static_cast<size_t>(total));
+    int64_t at = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (absl::Status s = t.ReadFloat(names[i], std::vector<int64_t>{sizes[i]}, &hostf); !s.ok()) return s;
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst + at, hostf.data(), hostf.size() * 4, cudaMemcpyHostToDevice));
+      at += sizes[i];
+    }
+    *out = dst;
+    return absl::OkStatus();
+  };
+#define TRY(expr)                            \
+  do {                                       \
+    if (absl::Status s_ = (expr); !s_.ok()) return s_; \
+  } while (0)
+  const int64_t h = c.hidden_size, f = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
+  TRY(matrix({"model.embed_tokens.weight"}, {{c.vocab_size, h}}, &embed_));
+  TRY(vector({"model.norm.weight"}, {h}, &final_norm_));
+  if (c.tie_word_embeddings) {
+    lm_head_ = embed_;
+  } else {
+    TRY(matrix({"lm_head.weight"}, {{c.vocab_size, h}}, &lm_head_));
+  }
+  layers_.resize(static_cast<size_t>(c.num_layers));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    Layer& L = layers_[l];
+    auto n = [&](const char* suffix) { return LayerTensorName(l, suffix); };
+    TRY(vector({n("input_layernorm.weight")}, {h}, &L.attn_norm));
+    TRY(vector({n("post_attention_layernorm.weight")}, {h}, &L.mlp_norm));
+    TRY(matrix({n("self_attn.q_proj.weight"), n("self_attn.k_proj.weight"), n("self_attn.v_proj.weight")},
+               {{qd, h}, {kvd, h}, {kvd, h}}, &L.w_qkv));
+    if (c.qkv_bias) {
+      TRY(vector({n("self_attn.q_proj.bias"), n("self_attn.k_proj.bias"), n("self_attn.v_proj.bias")}, {qd, kvd, kvd},
+                 &L.b_qkv));
+    }
+    TRY(matrix({n("self_attn.o_proj.weight")}, {{h, qd}}, &L.w_o));
+    if (c.o_bias) TRY(vector({n("self_attn.o_proj.bias")}, {h}, &L.b_o));
+    if (c.num_experts > 0) {
+      TRY(matrix({n("block_sparse_moe.gate.weight")}, {{c.num_experts, h}}, &L.w_router));
+      L.expert_gate_up.resize(static_cast<size_t>(c.num_experts));
+      L.expert_down.resize(static_cast<size_t>(c.num_experts));
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        TRY(matrix({ExpertTensorName(l, e, "w1"), ExpertTensorName(l, e, "w3")}, {{f, h}, {f, h}}, &L.expert_gate_up[e]));
+        TRY(matrix({ExpertTensorName(l, e, "w2")}, {{h, f}}, &L.expert_down[e]));
+      }
+    } else {
+      TRY(matrix({n("mlp.gate_proj.weight"), n("mlp.up_proj.weight")}, {{f, h}, {f, h}}, &L.w_gate_up));
+      TRY(matrix({n("mlp.down_proj.weight")}, {{h, f}}, &L.w_down));
+    }
+  }
+  const std::vector<float> inv = RopeInverseFrequencies(c);
+  auto* inv_dev = arena.Take<float>(inv.size());
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(inv_dev, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+  inv_freq_ = inv_dev;
+#undef TRY
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::AllocateWorkspaces() {
+  const ModelConfig& c = config_;
+  const int64_t h = c.hidden_size, f = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
+  const int64_t R = max_rows_, L = logit_rows_, E = std::max<int64_t>(c.num_experts, 1);
+  const int table_rows = options_.max_sequences + 1;
+  cuda::AttentionShape shape{.rows = static_cast<int>(R), .heads = static_cast<int>(c.num_heads),
+                             .splits = options_.attention_splits};
+  // Inputs region: tokens, pos, row_seq [R]; logit_src [L]; params [L].
+  const size_t inputs_bytes = 3 * R * 4 + L * 4 + 64 + L * sizeof(cuda::SampleParams);
+  const size_t work_bytes = inputs_bytes + 256 + L * 4 + 8 + 512 + static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq * 4 +
+                            256 + R * h * 4 + R * h * 2 + R * (qd + 2 * kvd) * 4 + R * qd * 2 + R * 2 * f * 4 +
+                            R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
+                            (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
+                            (32 << 20) + 64 * 256;
+  absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
+  if (!mem.ok()) return mem.status();
+  work_memory_ = *std::move(mem);
+  memory_["workspaces"] = work_bytes;
+  DeviceArena a(work_memory_.get(), work_bytes);
+  buf_ = std::make_unique<Buffers>();
+  Buffers& b = *buf_;
+  b.inputs = a.Take<char>(inputs_bytes);
+  b.inputs_bytes = inputs_bytes;
+  auto* base = static_cast<char*>(b.inputs);
+  size_t off = 0;
+  auto place = [&](size_t bytes) {
+    const size_t at = off;
+    off = (off + bytes + 15) & ~size_t{15};
+    return at;
+  };
+  const size_t o_tokens = place(R * 4), o_pos = place(R * 4), o_seq = place(R * 4), o_src = place(L * 4),
+               o_params = place(L * sizeof(cuda::SampleParams));
+  b.tokens = reinterpret_cast<int32_t*>(base + o_tokens);
+  b.pos = reinterpret_cast<int32_t*>(base + o_pos);
+  b.row_seq = reinterpret_cast<int32_t*>(base + o_seq);
+  b.logit_src = reinterpret_cast<int32_t*>(base + o_src);
+  b.params = reinterpret_cast<cuda::SampleParams*>(base + o_params);
+  absl::StatusOr<PinnedMemory> hin = PinnedAlloc(inputs_bytes);
+  if (!hin.ok()) return hin.status();
+  b.host_inputs = *std::move(hin);
+  auto* hbase = static_cast<char*>(b.host_inputs.get());
+  b.h_tokens = reinterpret_cast<int32_t*>(hbase + o_tokens);
+  b.h_pos = reinterpret_cast<int32_t*>(hbase + o_pos);
+  b.h_row_seq = reinterpret_cast<int32_t*>(hbase + o_seq);
+  b.h_logit_src = reinterpret_cast<int32_t*>(hbase + o_src);
+  b.h_params = reinterpret_cast<cuda::SampleParams*>(hbase + o_params);
+  b.out_tokens = a.Take<int32_t>(L);
+  b.clamps = a.Take<unsigned long long>(1);
+  absl::StatusOr<PinnedMemory> hout = PinnedAlloc(L * 4 + 8);
+  if (!hout.ok()) return hout.status();
+  b.host_outputs = *std::move(hout);
+  b.block_table = a.Take<int32_t>(static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq);
+  absl::StatusOr<PinnedMemory> htab = PinnedAlloc(static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq * 4);
+  if (!htab.ok()) return htab.status();
+  b.host_table = *std::move(htab);
+  b.x = a.Take<float>(R * h);
+  b.xn = a.Take<__nv_bfloat16>(R * h);
+  b.qkv = a.Take<float>(R * (qd + 2 * kvd));
+  b.attn = a.Take<__nv_bfloat16>(R * qd);
+  b.gate_up = a.Take<float>(R * 2 * f);
+  b.act = a.Take<__nv_bfloat16>(R * f);
+  b.attn_partial = a.Take<float>(cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)));
+  if (c.num_experts) {
+    b.router_logits = a.Take<float>(R * E);
+    b.route_weights = a.Take<float>(R * E);
+    b.expert_out = a.Take<float>(R * h);
+  }
+  b.final_xn = a.Take<__nv_bfloat16>(L * h);
+  b.logits = a.Take<float>(L * c.vocab_size);
+  b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
+  if (!b.cublas_workspace) return absl::InternalError("cuda: workspace arena too small (a sizing bug)");
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasSetWorkspace(cublas_.get(), b.cublas_workspace, b.cublas_workspace_bytes));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.clamps, 0, 8));
+  // Inputs start valid (token 0 at position 0 of the trash row) so padded graph rows are harmless.
+  std::memset(b.host_inputs.get(), 0, inputs_bytes);
+
+  // KV pool: what is left, times the configured fraction.
+  size_t free_bytes = 0, total_bytes = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const bool scaled = kv_.dtype != KvDtype::kFp16;
+  const size_t per_block_layer = static_cast<size_t>(kv_.block_size) * kv_.kv_heads *
+                                 (kv_.head_dim * KvElementBytes(kv_.dtype) + (scaled ? 4 : 0)) * 2;
+  const size_t per_block = per_block_layer * static_cast<size_t>(c.num_layers);
+  num_blocks_ = static_cast<int64_t>(free_bytes * options_.kv_memory_fraction / per_block);
+  if (num_blocks_ < 2) return absl::ResourceExhaustedError("cuda: no device memory left for the KV cache");
+  const size_t kv_bytes = per_block * static_cast<size_t>(num_blocks_) + 256 * 4 * c.num_layers;
+  absl::StatusOr<DeviceMemory> kv = DeviceAlloc(kv_bytes);
+  if (!kv.ok()) return kv.status();
+  kv_memory_ = *std::move(kv);
+  memory_["kv_cache"] = kv_bytes;
+  DeviceArena ka(kv_memory_.get(), kv_bytes);
+  const size_t elems = static_cast<size_t>(num_blocks_) * kv_.block_size * kv_.kv_heads * kv_.head_dim;
+  const size_t scales = static_cast<size_t>(num_blocks_) * kv_.block_size * kv_.kv_heads;
+  for (Layer& L : layers_) {
+    L.kv.k = ka.Take<char>(elems * KvElementBytes(kv_.dtype));
+    L.kv.v = ka.Take<char>(elems * KvElementBytes(kv_.dtype));
+    if (scaled) {
+      L.kv.k_scale = ka.Take<float>(scales);
+      L.kv.v_scale = ka.Take<float>(scales);
+    }
+    if (!L.kv.v) return absl::InternalError("cuda: KV arena too small (a sizing bug)");
+  }
+  // Block 0 is the trash block of padded rows; the rest are free.
+  free_blocks_.clear();
+  for (int64_t i = num_blocks_ - 1; i >= 1; --i) free_blocks_.push_back(static_cast<int32_t>(i));
+  trash_row_ = options_.max_sequences;
+  for (int r = options_.max_sequences - 1; r >= 0; --r) free_table_rows_.push_back(r);
+  std::memset(b.host_table.get(), 0, static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq * 4);
+  table_dirty_.assign(static_cast<size_t>(table_rows), 0);
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.block_table, 0, static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq * 4));
+  for (int i = 0; i < max_rows_; ++i) b.h_row_seq[i] = trash_row_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::Forward(int rows, int logit_rows, bool sample) {
+  const ModelConfig& c = config_;
+  Buffers& b = *buf_;
+  cudaStream_t s = stream_.get();
+  cublasHandle_t cb = cublas_.get();
+  const int h = static_cast<int>(c.hidden_size), f = static_cast<int>(c.intermediate_size),
+            qd = static_cast<int>(c.q_dim()), kvd = static_cast<int>(c.kv_dim()), qkvw = qd + 2 * kvd;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const RowMeta meta{b.row_seq, b.pos, b.block_table};
+  const cuda::AttentionShape shape{.rows = rows, .heads = static_cast<int>(c.num_heads), .q_stride = qkvw,
+                                   .sliding_window = static_cast<int>(c.sliding_window),
+                                   .splits = options_.attention_splits,
+                                   .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+#define TRY(expr)                                      \
+  do {                                                 \
+    if (absl::Status s_ = (expr); !s_.ok()) return s_; \
+  } while (0)
+  TRY(cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, s));
+  for (const Layer& L : layers_) {
+    TRY(cuda::RmsNormRows(b.x, nullptr, rows, h, L.attn_norm, eps, b.xn, s));
+    TRY(cuda::Gemm(cb, b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
+    TRY(cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv, inv_freq_, b.clamps, s));
+    TRY(cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s));
+    TRY(cuda::Gemm(cb, b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM
+    if (L.b_o) TRY(cuda::AddBias(b.x, rows, h, L.b_o, s));
+    TRY(cuda::RmsNormRows(b.x, nullptr, rows, h, L.mlp_norm, eps, b.xn, s));
+    if (c.num_experts == 0) {
+      TRY(cuda::Gemm(cb, b.xn, rows, h, L.w_gate_up, 2 * f, 0.0f, b.gate_up));
+      TRY(cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
+      TRY(cuda::Gemm(cb, b.act, rows, f, L.w_down, h, 1.0f, b.x));
+    } else {
+      // Every expert runs over every row and rows it did not route to get weight 0: wasteful
+      // (experts / top_k times the FLOPs) but shape-static, so it lives in the graph.
+      const int E = static_cast<int>(c.num_experts);
+      TRY(cuda::Gemm(cb, b.xn, rows, h, L.w_router, E, 0.0f, b.router_logits));
+      TRY(cuda::MoeRoute(b.router_logits, rows, E, static_cast<int>(c.experts_per_token), b.route_weights, s));
+      for (int e = 0; e < E; ++e) {
+        TRY(cuda::Gemm(cb, b.xn, rows, h, L.expert_gate_up[e], 2 * f, 0.0f, b.gate_up));
+        TRY(cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
+        TRY(cuda::Gemm(cb, b.act, rows, f, L.expert_down[e], h, 0.0f, b.expert_out));
+        TRY(cuda::AddScaledRows(b.x, b.expert_out, b.route_weights + e, E, rows, h, s));
+      }
+    }
+  }
+  if (logit_rows > 0) {
+    TRY(cuda::RmsNormRows(b.x, b.logit_src, logit_rows, h, final_norm_, eps, b.final_xn, s));
+    TRY(cuda::Gemm(cb, b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits));
+    if (sample) TRY(cuda::SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params, b.out_tokens, s));
+  }
+#undef TRY
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::CaptureGraphs() {
+  cudaStream_t s = stream_.get();
+  // Padded rows: token 0 at position 0 of the trash row; logits row i reads row i.
+  Buffers& b = *buf_;
+  for (int i = 0; i < logit_rows_; ++i) b.h_logit_src[i] = i;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.inputs, b.host_inputs.get(), b.inputs_bytes, cudaMemcpyHostToDevice, s));
+  // One eager run first: cuBLAS picks its kernels and loads modules outside the capture.
+  if (absl::Status st = Forward(max_bucket_, max_bucket_, true); !st.ok()) return st;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  for (int bucket : options_.buckets) {
+    cudaGraph_t graph;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    const absl::Status st = Forward(bucket, bucket, true);
+    const cudaError_t end = cudaStreamEndCapture(s, &graph);
+    if (!st.ok()) return st;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(end);
+    CudaGraph owned(graph);
+    cudaGraphExec_t exec;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+    graphs_[bucket] = CudaGraphExec(exec);
+  }
+  return absl::OkStatus();
+}
+
+CudaEngine::SeqState& CudaEngine::StateFor(uint64_t id, absl::Status* error) {
+  auto [it, inserted] = seqs_.try_emplace(id);
+  if (inserted) {
+    if (free_table_rows_.empty()) {
+      *error = absl::ResourceExhaustedError(absl::StrCat("cuda: more than ", options_.max_sequences,
+                                                         " sequences hold KV cache at once"));
+      return it->second;
+    }
+    it->second.table_row = free_table_rows_.back();
+    free_table_rows_.pop_back();
+  }
+  return it->second;
+}
+
+absl::Status CudaEngine::EnsureBlocks(SeqState& s, int64_t positions) {
+  const int64_t need = (positions + kv_.block_size - 1) / kv_.block_size;
+  if (need > kv_.max_blocks_per_seq) {
+    return absl::OutOfRangeError(absl::StrCat(positions, " tokens exceed the context of ", max_context_));
+  }
+  while (static_cast<int64_t>(s.blocks.size()) < need) {
+    if (free_blocks_.empty()) return absl::ResourceExhaustedError("cuda: the KV cache is full");
+    const int32_t block = free_blocks_.back();
+    free_blocks_.pop_back();
+    auto* table = static_cast<int32_t*>(buf_->host_table.get());
+    table[static_cast<int64_t>(s.table_row) * kv_.max_blocks_per_seq + static_cast<int64_t>(s.blocks.size())] = block;
+    s.blocks.push_back(block);
+    table_dirty_[s.table_row] = 1;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::SyncBlockTable() {
+  auto* table = static_cast<int32_t*>(buf_->host_table.get());
+  for (size_t r = 0; r < table_dirty_.size(); ++r) {
+    if (!table_dirty_[r]) continue;
+    table_dirty_[r] = 0;
+    const size_t off = r * static_cast<size_t>(kv_.max_blocks_per_seq);
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf_->block_table + off, table + off, kv_.max_blocks_per_seq * 4,
+                                                   cudaMemcpyHostToDevice, stream_.get()));
+  }
+  return absl::OkStatus();
+}
+
+void CudaEngine::Release(uint64_t id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return;
+  for (int32_t b : it->second.blocks) free_blocks_.push_back(b);
+  if (it->second.table_row >= 0) free_table_rows_.push_back(it->second.table_row);
+  seqs_.erase(it);
+}
+
+absl::Status CudaEngine::Prefill(std::span<const StepSequence> batch) {
+  // Rows: every uncached token but each sequence's last (the decode graph takes that one).
+  Buffers& b = *buf_;
+  int rows = 0;
+  auto flush = [&]() -> absl::Status {
+    if (rows == 0) return absl::OkStatus();
+    if (absl::Status s = SyncBlockTable(); !s.ok()) return s;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.inputs, b.host_inputs.get(), b.inputs_bytes,
+                                                   cudaMemcpyHostToDevice, stream_.get()));
+    if (absl::Status s = Forward(rows, 0, false); !s.ok()) return s;
+    // The host mirror is rewritten for the next chunk: wait until this one has been read.
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    rows = 0;
+    return absl::OkStatus();
+  };
+  for (const StepSequence& seq : batch) {
+    absl::Status error;
+    SeqState& st = StateFor(seq.id, &error);
+    if (!error.ok()) return error;
+    const int64_t n = static_cast<int64_t>(seq.tokens->size());
+    st.cached = std::min<int64_t>(st.cached, seq.computed);
+    if (absl::Status s = EnsureBlocks(st, n); !s.ok()) return s;
+    for (int64_t p = st.cached; p < n - 1; ++p) {
+      b.h_tokens[rows] = (*seq.tokens)[p];
+      b.h_pos[rows] = static_cast<int32_t>(p);
+      b.h_row_seq[rows] = st.table_row;
+      if (++rows == max_rows_) {
+        if (absl::Status s = flush(); !s.ok()) return s;
+      }
+    }
+    st.cached = std::max<int64_t>(st.cached, n - 1);
+  }
+  return flush();
+}
+
+absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t first, size_t count,
+                                     std::vector<int32_t>* next) {
+  Buffers& b = *buf_;
+  const int n = static_cast<int>(count);
+  auto bucket_it = std::lower_bound(options_.buckets.begin(), options_.buckets.end(), n);
+  const int bucket = bucket_it == options_.buckets.end() ? n : *bucket_it;
+  for (int i = 0; i < bucket; ++i) {
+    b.h_logit_src[i] = i;
+    if (i >= n) {  // padding: harmless row in the trash block
+      b.h_tokens[i] = 0, b.h_pos[i] = 0, b.h_row_seq[i] = trash_row_;
+      b.h_params[i] = {};
+      continue;
+    }
+    const StepSequence& seq = batch[first + i];
+    const SeqState& st = seqs_.at(seq.id);
+    const int64_t last = static_cast<int64_t>(seq.tokens->size()) - 1;
+    b.h_tokens[i] = (*seq.tokens)[last];
+    b.h_pos[i] = static_cast<int32_t>(last);
+    b.h_row_seq[i] = st.table_row;
+    const Sampling& sp = *seq.sampling;
+    b.h_params[i] = {.temperature = sp.temperature, .top_p = sp.top_p, .top_k = sp.top_k, .unused = 0,
+                     .seed = sp.seed, .position = last + 1};
+  }
+  cudaStream_t s = stream_.get();
+  if (absl::Status st = SyncBlockTable(); !st.ok()) return st;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.inputs, b.host_inputs.get(), b.inputs_bytes, cudaMemcpyHostToDevice, s));
+  auto graph = graphs_.find(bucket);
+  if (graph != graphs_.end()) {
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph->second.get(), s));
+    ++graph_replays_;
+  } else if (absl::Status st = Forward(bucket, bucket, true); !st.ok()) {
+    return st;
+  }
+  auto* out = static_cast<int32_t*>(b.host_outputs.get());
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, b.out_tokens, n * 4, cudaMemcpyDeviceToHost, s));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out + logit_rows_, b.clamps, 8, cudaMemcpyDeviceToHost, s));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  for (int i = 0; i < n; ++i) (*next)[first + i] = out[i];
+  std::memcpy(&clamps_, out + logit_rows_, 8);
+  for (int i = 0; i < n; ++i) {
+    SeqState& st = seqs_.at(batch[first + i].id);
+    st.cached = static_cast<int64_t>(batch[first + i].tokens->size());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) {
+  for (const StepSequence& s : batch) {
+    if (static_cast<int64_t>(s.tokens->size()) > max_context_) {
+      return absl::OutOfRangeError(absl::StrCat("sequence ", s.id, ": ", s.tokens->size(),
+                                                " tokens exceed the model's context of ", max_context_));
+    }
+  }
+  if (absl::Status s = Prefill(batch); !s.ok()) return s;
+  next->resize(batch.size());
+  for (size_t first = 0; first < batch.size(); first += static_cast<size_t>(max_bucket_)) {
+    const size_t count = std::min(batch.size() - first, static_cast<size_t>(max_bucket_));
+    if (absl::Status s = DecodeChunk(batch, first, count, next); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::ForwardAllLogits(std::span<const int32_t> tokens, std::vector<float>* logits) {
+  const int n = static_cast<int>(tokens.size());
+  if (n > logit_rows_ || n > max_rows_) {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardAllLogits: ", n, " tokens; at most ", logit_rows_));
+  }
+  const uint64_t id = ~0ull - 1;
+  absl::Status error;
+  SeqState& st = StateFor(id, &error);
+  if (!error.ok()) return error;
+  if (absl::Status s = EnsureBlocks(st, n); !s.ok()) return s;
+  Buffers& b = *buf_;
+  for (int i = 0; i < n; ++i) {
+    b.h_tokens[i] = tokens[i];
+    b.h_pos[i] = i;
+    b.h_row_seq[i] = st.table_row;
+    b.h_logit_src[i] = i;
+  }
+  cudaStream_t s = stream_.get();
+  absl::Status result = SyncBlockTable();
+  if (result.ok()) {
+    const cudaError_t e = cudaMemcpyAsync(b.inputs, b.host_inputs.get(), b.inputs_bytes, cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess) result = absl::InternalError(cudaGetErrorString(e));
+  }
+  if (result.ok()) result = Forward(n, n, false);
+  if (result.ok()) {
+    logits->resize(static_cast<size_t>(n) * config_.vocab_size);
+    const cudaError_t e1 = cudaMemcpyAsync(logits->data(), b.logits, logits->size() * 4, cudaMemcpyDeviceToHost, s);
+    const cudaError_t e2 = cudaStreamSynchronize(s);
+    if (e1 != cudaSuccess || e2 != cudaSuccess) result = absl::InternalError(cudaGetErrorString(e1 ? e1 : e2));
+  }
+  for (int i = 0; i < n; ++i) b.h_row_seq[i] = trash_row_;
+  Release(id);
+  return result;
+}
+
+std::optional<EngineStats> CudaEngine::stats() const {
+  return EngineStats{.kv_blocks_total = num_blocks_ - 1, .kv_blocks_free = static_cast<int64_t>(free_blocks_.size()),
+          .kv_clamps = clamps_, .graph_replays = graph_replays_};
+}
+
+}  // namespace tailserve

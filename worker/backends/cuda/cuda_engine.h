@@ -1,0 +1,133 @@
+#pragma once
+// The GPU backend: bf16 weights, a paged KV cache (FP8 E4M3 by default) and one CUDA graph replay
+// per decode step. Everything on the device is allocated once in Load(): weights, the KV block
+// pool (sized from free memory), workspaces, and the graphs, captured for each batch-size bucket.
+// A step runs the prefill of new tokens eagerly in chunks (all but each sequence's last token),
+// then the last token of every sequence through the graph of the smallest bucket that fits;
+// sampling happens on the GPU and only token ids come back.
+#include <cuda_bf16.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/checkpoint.h"
+#include "worker/backends/cuda/cuda_resources.h"
+#include "worker/backends/cuda/kernels/kv_cache.h"
+#include "worker/backends/cuda/kernels/sampling.h"
+#include "worker/engine/engine.h"
+
+namespace tailserve {
+
+struct CudaEngineOptions {
+  KvDtype kv_dtype = KvDtype::kFp8E4M3;
+  double kv_memory_fraction = 0.9;  // of the device memory left after weights and workspaces
+  int block_size = 16;
+  std::vector<int> buckets = {1, 2, 4, 8, 16, 32, 64, 128};  // decode graphs
+  int prefill_chunk = 2048;  // tokens per eager prefill forward
+  int max_sequences = 256;   // sequences holding KV at once
+  int max_context = 0;       // 0: the model's max_position_embeddings
+  int attention_splits = 32;
+  int logits_rows = 0;       // rows whose logits one forward can produce (0: the largest bucket)
+  bool use_graphs = true;
+  int device = 0;
+};
+
+class CudaEngine final : public Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> Load(const std::string& dir, const CudaEngineOptions& options);
+  ~CudaEngine() override;
+
+  std::string backend() const override { return "cuda"; }
+  std::string model_id() const override { return model_id_; }
+  bool simulated() const override { return false; }
+  int32_t vocab_size() const override { return static_cast<int32_t>(config_.vocab_size); }
+  int32_t max_context() const override { return max_context_; }
+  std::vector<int32_t> eos_token_ids() const override { return config_.eos_token_ids; }
+  absl::Status Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) override;
+  void Release(uint64_t id) override;
+
+  // Teacher-forced logits of one sequence (a fresh one, released afterwards): [tokens, vocab].
+  absl::Status ForwardAllLogits(std::span<const int32_t> tokens, std::vector<float>* logits);
+  std::optional<EngineStats> stats() const override;
+  const ModelConfig& config() const { return config_; }
+  const CudaEngineOptions& options() const { return options_; }
+  // Device memory taken at start, by purpose (bytes).
+  const std::map<std::string, size_t>& memory() const { return memory_; }
+
+ private:
+  struct Layer {
+    const float* attn_norm = nullptr;
+    const float* mlp_norm = nullptr;
+    const __nv_bfloat16* w_qkv = nullptr;  // [q + 2 kv, h]
+    const float* b_qkv = nullptr;          // or null
+    const __nv_bfloat16* w_o = nullptr;    // [h, q]
+    const float* b_o = nullptr;
+    const __nv_bfloat16* w_gate_up = nullptr;  // [2 ffn, h] (dense) or per expert below
+    const __nv_bfloat16* w_down = nullptr;     // [h, ffn]
+    const __nv_bfloat16* w_router = nullptr;   // [experts, h]
+    std::vector<const __nv_bfloat16*> expert_gate_up, expert_down;
+    KvLayerView kv;
+  };
+  // Device buffers of one forward: step inputs (uploaded in one copy) and activations.
+  struct Buffers;
+  struct SeqState {
+    int table_row = -1;
+    std::vector<int32_t> blocks;
+    int64_t cached = 0;  // positions whose K/V are in the cache
+  };
+
+  explicit CudaEngine(const CudaEngineOptions& options);
+  absl::Status Init(const Checkpoint& ckpt);
+  absl::Status LoadWeights(const Checkpoint& ckpt);
+  absl::Status AllocateWorkspaces();
+  absl::Status CaptureGraphs();
+  // Runs the layers over `rows` token rows whose inputs are already on the device; with
+  // `logit_rows` > 0 also the final norm, LM head and sampling of that many rows.
+  absl::Status Forward(int rows, int logit_rows, bool sample);
+  absl::Status EnsureBlocks(SeqState& s, int64_t positions);
+  SeqState& StateFor(uint64_t id, absl::Status* error);
+  absl::Status SyncBlockTable();
+  absl::Status Prefill(std::span<const StepSequence> batch);
+  absl::Status DecodeChunk(std::span<const StepSequence> batch, size_t first, size_t count, std::vector<int32_t>* next);
+
+  CudaEngineOptions options_;
+  ModelConfig config_;
+  std::string model_id_;
+  int32_t max_context_ = 0;
+  KvGeometry kv_;
+  int64_t num_blocks_ = 0;
+  int max_bucket_ = 0;
+  int max_rows_ = 0;     // rows of one forward
+  int logit_rows_ = 0;
+
+  CudaStream stream_;
+  CublasHandle cublas_;
+  DeviceMemory weight_memory_, kv_memory_, work_memory_;
+  std::map<std::string, size_t> memory_;
+  const __nv_bfloat16* embed_ = nullptr;
+  const __nv_bfloat16* lm_head_ = nullptr;
+  const float* final_norm_ = nullptr;
+  const float* inv_freq_ = nullptr;
+  std::vector<Layer> layers_;
+  std::unique_ptr<Buffers> buf_;
+  std::map<int, CudaGraphExec> graphs_;  // by bucket
+
+  // Host side of the KV cache: free blocks, block-table rows, per-sequence state.
+  std::vector<int32_t> free_blocks_;
+  std::vector<int> free_table_rows_;
+  int trash_row_ = 0;  // padded graph rows write here (block 0, never handed out)
+  std::vector<int32_t> host_table_;  // [max_sequences + 1, max_blocks_per_seq], pinned mirror below
+  std::vector<char> table_dirty_;
+  std::unordered_map<uint64_t, SeqState> seqs_;
+  int64_t graph_replays_ = 0;
+  int64_t clamps_ = 0;
+};
+
+// "fp8_e4m3" (default), "fp8_e5m2" or "fp16".
+absl::StatusOr<KvDtype> ParseKvDtype(const std::string& name);
+
+}  // namespace tailserve

@@ -1,0 +1,31 @@
+#pragma once
+// Attention over the paged KV cache, for decode and prefill rows alike: each row (a token at
+// position p of some sequence) attends to its sequence's cached positions [p - window + 1, p].
+// GQA-aware: one CTA serves all query heads of a KV head, so each K/V element is read once per
+// row and group. The key range is split across `splits` CTAs (long contexts fill the GPU even at
+// batch 1) and the partial softmaxes are merged by a second kernel.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "worker/backends/cuda/kernels/kv_cache.h"
+
+namespace tailserve::cuda {
+
+struct AttentionShape {
+  int rows = 0;
+  int heads = 0;
+  int q_stride = 0;        // floats between rows of q (the fused qkv row width)
+  int sliding_window = 0;  // 0: full causal attention
+  int splits = 1;          // CTAs per (row, KV head); partials: rows * heads * splits * (head_dim + 2) floats
+  float scale = 1.0f;      // 1 / sqrt(head_dim)
+};
+
+// Floats of workspace the partial results need.
+size_t AttentionWorkspaceFloats(const AttentionShape& shape, int head_dim);
+
+// q: fp32 rows (q heads first in each row, as RopeWriteKv leaves them); out: bf16 [rows, heads * head_dim].
+absl::Status PagedAttention(const float* q, const AttentionShape& shape, const RowMeta& meta, const KvGeometry& geometry,
+                            const KvLayerView& layer, float* workspace, __nv_bfloat16* out, cudaStream_t stream);
+
+}  // namespace tailserve::cuda

@@ -1,0 +1,130 @@
+#include "worker/backends/cuda/kernels/rope_kv.h"
+
+#include "worker/backends/cuda/cuda_check.h"
+#include "worker/backends/cuda/kernels/common.cuh"
+#include "worker/backends/cuda/kernels/kv_codec.cuh"
+
+namespace tailserve::cuda {
+namespace {
+
+constexpr int kMaxPairsPerLane = 4;  // head_dim <= 256
+
+__device__ __forceinline__ int64_t CacheSlot(const RowMeta& meta, const KvGeometry& g, int row) {
+  const int pos = meta.pos[row];
+  const int block = meta.block_table[static_cast<int64_t>(meta.seq[row]) * g.max_blocks_per_seq + pos / g.block_size];
+  return static_cast<int64_t>(block) * g.block_size + pos % g.block_size;
+}
+
+// One block per row; each warp takes whole heads (q heads, then k heads, then v heads), each lane
+// the rotation pairs lane, lane + 32, ...
+template <KvDtype D>
+__global__ void RopeWriteKvKernel(float* qkv, const float* bias, int heads, RowMeta meta, KvGeometry g,
+                                  KvLayerView layer, const float* inv_freq, unsigned long long* clamps) {
+  using Codec = KvCodec<D>;
+  const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int hd = g.head_dim, half = hd / 2, kvh = g.kv_heads;
+  const int width = (heads + 2 * kvh) * hd;
+  float* x = qkv + static_cast<int64_t>(row) * width;
+  const float pos = static_cast<float>(meta.pos[row]);
+  const int64_t slot = CacheSlot(meta, g, row);
+  int clamped = 0;
+  for (int head = warp; head < heads + 2 * kvh; head += warps) {
+    const bool is_v = head >= heads + kvh;
+    float* v = x + head * hd;
+    const float* b = bias ? bias + head * hd : nullptr;
+    float lo[kMaxPairsPerLane], hi[kMaxPairsPerLane];
+#pragma unroll
+    for (int j = 0; j < kMaxPairsPerLane; ++j) {
+      const int i = lane + 32 * j;
+      lo[j] = hi[j] = 0.0f;
+      if (i >= half) continue;
+      float a = v[i], c = v[i + half];
+      if (b) a += b[i], c += b[i + half];
+      if (!is_v) {  // rotate-half RoPE; the angle in fp32 as transformers computes it
+        float s, co;
+        sincosf(pos * inv_freq[i], &s, &co);
+        const float ra = a * co - c * s, rc = c * co + a * s;
+        a = ra, c = rc;
+      }
+      lo[j] = a, hi[j] = c;
+    }
+    if (head < heads) {  // q: back in place for attention
+#pragma unroll
+      for (int j = 0; j < kMaxPairsPerLane; ++j) {
+        const int i = lane + 32 * j;
+        if (i < half) v[i] = lo[j], v[i + half] = hi[j];
+      }
+      continue;
+    }
+    const int kv_head = is_v ? head - heads - kvh : head - heads;
+    float scale = 1.0f;
+    if (Codec::kScaled) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kMaxPairsPerLane; ++j) amax = fmaxf(amax, fmaxf(fabsf(lo[j]), fabsf(hi[j])));
+      amax = WarpMax(amax);
+      // isfinite: an inf/NaN input gets a scale of 1 and is clamped (and counted) below.
+      if (amax > 0.0f && isfinite(amax)) scale = amax / Codec::kMax;
+      if (lane == 0) (is_v ? layer.v_scale : layer.k_scale)[slot * kvh + kv_head] = scale;
+    }
+    auto* dst = static_cast<typename Codec::Storage*>(is_v ? layer.v : layer.k) + (slot * kvh + kv_head) * hd;
+    const float inv_scale = 1.0f / scale;
+#pragma unroll
+    for (int j = 0; j < kMaxPairsPerLane; ++j) {
+      const int i = lane + 32 * j;
+      if (i >= half) continue;
+      float a = lo[j] * inv_scale, c = hi[j] * inv_scale;
+      clamped += ClampFinite(&a, Codec::kMax);
+      clamped += ClampFinite(&c, Codec::kMax);
+      dst[i] = Codec::Encode(a);
+      dst[i + half] = Codec::Encode(c);
+    }
+  }
+  if (clamped) atomicAdd(clamps, static_cast<unsigned long long>(clamped));
+}
+
+template <KvDtype D>
+__global__ void ReadKvKernel(KvGeometry g, KvLayerView layer, bool value, int64_t slot, int kv_head, float* out) {
+  using Codec = KvCodec<D>;
+  const auto* src = static_cast<const typename Codec::Storage*>(value ? layer.v : layer.k) + (slot * g.kv_heads + kv_head) * g.head_dim;
+  const float scale = Codec::kScaled ? (value ? layer.v_scale : layer.k_scale)[slot * g.kv_heads + kv_head] : 1.0f;
+  for (int i = threadIdx.x; i < g.head_dim; i += blockDim.x) out[i] = Codec::Decode(src[i]) * scale;
+}
+
+}  // namespace
+
+absl::Status RopeWriteKv(float* qkv, const float* bias, int rows, int heads, const RowMeta& meta,
+                         const KvGeometry& g, const KvLayerView& layer, const float* inv_freq,
+                         unsigned long long* clamps, cudaStream_t stream) {
+  if (g.head_dim > 2 * 32 * kMaxPairsPerLane || g.head_dim % 2) {
+    return absl::InvalidArgumentError("RopeWriteKv: head_dim must be even and at most 256");
+  }
+  if (rows == 0) return absl::OkStatus();
+  switch (g.dtype) {
+    case KvDtype::kFp8E4M3:
+      RopeWriteKvKernel<KvDtype::kFp8E4M3><<<rows, 256, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
+      break;
+    case KvDtype::kFp8E5M2:
+      RopeWriteKvKernel<KvDtype::kFp8E5M2><<<rows, 256, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
+      break;
+    case KvDtype::kFp16:
+      RopeWriteKvKernel<KvDtype::kFp16><<<rows, 256, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
+      break;
+  }
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status ReadKvForTest(const KvGeometry& g, const KvLayerView& layer, bool value, int block, int slot,
+                           int kv_head, float* out, cudaStream_t stream) {
+  const int64_t s = static_cast<int64_t>(block) * g.block_size + slot;
+  switch (g.dtype) {
+    case KvDtype::kFp8E4M3: ReadKvKernel<KvDtype::kFp8E4M3><<<1, 128, 0, stream>>>(g, layer, value, s, kv_head, out); break;
+    case KvDtype::kFp8E5M2: ReadKvKernel<KvDtype::kFp8E5M2><<<1, 128, 0, stream>>>(g, layer, value, s, kv_head, out); break;
+    case KvDtype::kFp16: ReadKvKernel<KvDtype::kFp16><<<1, 128, 0, stream>>>(g, layer, value, s, kv_head, out); break;
+  }
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+}  // namespace tailserve::cuda

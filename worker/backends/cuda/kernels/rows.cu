@@ -1,0 +1,128 @@
+#include "worker/backends/cuda/kernels/rows.h"
+
+#include "worker/backends/cuda/cuda_check.h"
+#include "worker/backends/cuda/kernels/common.cuh"
+
+namespace tailserve::cuda {
+namespace {
+
+__global__ void EmbedKernel(const __nv_bfloat16* table, const int32_t* tokens, int hidden, float* x) {
+  const int r = blockIdx.x;
+  const __nv_bfloat16* src = table + static_cast<int64_t>(tokens[r]) * hidden;
+  float* dst = x + static_cast<int64_t>(r) * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = __bfloat162float(src[i]);
+}
+
+__global__ void RmsNormKernel(const float* x, const int32_t* src, int hidden, const float* w, float eps,
+                              __nv_bfloat16* out) {
+  __shared__ float shared[32];
+  const int r = blockIdx.x;
+  const float* xr = x + static_cast<int64_t>(src ? src[r] : r) * hidden;
+  float sum = 0;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) sum += xr[i] * xr[i];
+  sum = BlockSum(sum, shared);
+  const float inv = rsqrtf(sum / hidden + eps);
+  __nv_bfloat16* o = out + static_cast<int64_t>(r) * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = __float2bfloat16(w[i] * (xr[i] * inv));
+}
+
+__global__ void SwiGluKernel(const float* gate_up, int64_t total, int ffn, __nv_bfloat16* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / ffn, f = i % ffn;
+    const float g = gate_up[r * 2 * ffn + f], u = gate_up[r * 2 * ffn + ffn + f];
+    out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * u);
+  }
+}
+
+__global__ void AddBiasKernel(float* x, int64_t total, int n, const float* bias) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] += bias[i % n];
+  }
+}
+
+__global__ void AddScaledRowsKernel(float* x, const float* y, const float* weights, int weight_stride, int n) {
+  const int r = blockIdx.x;
+  const float w = weights[static_cast<int64_t>(r) * weight_stride];
+  if (w == 0.0f) return;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) x[static_cast<int64_t>(r) * n + i] += w * y[static_cast<int64_t>(r) * n + i];
+}
+
+// One thread per row: expert counts are small (8 for Mixtral; at most 64).
+__global__ void MoeRouteKernel(const float* logits, int rows, int experts, int top_k, float* weights) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float* l = logits + static_cast<int64_t>(r) * experts;
+  float* w = weights + static_cast<int64_t>(r) * experts;
+  float max = -INFINITY;
+  for (int e = 0; e < experts; ++e) max = fmaxf(max, l[e]);
+  float total = 0;
+  for (int e = 0; e < experts; ++e) total += expf(l[e] - max);
+  uint64_t chosen = 0;
+  float kept = 0;
+  for (int k = 0; k < top_k; ++k) {  // highest probability first, lower index on ties
+    int best = -1;
+    for (int e = 0; e < experts; ++e) {
+      if (!(chosen >> e & 1) && (best < 0 || l[e] > l[best])) best = e;
+    }
+    chosen |= uint64_t{1} << best;
+    kept += expf(l[best] - max) / total;
+  }
+  for (int e = 0; e < experts; ++e) w[e] = (chosen >> e & 1) ? expf(l[e] - max) / total / kept : 0.0f;
+}
+
+int GridFor(int64_t total, int threads) {
+  return static_cast<int>(std::min<int64_t>((total + threads - 1) / threads, 65535));
+}
+
+}  // namespace
+
+absl::Status EmbedRows(const __nv_bfloat16* table, const int32_t* tokens, int rows, int hidden, float* x,
+                       cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  EmbedKernel<<<rows, 256, 0, stream>>>(table, tokens, hidden, x);
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidden, const float* weight, float eps,
+                         __nv_bfloat16* out, cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  RmsNormKernel<<<rows, 256, 0, stream>>>(x, src, hidden, weight, eps, out);
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __nv_bfloat16* out, cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(rows) * ffn;
+  if (total == 0) return absl::OkStatus();
+  SwiGluKernel<<<GridFor(total, 256), 256, 0, stream>>>(gate_up, total, ffn, out);
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status AddBias(float* x, int rows, int n, const float* bias, cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(rows) * n;
+  if (total == 0) return absl::OkStatus();
+  AddBiasKernel<<<GridFor(total, 256), 256, 0, stream>>>(x, total, n, bias);
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status AddScaledRows(float* x, const float* y, const float* weights, int weight_stride, int rows, int n,
+                           cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  AddScaledRowsKernel<<<rows, 256, 0, stream>>>(x, y, weights, weight_stride, n);
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status MoeRoute(const float* logits, int rows, int experts, int top_k, float* weights, cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  MoeRouteKernel<<<(rows + 127) / 128, 128, 0, stream>>>(logits, rows, experts, top_k, weights);
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+}  // namespace tailserve::cuda

@@ -1,0 +1,36 @@
+#pragma once
+// Per-row elementwise ops of a transformer step: embedding gather, RMSNorm, SwiGLU, bias add and
+// the weighted row add that combines MoE experts. Launchers take device pointers, sizes and a
+// stream; they never allocate or synchronise.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace tailserve::cuda {
+
+// x[r, :] = float(table[tokens[r], :]).
+absl::Status EmbedRows(const __nv_bfloat16* table, const int32_t* tokens, int rows, int hidden, float* x,
+                       cudaStream_t stream);
+
+// out[r, :] = bf16(x[src[r], :] / rms(x[src[r], :]) * weight); src == nullptr means src[r] = r.
+absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidden, const float* weight, float eps,
+                         __nv_bfloat16* out, cudaStream_t stream);
+
+// out[r, f] = bf16(silu(gate_up[r, f]) * gate_up[r, ffn + f]).
+absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __nv_bfloat16* out, cudaStream_t stream);
+
+// x[r, :] += bias.
+absl::Status AddBias(float* x, int rows, int n, const float* bias, cudaStream_t stream);
+
+// x[r, :] += weights[r * weight_stride] * y[r, :] (a row whose weight is 0 is left alone).
+absl::Status AddScaledRows(float* x, const float* y, const float* weights, int weight_stride, int rows, int n,
+                           cudaStream_t stream);
+
+// Mixtral routing: per row, softmax over `experts` logits, keep the top k, renormalise them to sum
+// to one; weights[r, e] is that weight, 0 for experts not chosen.
+absl::Status MoeRoute(const float* logits, int rows, int experts, int top_k, float* weights, cudaStream_t stream);
+
+}  // namespace tailserve::cuda

@@ -1,0 +1,147 @@
+#include "worker/backends/cuda/kernels/sampling.h"
+
+#include "common/splitmix.h"
+#include "worker/backends/cuda/cuda_check.h"
+#include "worker/backends/cuda/kernels/common.cuh"
+
+namespace tailserve::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kBisections = 40;
+
+// Sum over the row of exp(s - max) for scaled logits s >= threshold, and their count.
+__device__ void MassAbove(const float* l, int vocab, float inv_t, float max, float threshold, float* shared,
+                          float* mass, float* count) {
+  float m = 0.0f, c = 0.0f;
+  for (int i = threadIdx.x; i < vocab; i += kThreads) {
+    const float s = l[i] * inv_t;
+    if (s >= threshold) m += expf(s - max), c += 1.0f;
+  }
+  *mass = BlockSum(m, shared);
+  *count = BlockSum(c, shared);
+}
+
+__global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, int vocab, const SampleParams* params,
+                                                          int32_t* out) {
+  __shared__ float shared[32];
+  __shared__ float best_v[32];
+  __shared__ int best_i[32];
+  __shared__ double scan[kThreads];
+  const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* l = logits + static_cast<int64_t>(row) * vocab;
+  const SampleParams p = params[row];
+
+  // Greedy (and the fallback): the largest logit, lowest index on ties.
+  float bv = -INFINITY;
+  int bi = vocab;
+  for (int i = threadIdx.x; i < vocab; i += kThreads) {
+    if (l[i] > bv) bv = l[i], bi = i;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+  }
+  if (lane == 0) best_v[warp] = bv, best_i[warp] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / 32; ++w) {
+      if (best_v[w] > best_v[0] || (best_v[w] == best_v[0] && best_i[w] < best_i[0])) best_v[0] = best_v[w], best_i[0] = best_i[w];
+    }
+  }
+  __syncthreads();
+  const int argmax = best_i[0] < vocab ? best_i[0] : 0;
+  if (p.temperature <= 0.0f || p.top_k == 1) {
+    if (threadIdx.x == 0) out[row] = argmax;
+    return;
+  }
+
+  const float inv_t = 1.0f / p.temperature;
+  const float smax = best_v[0] * inv_t;
+  float lo_min = INFINITY;
+  for (int i = threadIdx.x; i < vocab; i += kThreads) lo_min = fminf(lo_min, l[i] * inv_t);
+  lo_min = -BlockMax(-lo_min, shared);
+
+  // top-k: the largest threshold that keeps at least k logits.
+  float threshold = lo_min, mass, count;
+  if (p.top_k > 0 && p.top_k < vocab) {
+    float lo = lo_min, hi = smax;
+    for (int it = 0; it < kBisections; ++it) {
+      const float mid = 0.5f * (lo + hi);
+      MassAbove(l, vocab, inv_t, smax, mid, shared, &mass, &count);
+      if (count >= p.top_k) lo = mid; else hi = mid;
+    }
+    threshold = lo;
+  }
+  MassAbove(l, vocab, inv_t, smax, threshold, shared, &mass, &count);
+  // top-p: the largest threshold whose kept mass is still at least top_p of the top-k mass.
+  if (p.top_p < 1.0f) {
+    const float target = p.top_p * mass;
+    float lo = threshold, hi = smax, m_hi, c_hi;
+    MassAbove(l, vocab, inv_t, smax, hi, shared, &m_hi, &c_hi);
+    if (m_hi >= target) {
+      lo = hi;
+    } else {
+      for (int it = 0; it < kBisections; ++it) {
+        const float mid = 0.5f * (lo + hi);
+        MassAbove(l, vocab, inv_t, smax, mid, shared, &m_hi, &c_hi);
+        if (m_hi >= target) lo = mid; else hi = mid;
+      }
+    }
+    threshold = lo;
+    MassAbove(l, vocab, inv_t, smax, threshold, shared, &mass, &count);
+  }
+
+  // Inverse CDF in index order: each thread owns a contiguous chunk; an exclusive scan of the
+  // chunk sums finds the chunk holding u, whose owner walks it.
+  const int chunk = (vocab + kThreads - 1) / kThreads;
+  const int begin = threadIdx.x * chunk, end = min(vocab, begin + chunk);
+  double local = 0.0;
+  for (int i = begin; i < end; ++i) {
+    const float s = l[i] * inv_t;
+    if (s >= threshold) local += expf(s - smax);
+  }
+  scan[threadIdx.x] = local;
+  __shared__ double total_s;
+  __shared__ int chosen;
+  __syncthreads();
+  if (threadIdx.x == 0) {  // 1024 adds: cheap next to the bisections
+    double acc = 0.0;
+    for (int t = 0; t < kThreads; ++t) {
+      const double v = scan[t];
+      scan[t] = acc;
+      acc += v;
+    }
+    total_s = acc;
+    chosen = -1;
+  }
+  __syncthreads();
+  const double u = SampleUniform(p.seed, p.position) * total_s;
+  if (local > 0.0 && u >= scan[threadIdx.x] && u < scan[threadIdx.x] + local) {
+    double acc = scan[threadIdx.x];
+    int pick = -1;
+    for (int i = begin; i < end; ++i) {
+      const float s = l[i] * inv_t;
+      if (s < threshold) continue;
+      pick = i;  // rounding can leave u past the last kept element: keep that one
+      acc += expf(s - smax);
+      if (u < acc) break;
+    }
+    chosen = pick;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) out[row] = chosen >= 0 ? chosen : argmax;
+}
+
+}  // namespace
+
+absl::Status SampleRows(const float* logits, int rows, int vocab, const SampleParams* params, int32_t* out,
+                        cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  SampleKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, out);
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+}  // namespace tailserve::cuda

@@ -1,0 +1,24 @@
+#pragma once
+// Token sampling on the GPU, so only token ids come back: greedy, temperature, top-k, top-p, with
+// the same (seed, position) randomness as the CPU sampler. One CTA per row.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace tailserve::cuda {
+
+struct SampleParams {
+  float temperature = 0;  // <= 0: greedy
+  float top_p = 1;
+  int32_t top_k = 0;      // 0: all
+  int32_t unused = 0;
+  uint64_t seed = 0;
+  int64_t position = 0;   // index of the token being chosen within its sequence
+};
+
+absl::Status SampleRows(const float* logits, int rows, int vocab, const SampleParams* params, int32_t* out,
+                        cudaStream_t stream);
+
+}  // namespace tailserve::cuda
