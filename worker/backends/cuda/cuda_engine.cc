@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -41,16 +42,16 @@ struct CudaEngine::Buffers {
   PinnedMemory host_table;
 
   float* x = nullptr;               // residual stream, fp32 [max_rows, h]
-  __nv_bfloat16* xn = nullptr;      // normed, bf16 [max_rows, h]
+  __half* xn = nullptr;      // normed, fp16 [max_rows, h]
   float* qkv = nullptr;             // [max_rows, q + 2 kv]
-  __nv_bfloat16* attn = nullptr;    // [max_rows, q]
+  __half* attn = nullptr;    // [max_rows, q]
   float* gate_up = nullptr;         // [max_rows, 2 ffn]
-  __nv_bfloat16* act = nullptr;     // [max_rows, ffn]
+  __half* act = nullptr;     // [max_rows, ffn]
   float* attn_partial = nullptr;
   float* router_logits = nullptr;   // MoE [max_rows, experts]
   float* route_weights = nullptr;
   float* expert_out = nullptr;      // MoE [max_rows, h]
-  __nv_bfloat16* final_xn = nullptr;  // [logit_rows, h]
+  __half* final_xn = nullptr;  // [logit_rows, h]
   float* logits = nullptr;          // [logit_rows, vocab]
   void* cublas_workspace = nullptr;
   size_t cublas_workspace_bytes = 32 << 20;
@@ -92,6 +93,7 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
          .head_dim = static_cast<int32_t>(c.head_dim),
          .max_blocks_per_seq = (max_context_ + options_.block_size - 1) / options_.block_size, .dtype = options_.kv_dtype};
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, options_.device));
   absl::StatusOr<CudaStream> stream = MakeStream();
   if (!stream.ok()) return stream.status();
   stream_ = *std::move(stream);
@@ -109,17 +111,24 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
 
 namespace {
 
-// bf16 bytes of a checkpoint tensor (converted when the file holds fp16 or fp32).
-void ToBf16(const TensorInfo& t, std::vector<uint16_t>* out) {
+// fp16 bits of a checkpoint tensor. Matrices run as fp16 (not bf16): 3 more mantissa bits in the
+// activations that feed every GEMM keep the logits within 1e-2 of fp32 maths (bf16 activations
+// measured 1.1-1.5e-2 on the reference models); bf16 weights convert exactly unless they leave
+// fp16's range, which is refused rather than silently clamped.
+absl::Status ToHalf(const TensorInfo& t, std::vector<uint16_t>* out) {
   const size_t n = static_cast<size_t>(t.numel());
-  out->resize(n);
-  if (t.dtype == DType::kBF16) {
-    std::memcpy(out->data(), t.data, n * 2);
-    return;
-  }
   std::vector<float> f(n);
   ToFloat(t.dtype, t.data, n, f.data());
-  for (size_t i = 0; i < n; ++i) (*out)[i] = FloatToBf16(f[i]);
+  out->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (std::fabs(f[i]) > 65504.0f) {
+      return absl::OutOfRangeError(absl::StrCat(t.file, ": tensor ", t.name, " holds ", f[i],
+                                                ", outside the fp16 range the CUDA backend computes in"));
+    }
+    const __half h = __float2half_rn(f[i]);
+    std::memcpy(&(*out)[i], &h, 2);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -127,12 +136,13 @@ void ToBf16(const TensorInfo& t, std::vector<uint16_t>* out) {
 absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
   const ModelConfig& c = config_;
   const TensorStore& t = ckpt.tensors;
-  // One allocation holds every weight: matrices in bf16, norms and biases in fp32.
+  // One allocation holds every weight: matrices in fp16, norms and biases in fp32.
   size_t exact = static_cast<size_t>(c.head_dim) * 4 + 256;  // + the RoPE frequencies
   for (const TensorSpec& spec : ExpectedTensors(c)) {
     int64_t n = 1;
     for (int64_t d : spec.shape) n *= d;
-    exact += static_cast<size_t>(n) * (spec.shape.size() == 1 ? 4 : 2) + 256;
+    const bool fp32 = spec.shape.size() == 1 || spec.name.find("block_sparse_moe.gate.") != std::string::npos;
+    exact += static_cast<size_t>(n) * (fp32 ? 4 : 2) + 256;
   }
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(exact);
   if (!mem.ok()) return mem.status();
@@ -142,30 +152,33 @@ absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
 
   std::vector<uint16_t> host;
   std::vector<float> hostf;
-  // Copies tensors (concatenated along their first dimension) into one bf16 device matrix.
+  // Copies tensors (concatenated along their first dimension) into one fp16 device matrix.
   auto matrix = [&](std::vector<std::string> names, std::vector<std::vector<int64_t>> shapes,
-                    const __nv_bfloat16** out) -> absl::Status {
+                    const __half** out) -> absl::Status {
     int64_t total = 0;
     for (auto& s : shapes) total += s[0] * s[1];
-    auto* dst = arena.Take<__nv_bfloat16>(static_cast<size_t>(total));
+    auto* dst = arena.Take<__half>(static_cast<size_t>(total));
     int64_t at = 0;
     for (size_t i = 0; i < names.size(); ++i) {
       absl::StatusOr<const TensorInfo*> info = t.Get(names[i], shapes[i]);
       if (!info.ok()) return info.status();
-      ToBf16(**info, &host);
+      if (absl::Status s = ToHalf(**info, &host); !s.ok()) return s;
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst + at, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
       at += static_cast<int64_t>(host.size());
     }
     *out = dst;
     return absl::OkStatus();
   };
-  auto vector = [&](std::vector<std::string> names, std::vector<int64_t> sizes, const float** out) -> absl::Status {
+  // fp32 tensors (norms, biases, the MoE router), concatenated; `shape` when not one-dimensional.
+  auto vector = [&](std::vector<std::string> names, std::vector<int64_t> sizes, const float** out,
+                    std::vector<int64_t> shape = {}) -> absl::Status {
     int64_t total = 0;
     for (int64_t s : sizes) total += s;
     auto* dst = arena.Take<float>(static_cast<size_t>(total));
     int64_t at = 0;
     for (size_t i = 0; i < names.size(); ++i) {
-      if (absl::Status s = t.ReadFloat(names[i], std::vector<int64_t>{sizes[i]}, &hostf); !s.ok()) return s;
+      const std::vector<int64_t> want = shape.empty() ? std::vector<int64_t>{sizes[i]} : shape;
+      if (absl::Status s = t.ReadFloat(names[i], want, &hostf); !s.ok()) return s;
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst + at, hostf.data(), hostf.size() * 4, cudaMemcpyHostToDevice));
       at += sizes[i];
     }
@@ -199,7 +212,7 @@ absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
     TRY(matrix({n("self_attn.o_proj.weight")}, {{h, qd}}, &L.w_o));
     if (c.o_bias) TRY(vector({n("self_attn.o_proj.bias")}, {h}, &L.b_o));
     if (c.num_experts > 0) {
-      TRY(matrix({n("block_sparse_moe.gate.weight")}, {{c.num_experts, h}}, &L.w_router));
+      TRY(vector({n("block_sparse_moe.gate.weight")}, {c.num_experts * h}, &L.w_router, {c.num_experts, h}));
       L.expert_gate_up.resize(static_cast<size_t>(c.num_experts));
       L.expert_down.resize(static_cast<size_t>(c.num_experts));
       for (int64_t e = 0; e < c.num_experts; ++e) {
@@ -275,18 +288,18 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   if (!htab.ok()) return htab.status();
   b.host_table = *std::move(htab);
   b.x = a.Take<float>(R * h);
-  b.xn = a.Take<__nv_bfloat16>(R * h);
+  b.xn = a.Take<__half>(R * h);
   b.qkv = a.Take<float>(R * (qd + 2 * kvd));
-  b.attn = a.Take<__nv_bfloat16>(R * qd);
+  b.attn = a.Take<__half>(R * qd);
   b.gate_up = a.Take<float>(R * 2 * f);
-  b.act = a.Take<__nv_bfloat16>(R * f);
+  b.act = a.Take<__half>(R * f);
   b.attn_partial = a.Take<float>(cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)));
   if (c.num_experts) {
     b.router_logits = a.Take<float>(R * E);
     b.route_weights = a.Take<float>(R * E);
     b.expert_out = a.Take<float>(R * h);
   }
-  b.final_xn = a.Take<__nv_bfloat16>(L * h);
+  b.final_xn = a.Take<__half>(L * h);
   b.logits = a.Take<float>(L * c.vocab_size);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   if (!b.cublas_workspace) return absl::InternalError("cuda: workspace arena too small (a sizing bug)");
@@ -344,46 +357,99 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool sample) {
   const RowMeta meta{b.row_seq, b.pos, b.block_table};
   const cuda::AttentionShape shape{.rows = rows, .heads = static_cast<int>(c.num_heads), .q_stride = qkvw,
                                    .sliding_window = static_cast<int>(c.sliding_window),
-                                   .splits = options_.attention_splits,
+                                   .splits = SplitsFor(rows),
                                    .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
-#define TRY(expr)                                      \
-  do {                                                 \
-    if (absl::Status s_ = (expr); !s_.ok()) return s_; \
+  // Each op, then (when profiling) an event named after it.
+#define TRY(what, expr)                                                                          \
+  do {                                                                                           \
+    if (absl::Status s_ = (expr); !s_.ok()) return s_;                                           \
+    if (profile_ && profile_->names.size() < profile_->events.size()) {                          \
+      TAILSERVE_CUDA_RETURN_IF_ERROR(                                                            \
+          cudaEventRecordWithFlags(profile_->events[profile_->names.size()], s, cudaEventRecordExternal)); \
+      profile_->names.push_back(what);                                                           \
+    }                                                                                            \
   } while (0)
-  TRY(cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, s));
+  TRY("embed", cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, s));
   for (const Layer& L : layers_) {
-    TRY(cuda::RmsNormRows(b.x, nullptr, rows, h, L.attn_norm, eps, b.xn, s));
-    TRY(cuda::Gemm(cb, b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
-    TRY(cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv, inv_freq_, b.clamps, s));
-    TRY(cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s));
-    TRY(cuda::Gemm(cb, b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM
-    if (L.b_o) TRY(cuda::AddBias(b.x, rows, h, L.b_o, s));
-    TRY(cuda::RmsNormRows(b.x, nullptr, rows, h, L.mlp_norm, eps, b.xn, s));
+    TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, L.attn_norm, eps, b.xn, s));
+    TRY("gemm_qkv", cuda::Gemm(cb, b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
+    TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv, inv_freq_, b.clamps, s));
+    TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s));
+    TRY("gemm_o", cuda::Gemm(cb, b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM
+    if (L.b_o) TRY("bias", cuda::AddBias(b.x, rows, h, L.b_o, s));
+    TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, L.mlp_norm, eps, b.xn, s));
     if (c.num_experts == 0) {
-      TRY(cuda::Gemm(cb, b.xn, rows, h, L.w_gate_up, 2 * f, 0.0f, b.gate_up));
-      TRY(cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
-      TRY(cuda::Gemm(cb, b.act, rows, f, L.w_down, h, 1.0f, b.x));
+      TRY("gemm_gate_up", cuda::Gemm(cb, b.xn, rows, h, L.w_gate_up, 2 * f, 0.0f, b.gate_up));
+      TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
+      TRY("gemm_down", cuda::Gemm(cb, b.act, rows, f, L.w_down, h, 1.0f, b.x));
     } else {
       // Every expert runs over every row and rows it did not route to get weight 0: wasteful
       // (experts / top_k times the FLOPs) but shape-static, so it lives in the graph.
       const int E = static_cast<int>(c.num_experts);
-      TRY(cuda::Gemm(cb, b.xn, rows, h, L.w_router, E, 0.0f, b.router_logits));
-      TRY(cuda::MoeRoute(b.router_logits, rows, E, static_cast<int>(c.experts_per_token), b.route_weights, s));
+      TRY("moe_router", cuda::MoeRouterLogits(b.x, rows, h, L.mlp_norm, eps, L.w_router, E, b.router_logits, s));
+      TRY("moe_route", cuda::MoeRoute(b.router_logits, rows, E, static_cast<int>(c.experts_per_token), b.route_weights, s));
       for (int e = 0; e < E; ++e) {
-        TRY(cuda::Gemm(cb, b.xn, rows, h, L.expert_gate_up[e], 2 * f, 0.0f, b.gate_up));
-        TRY(cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
-        TRY(cuda::Gemm(cb, b.act, rows, f, L.expert_down[e], h, 0.0f, b.expert_out));
-        TRY(cuda::AddScaledRows(b.x, b.expert_out, b.route_weights + e, E, rows, h, s));
+        TRY("gemm_gate_up", cuda::Gemm(cb, b.xn, rows, h, L.expert_gate_up[e], 2 * f, 0.0f, b.gate_up));
+        TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
+        TRY("gemm_down", cuda::Gemm(cb, b.act, rows, f, L.expert_down[e], h, 0.0f, b.expert_out));
+        TRY("moe_combine", cuda::AddScaledRows(b.x, b.expert_out, b.route_weights + e, E, rows, h, s));
       }
     }
   }
   if (logit_rows > 0) {
-    TRY(cuda::RmsNormRows(b.x, b.logit_src, logit_rows, h, final_norm_, eps, b.final_xn, s));
-    TRY(cuda::Gemm(cb, b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits));
-    if (sample) TRY(cuda::SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params, b.out_tokens, s));
+    TRY("final_norm", cuda::RmsNormRows(b.x, b.logit_src, logit_rows, h, final_norm_, eps, b.final_xn, s));
+    TRY("lm_head", cuda::Gemm(cb, b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits));
+    if (sample) TRY("sample", cuda::SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params, b.out_tokens, s));
   }
 #undef TRY
   return absl::OkStatus();
+}
+
+int CudaEngine::SplitsFor(int rows) const {
+  // Aim for about four waves of CTAs (3 fit an SM at the attention kernel's register use): with
+  // fewer, a decode step's few long CTAs leave SMs idle (measured: batch 64 with one split per
+  // (row, KV head) ran at a fifth of this).
+  const int ctas = rows * kv_.kv_heads, target = 4 * 3 * sm_count_;
+  return std::clamp((target + ctas - 1) / ctas, 1, options_.attention_splits);
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaEngine::ProfileDecode(int rows) {
+  if (rows > max_bucket_) return absl::InvalidArgumentError("ProfileDecode: more rows than the largest bucket");
+  cudaStream_t s = stream_.get();
+  Profile profile;
+  profile.events.resize(64 + 8 * layers_.size() * (1 + 4 * std::max<size_t>(1, config_.num_experts)));
+  for (cudaEvent_t& e : profile.events) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+  auto destroy = [&] {
+    for (cudaEvent_t e : profile.events) cudaEventDestroy(e);
+  };
+  cudaGraph_t graph;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  // External records become graph nodes whose timestamps can be read after the replay.
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecordWithFlags(profile.events[0], s, cudaEventRecordExternal));
+  profile.names.push_back("start");
+  profile_ = &profile;
+  const absl::Status st = Forward(rows, rows, true);
+  profile_ = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(s, &graph);
+  if (!st.ok() || end != cudaSuccess) {
+    destroy();
+    return st.ok() ? absl::InternalError(cudaGetErrorString(end)) : st;
+  }
+  CudaGraph owned(graph);
+  cudaGraphExec_t exec;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+  CudaGraphExec owned_exec(exec);
+  for (int rep = 0; rep < 2; ++rep) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, s));  // the second is timed
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t i = 1; i < profile.names.size(); ++i) {
+    float ms = 0;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, profile.events[i - 1], profile.events[i]));
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == profile.names[i]; });
+    if (it == out.end()) out.emplace_back(profile.names[i], ms); else it->second += ms;
+  }
+  destroy();
+  return out;
 }
 
 absl::Status CudaEngine::CaptureGraphs() {

@@ -1,11 +1,11 @@
 #pragma once
-// The GPU backend: bf16 weights, a paged KV cache (FP8 E4M3 by default) and one CUDA graph replay
-// per decode step. Everything on the device is allocated once in Load(): weights, the KV block
+// The GPU backend: fp16 weights and activations (fp32 residual stream and accumulation), a paged
+// KV cache (FP8 E4M3 by default) and one CUDA graph replay per decode step. Everything on the device is allocated once in Load(): weights, the KV block
 // pool (sized from free memory), workspaces, and the graphs, captured for each batch-size bucket.
 // A step runs the prefill of new tokens eagerly in chunks (all but each sequence's last token),
 // then the last token of every sequence through the graph of the smallest bucket that fits;
 // sampling happens on the GPU and only token ids come back.
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <map>
 #include <memory>
@@ -55,6 +55,10 @@ class CudaEngine final : public Engine {
   std::optional<EngineStats> stats() const override;
   const ModelConfig& config() const { return config_; }
   const CudaEngineOptions& options() const { return options_; }
+  // The decode forward of `rows` rows (the inputs of the last step), captured with an event after
+  // every op and replayed as a graph: milliseconds per op kind, summed over layers, in the order
+  // first seen (the benchmark's breakdown; graph replay keeps launch gaps out of the numbers).
+  absl::StatusOr<std::vector<std::pair<std::string, double>>> ProfileDecode(int rows);
   // Device memory taken at start, by purpose (bytes).
   const std::map<std::string, size_t>& memory() const { return memory_; }
 
@@ -62,14 +66,14 @@ class CudaEngine final : public Engine {
   struct Layer {
     const float* attn_norm = nullptr;
     const float* mlp_norm = nullptr;
-    const __nv_bfloat16* w_qkv = nullptr;  // [q + 2 kv, h]
+    const __half* w_qkv = nullptr;  // [q + 2 kv, h]
     const float* b_qkv = nullptr;          // or null
-    const __nv_bfloat16* w_o = nullptr;    // [h, q]
+    const __half* w_o = nullptr;    // [h, q]
     const float* b_o = nullptr;
-    const __nv_bfloat16* w_gate_up = nullptr;  // [2 ffn, h] (dense) or per expert below
-    const __nv_bfloat16* w_down = nullptr;     // [h, ffn]
-    const __nv_bfloat16* w_router = nullptr;   // [experts, h]
-    std::vector<const __nv_bfloat16*> expert_gate_up, expert_down;
+    const __half* w_gate_up = nullptr;  // [2 ffn, h] (dense) or per expert below
+    const __half* w_down = nullptr;     // [h, ffn]
+    const float* w_router = nullptr;   // [experts, h], fp32 (see MoeRouterLogits)
+    std::vector<const __half*> expert_gate_up, expert_down;
     KvLayerView kv;
   };
   // Device buffers of one forward: step inputs (uploaded in one copy) and activations.
@@ -88,6 +92,8 @@ class CudaEngine final : public Engine {
   // Runs the layers over `rows` token rows whose inputs are already on the device; with
   // `logit_rows` > 0 also the final norm, LM head and sampling of that many rows.
   absl::Status Forward(int rows, int logit_rows, bool sample);
+  // Attention splits for a forward of `rows` rows: enough CTAs to fill the GPU, no more.
+  int SplitsFor(int rows) const;
   absl::Status EnsureBlocks(SeqState& s, int64_t positions);
   SeqState& StateFor(uint64_t id, absl::Status* error);
   absl::Status SyncBlockTable();
@@ -108,8 +114,8 @@ class CudaEngine final : public Engine {
   CublasHandle cublas_;
   DeviceMemory weight_memory_, kv_memory_, work_memory_;
   std::map<std::string, size_t> memory_;
-  const __nv_bfloat16* embed_ = nullptr;
-  const __nv_bfloat16* lm_head_ = nullptr;
+  const __half* embed_ = nullptr;
+  const __half* lm_head_ = nullptr;
   const float* final_norm_ = nullptr;
   const float* inv_freq_ = nullptr;
   std::vector<Layer> layers_;
@@ -124,6 +130,13 @@ class CudaEngine final : public Engine {
   std::vector<char> table_dirty_;
   std::unordered_map<uint64_t, SeqState> seqs_;
   int64_t graph_replays_ = 0;
+  int sm_count_ = 132;
+  // Set only inside ProfileDecode: Forward records the next event of `events` after each op.
+  struct Profile {
+    std::vector<cudaEvent_t> events;
+    std::vector<const char*> names;
+  };
+  Profile* profile_ = nullptr;
   int64_t clamps_ = 0;
 };
 

@@ -4,13 +4,13 @@
 
 namespace tailserve::cuda {
 
-absl::Status Gemm(cublasHandle_t handle, const __nv_bfloat16* x, int rows, int k, const __nv_bfloat16* w, int n,
+absl::Status Gemm(cublasHandle_t handle, const __half* x, int rows, int k, const __half* w, int n,
                   float beta, float* y) {
   if (rows == 0) return absl::OkStatus();
   const float alpha = 1.0f;
   // Column-major view: Yᵀ[n, rows] = W[n, k] (stored k-major, so op T) · Xᵀ[k, rows].
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha, w, CUDA_R_16BF, k,
-                                              x, CUDA_R_16BF, k, &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, rows, k, &alpha, w, CUDA_R_16F, k,
+                                              x, CUDA_R_16F, k, &beta, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
                                               CUBLAS_GEMM_DEFAULT));
   return absl::OkStatus();
 }

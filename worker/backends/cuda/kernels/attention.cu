@@ -1,5 +1,7 @@
 #include "worker/backends/cuda/kernels/attention.h"
 
+#include <type_traits>
+
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/common.cuh"
 #include "worker/backends/cuda/kernels/kv_codec.cuh"
@@ -8,67 +10,103 @@ namespace tailserve::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kTile = 128;       // keys scored per pass (one per thread)
-constexpr int kMaxGroup = 16;    // query heads per KV head
+constexpr int kTile = 128;      // keys per softmax pass
+constexpr int kMaxGroup = 8;    // query heads per KV head
 constexpr int kMaxHeadDim = 256;
-constexpr int kMaxPairs = kMaxGroup * kMaxHeadDim / kThreads;  // (group, dim) outputs per thread
+constexpr int kInFlight = 4;    // 16-byte loads each thread issues before using any
 
-template <KvDtype D>
+// Threads cooperate on each cache row 16 bytes at a time: a key's head_dim elements are spread
+// over `tpk` threads (chunk c holds elements [c·epv, (c+1)·epv)), so every load is a coalesced
+// 16-byte vector and a warp covers 32 / tpk keys at once. Both phases (scores Q·K, then P·V) use
+// this layout, and each thread keeps kInFlight loads outstanding before it computes.
+// G: query heads per KV head, a template parameter so the per-head arrays stay in registers sized
+// to the model (a fixed maximum spilled and halved occupancy).
+template <KvDtype D, int G>
 __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q, AttentionShape shape, RowMeta meta,
                                                                  KvGeometry g, KvLayerView layer, float* partial) {
   using Codec = KvCodec<D>;
   using Storage = typename Codec::Storage;
+  constexpr int epv = 16 / sizeof(Storage);  // elements per 16-byte vector
+  constexpr int group = G;
   const int row = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
-  const int hd = g.head_dim, group = shape.heads / g.kv_heads, kvh = g.kv_heads;
+  const int hd = g.head_dim, kvh = g.kv_heads;
+  const int tpk = hd / epv, kpp = kThreads / tpk;  // threads per key, keys per pass
+  const int c = threadIdx.x % tpk, kl = threadIdx.x / tpk;
   const int pos = meta.pos[row];
   const int lo = shape.sliding_window > 0 ? max(0, pos - shape.sliding_window + 1) : 0;
   const int n = pos + 1 - lo;
   // Split the row's key range evenly, in multiples of 32 keys.
   const int chunk = ((n + shape.splits - 1) / shape.splits + 31) & ~31;
   const int begin = lo + split * chunk, end = min(pos + 1, begin + chunk);
-  const int pairs = group * hd;
-  float* out = partial + ((static_cast<int64_t>(row) * shape.heads + kv_head * group) * shape.splits + split) * (hd + 2);
   // Partial layout per (row, head, split): acc[hd], max, sum.
+  float* out = partial + ((static_cast<int64_t>(row) * shape.heads + kv_head * group) * shape.splits + split) * (hd + 2);
   auto out_at = [&](int gi) { return out + static_cast<int64_t>(gi) * shape.splits * (hd + 2); };
   if (begin >= end) {
-    for (int i = threadIdx.x; i < pairs; i += kThreads) out_at(i / hd)[i % hd] = 0.0f;
+    for (int i = threadIdx.x; i < group * hd; i += kThreads) out_at(i / hd)[i % hd] = 0.0f;
     if (threadIdx.x < group) out_at(threadIdx.x)[hd] = -INFINITY, out_at(threadIdx.x)[hd + 1] = 0.0f;
     return;
   }
 
-  __shared__ float q_s[kMaxGroup * kMaxHeadDim];
-  __shared__ float p_s[kMaxGroup][kTile];
-  __shared__ float m_s[kMaxGroup], l_s[kMaxGroup], corr_s[kMaxGroup];
+  __shared__ float q_s[G * kMaxHeadDim];
+  __shared__ float p_s[G][kTile];
+  __shared__ int64_t slot_s[kTile];
+  __shared__ float kscale_s[kTile], vscale_s[kTile];
+  __shared__ float m_s[G], l_s[G], corr_s[G];
   const float* qrow = q + static_cast<int64_t>(row) * shape.q_stride + kv_head * group * hd;
-  for (int i = threadIdx.x; i < pairs; i += kThreads) q_s[i] = qrow[i] * shape.scale;
+  for (int i = threadIdx.x; i < group * hd; i += kThreads) q_s[i] = qrow[i] * shape.scale;
   if (threadIdx.x < group) m_s[threadIdx.x] = -INFINITY, l_s[threadIdx.x] = 0.0f;
-  float acc[kMaxPairs];
-#pragma unroll
-  for (int j = 0; j < kMaxPairs; ++j) acc[j] = 0.0f;
   const int32_t* blocks = meta.block_table + static_cast<int64_t>(meta.seq[row]) * g.max_blocks_per_seq;
-  auto slot_of = [&](int p) { return static_cast<int64_t>(blocks[p / g.block_size]) * g.block_size + p % g.block_size; };
-  __syncthreads();
+  const Storage* kbase = static_cast<const Storage*>(layer.k) + kv_head * hd + c * epv;
+  const Storage* vbase = static_cast<const Storage*>(layer.v) + kv_head * hd + c * epv;
+  const int64_t row_stride = static_cast<int64_t>(kvh) * hd;  // elements between cache slots
+  float acc[G][epv];
+#pragma unroll
+  for (int gi = 0; gi < G; ++gi) {
+#pragma unroll
+    for (int e = 0; e < epv; ++e) acc[gi][e] = 0.0f;
+  }
 
   for (int t0 = begin; t0 < end; t0 += kTile) {
     const int tn = min(kTile, end - t0);
-    // Scores: thread i scores key t0 + i against every query head of the group.
-    if (threadIdx.x < tn) {
-      const int64_t slot = slot_of(t0 + threadIdx.x);
-      const Storage* k = static_cast<const Storage*>(layer.k) + (slot * kvh + kv_head) * hd;
-      const float ks = Codec::kScaled ? layer.k_scale[slot * kvh + kv_head] : 1.0f;
-      float dot[kMaxGroup];
+    __syncthreads();  // the previous tile's p_s / slot_s are consumed
+    for (int j = threadIdx.x; j < tn; j += kThreads) {
+      const int p = t0 + j;
+      const int64_t slot = static_cast<int64_t>(blocks[p / g.block_size]) * g.block_size + p % g.block_size;
+      slot_s[j] = slot;
+      kscale_s[j] = Codec::kScaled ? layer.k_scale[slot * kvh + kv_head] : 1.0f;
+      vscale_s[j] = Codec::kScaled ? layer.v_scale[slot * kvh + kv_head] : 1.0f;
+    }
+    __syncthreads();
+    // Scores.
+    for (int j0 = 0; j0 < tn; j0 += kpp * kInFlight) {
+      uint4 raw[kInFlight];
 #pragma unroll
-      for (int gi = 0; gi < kMaxGroup; ++gi) dot[gi] = 0.0f;
-      for (int d = 0; d < hd; ++d) {
-        const float kd = Codec::Decode(k[d]);
-#pragma unroll
-        for (int gi = 0; gi < kMaxGroup; ++gi) {
-          if (gi < group) dot[gi] += kd * q_s[gi * hd + d];
-        }
+      for (int u = 0; u < kInFlight; ++u) {
+        const int j = j0 + u * kpp + kl;
+        if (j < tn) raw[u] = *reinterpret_cast<const uint4*>(kbase + slot_s[j] * row_stride);
       }
 #pragma unroll
-      for (int gi = 0; gi < kMaxGroup; ++gi) {
-        if (gi < group) p_s[gi][threadIdx.x] = dot[gi] * ks;
+      for (int u = 0; u < kInFlight; ++u) {
+        const int j = j0 + u * kpp + kl;
+        const Storage* e = reinterpret_cast<const Storage*>(&raw[u]);
+        float dot[G];
+#pragma unroll
+        for (int gi = 0; gi < G; ++gi) {
+          dot[gi] = 0.0f;
+          if (j < tn) {
+#pragma unroll
+            for (int x = 0; x < epv; ++x) dot[gi] += Codec::Decode(e[x]) * q_s[gi * hd + c * epv + x];
+          }
+        }
+        // Sum the key's tpk partial dots (consecutive lanes of one warp).
+#pragma unroll
+        for (int gi = 0; gi < G; ++gi) {
+          for (int o = tpk / 2; o > 0; o >>= 1) dot[gi] += __shfl_xor_sync(0xffffffffu, dot[gi], o);
+        }
+        if (c == 0 && j < tn) {
+#pragma unroll
+          for (int gi = 0; gi < G; ++gi) p_s[gi][j] = dot[gi] * kscale_s[j];
+        }
       }
     }
     __syncthreads();
@@ -82,8 +120,8 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
       float tsum = 0.0f;
       for (int j = lane; j < tn; j += 32) {
         const float e = expf(p_s[gi][j] - m_new);
-        p_s[gi][j] = e;
         tsum += e;
+        p_s[gi][j] = e * vscale_s[j];  // the V scale folds into the weight
       }
       tsum = WarpSum(tsum);
       if (lane == 0) {
@@ -94,34 +132,63 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
       }
     }
     __syncthreads();
-    // Values: thread owns outputs (gi, d) = i, i + 128, ...; V rows are read coalesced.
 #pragma unroll
-    for (int j = 0; j < kMaxPairs; ++j) {
-      const int i = threadIdx.x + j * kThreads;
-      if (i >= pairs) break;
-      const int gi = i / hd, d = i % hd;
-      float a = acc[j] * corr_s[gi];
-      for (int t = 0; t < tn; ++t) {
-        const int64_t slot = slot_of(t0 + t);
-        const Storage* v = static_cast<const Storage*>(layer.v) + (slot * kvh + kv_head) * hd;
-        const float vs = Codec::kScaled ? layer.v_scale[slot * kvh + kv_head] : 1.0f;
-        a += p_s[gi][t] * Codec::Decode(v[d]) * vs;
+    for (int gi = 0; gi < G; ++gi) {
+#pragma unroll
+      for (int e = 0; e < epv; ++e) acc[gi][e] *= corr_s[gi];
+    }
+    // Values: thread (kl, c) adds keys kl, kl + kpp, ... for its chunk of dimensions.
+    for (int j0 = 0; j0 < tn; j0 += kpp * kInFlight) {
+      uint4 raw[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int j = j0 + u * kpp + kl;
+        if (j < tn) raw[u] = *reinterpret_cast<const uint4*>(vbase + slot_s[j] * row_stride);
       }
-      acc[j] = a;
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int j = j0 + u * kpp + kl;
+        if (j >= tn) continue;
+        const Storage* e = reinterpret_cast<const Storage*>(&raw[u]);
+#pragma unroll
+        for (int x = 0; x < epv; ++x) {
+          const float vd = Codec::Decode(e[x]);
+#pragma unroll
+          for (int gi = 0; gi < G; ++gi) acc[gi][x] += p_s[gi][j] * vd;
+        }
+      }
+    }
+  }
+  // Sum over the key lanes: first within each warp (lanes c, c + tpk, ...), then the 4 warps
+  // through shared memory (reusing q_s, which holds group * head_dim floats).
+#pragma unroll
+  for (int gi = 0; gi < G; ++gi) {
+#pragma unroll
+    for (int e = 0; e < epv; ++e) {
+      for (int o = tpk; o < 32; o <<= 1) acc[gi][e] += __shfl_xor_sync(0xffffffffu, acc[gi][e], o);
+    }
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    if (warp == w && lane < tpk) {
+#pragma unroll
+      for (int gi = 0; gi < G; ++gi) {
+#pragma unroll
+        for (int e = 0; e < epv; ++e) {
+          float& r = q_s[gi * hd + c * epv + e];
+          r = (w == 0 ? 0.0f : r) + acc[gi][e];
+        }
+      }
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int j = 0; j < kMaxPairs; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    if (i >= pairs) break;
-    out_at(i / hd)[i % hd] = acc[j];
-  }
+  for (int i = threadIdx.x; i < group * hd; i += kThreads) out_at(i / hd)[i % hd] = q_s[i];
   if (threadIdx.x < group) out_at(threadIdx.x)[hd] = m_s[threadIdx.x], out_at(threadIdx.x)[hd + 1] = l_s[threadIdx.x];
 }
 
 // Merges the splits of one (row, head): out = Σ acc_s e^(m_s − M) / Σ l_s e^(m_s − M).
-__global__ void AttentionCombineKernel(const float* partial, int heads, int splits, int hd, __nv_bfloat16* out) {
+__global__ void AttentionCombineKernel(const float* partial, int heads, int splits, int hd, __half* out) {
   const int row = blockIdx.x, head = blockIdx.y;
   const float* p = partial + (static_cast<int64_t>(row) * heads + head) * splits * (hd + 2);
   float m = -INFINITY;
@@ -137,7 +204,7 @@ __global__ void AttentionCombineKernel(const float* partial, int heads, int spli
       const float ms = p[s * (hd + 2) + hd];
       if (ms != -INFINITY) a += p[s * (hd + 2) + d] * expf(ms - m);
     }
-    out[(static_cast<int64_t>(row) * heads + head) * hd + d] = __float2bfloat16(a / l);
+    out[(static_cast<int64_t>(row) * heads + head) * hd + d] = __float2half(a / l);
   }
 }
 
@@ -148,23 +215,32 @@ size_t AttentionWorkspaceFloats(const AttentionShape& s, int head_dim) {
 }
 
 absl::Status PagedAttention(const float* q, const AttentionShape& shape, const RowMeta& meta, const KvGeometry& g,
-                            const KvLayerView& layer, float* workspace, __nv_bfloat16* out, cudaStream_t stream) {
+                            const KvLayerView& layer, float* workspace, __half* out, cudaStream_t stream) {
   const int group = shape.heads / g.kv_heads;
-  if (group > kMaxGroup || g.head_dim > kMaxHeadDim || group * g.head_dim > kMaxPairs * kThreads) {
-    return absl::InvalidArgumentError("PagedAttention: at most 16 query heads per KV head and head_dim 256");
+  const int epv = 16 / static_cast<int>(KvElementBytes(g.dtype));
+  const int tpk = g.head_dim / epv;
+  if (group > kMaxGroup || g.head_dim > kMaxHeadDim || g.head_dim % epv != 0 || tpk > 32 || (tpk & (tpk - 1))) {
+    return absl::InvalidArgumentError("PagedAttention: at most 8 query heads per KV head; head_dim a power-of-two multiple of 16 bytes, up to 256");
   }
   if (shape.rows == 0) return absl::OkStatus();
   const dim3 grid(shape.rows, g.kv_heads, shape.splits);
+  auto launch = [&](auto dtype_tag) {
+    constexpr KvDtype D = decltype(dtype_tag)::value;
+    switch (group) {
+      case 1: AttentionSplitKernel<D, 1><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 2: AttentionSplitKernel<D, 2><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 3: AttentionSplitKernel<D, 3><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 4: AttentionSplitKernel<D, 4><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 5: AttentionSplitKernel<D, 5><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 6: AttentionSplitKernel<D, 6><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 7: AttentionSplitKernel<D, 7><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      default: AttentionSplitKernel<D, 8><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+    }
+  };
   switch (g.dtype) {
-    case KvDtype::kFp8E4M3:
-      AttentionSplitKernel<KvDtype::kFp8E4M3><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace);
-      break;
-    case KvDtype::kFp8E5M2:
-      AttentionSplitKernel<KvDtype::kFp8E5M2><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace);
-      break;
-    case KvDtype::kFp16:
-      AttentionSplitKernel<KvDtype::kFp16><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace);
-      break;
+    case KvDtype::kFp8E4M3: launch(std::integral_constant<KvDtype, KvDtype::kFp8E4M3>{}); break;
+    case KvDtype::kFp8E5M2: launch(std::integral_constant<KvDtype, KvDtype::kFp8E5M2>{}); break;
+    case KvDtype::kFp16: launch(std::integral_constant<KvDtype, KvDtype::kFp16>{}); break;
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   AttentionCombineKernel<<<dim3(shape.rows, shape.heads), 128, 0, stream>>>(workspace, shape.heads, shape.splits,

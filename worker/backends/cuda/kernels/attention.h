@@ -4,7 +4,7 @@
 // GQA-aware: one CTA serves all query heads of a KV head, so each K/V element is read once per
 // row and group. The key range is split across `splits` CTAs (long contexts fill the GPU even at
 // batch 1) and the partial softmaxes are merged by a second kernel.
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
@@ -24,8 +24,8 @@ struct AttentionShape {
 // Floats of workspace the partial results need.
 size_t AttentionWorkspaceFloats(const AttentionShape& shape, int head_dim);
 
-// q: fp32 rows (q heads first in each row, as RopeWriteKv leaves them); out: bf16 [rows, heads * head_dim].
+// q: fp32 rows (q heads first in each row, as RopeWriteKv leaves them); out: fp16 [rows, heads * head_dim].
 absl::Status PagedAttention(const float* q, const AttentionShape& shape, const RowMeta& meta, const KvGeometry& geometry,
-                            const KvLayerView& layer, float* workspace, __nv_bfloat16* out, cudaStream_t stream);
+                            const KvLayerView& layer, float* workspace, __half* out, cudaStream_t stream);
 
 }  // namespace tailserve::cuda

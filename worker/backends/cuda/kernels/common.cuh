@@ -1,6 +1,6 @@
 #pragma once
 // Device helpers shared by the kernels: warp and block reductions.
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 namespace tailserve::cuda {
 

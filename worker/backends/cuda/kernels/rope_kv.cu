@@ -74,8 +74,10 @@ __global__ void RopeWriteKvKernel(float* qkv, const float* bias, int heads, RowM
       const int i = lane + 32 * j;
       if (i >= half) continue;
       float a = lo[j] * inv_scale, c = hi[j] * inv_scale;
-      clamped += ClampFinite(&a, Codec::kMax);
-      clamped += ClampFinite(&c, Codec::kMax);
+      // With a per-head scale a finite value can pass kMax only by rounding: clamp it, but count
+      // only what really did not fit (non-finite input, or beyond fp16's range).
+      clamped += ClampFinite(&a, Codec::kMax) && !(Codec::kScaled && isfinite(lo[j]));
+      clamped += ClampFinite(&c, Codec::kMax) && !(Codec::kScaled && isfinite(hi[j]));
       dst[i] = Codec::Encode(a);
       dst[i + half] = Codec::Encode(c);
     }

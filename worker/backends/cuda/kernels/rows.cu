@@ -6,15 +6,15 @@
 namespace tailserve::cuda {
 namespace {
 
-__global__ void EmbedKernel(const __nv_bfloat16* table, const int32_t* tokens, int hidden, float* x) {
+__global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidden, float* x) {
   const int r = blockIdx.x;
-  const __nv_bfloat16* src = table + static_cast<int64_t>(tokens[r]) * hidden;
+  const __half* src = table + static_cast<int64_t>(tokens[r]) * hidden;
   float* dst = x + static_cast<int64_t>(r) * hidden;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = __bfloat162float(src[i]);
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = __half2float(src[i]);
 }
 
 __global__ void RmsNormKernel(const float* x, const int32_t* src, int hidden, const float* w, float eps,
-                              __nv_bfloat16* out) {
+                              __half* out) {
   __shared__ float shared[32];
   const int r = blockIdx.x;
   const float* xr = x + static_cast<int64_t>(src ? src[r] : r) * hidden;
@@ -22,16 +22,16 @@ __global__ void RmsNormKernel(const float* x, const int32_t* src, int hidden, co
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) sum += xr[i] * xr[i];
   sum = BlockSum(sum, shared);
   const float inv = rsqrtf(sum / hidden + eps);
-  __nv_bfloat16* o = out + static_cast<int64_t>(r) * hidden;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = __float2bfloat16(w[i] * (xr[i] * inv));
+  __half* o = out + static_cast<int64_t>(r) * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = __float2half(w[i] * (xr[i] * inv));
 }
 
-__global__ void SwiGluKernel(const float* gate_up, int64_t total, int ffn, __nv_bfloat16* out) {
+__global__ void SwiGluKernel(const float* gate_up, int64_t total, int ffn, __half* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / ffn, f = i % ffn;
     const float g = gate_up[r * 2 * ffn + f], u = gate_up[r * 2 * ffn + ffn + f];
-    out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * u);
+    out[i] = __float2half(g / (1.0f + expf(-g)) * u);
   }
 }
 
@@ -47,6 +47,23 @@ __global__ void AddScaledRowsKernel(float* x, const float* y, const float* weigh
   const float w = weights[static_cast<int64_t>(r) * weight_stride];
   if (w == 0.0f) return;
   for (int i = threadIdx.x; i < n; i += blockDim.x) x[static_cast<int64_t>(r) * n + i] += w * y[static_cast<int64_t>(r) * n + i];
+}
+
+__global__ void MoeRouterLogitsKernel(const float* x, int hidden, const float* w, float eps, const float* router,
+                                      int experts, float* logits) {
+  __shared__ float shared[32];
+  const int r = blockIdx.x;
+  const float* xr = x + static_cast<int64_t>(r) * hidden;
+  float sum = 0;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) sum += xr[i] * xr[i];
+  const float inv = rsqrtf(BlockSum(sum, shared) / hidden + eps);
+  for (int e = 0; e < experts; ++e) {
+    const float* we = router + static_cast<int64_t>(e) * hidden;
+    float dot = 0;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) dot += w[i] * (xr[i] * inv) * we[i];
+    dot = BlockSum(dot, shared);
+    if (threadIdx.x == 0) logits[static_cast<int64_t>(r) * experts + e] = dot;
+  }
 }
 
 // One thread per row: expert counts are small (8 for Mixtral; at most 64).
@@ -78,7 +95,7 @@ int GridFor(int64_t total, int threads) {
 
 }  // namespace
 
-absl::Status EmbedRows(const __nv_bfloat16* table, const int32_t* tokens, int rows, int hidden, float* x,
+absl::Status EmbedRows(const __half* table, const int32_t* tokens, int rows, int hidden, float* x,
                        cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
   EmbedKernel<<<rows, 256, 0, stream>>>(table, tokens, hidden, x);
@@ -87,14 +104,14 @@ absl::Status EmbedRows(const __nv_bfloat16* table, const int32_t* tokens, int ro
 }
 
 absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidden, const float* weight, float eps,
-                         __nv_bfloat16* out, cudaStream_t stream) {
+                         __half* out, cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
   RmsNormKernel<<<rows, 256, 0, stream>>>(x, src, hidden, weight, eps, out);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 
-absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __nv_bfloat16* out, cudaStream_t stream) {
+absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(rows) * ffn;
   if (total == 0) return absl::OkStatus();
   SwiGluKernel<<<GridFor(total, 256), 256, 0, stream>>>(gate_up, total, ffn, out);
@@ -114,6 +131,14 @@ absl::Status AddScaledRows(float* x, const float* y, const float* weights, int w
                            cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
   AddScaledRowsKernel<<<rows, 256, 0, stream>>>(x, y, weights, weight_stride, n);
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+absl::Status MoeRouterLogits(const float* x, int rows, int hidden, const float* norm_weight, float eps,
+                             const float* router, int experts, float* logits, cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  MoeRouterLogitsKernel<<<rows, 256, 0, stream>>>(x, hidden, norm_weight, eps, router, experts, logits);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -2,7 +2,7 @@
 // Per-row elementwise ops of a transformer step: embedding gather, RMSNorm, SwiGLU, bias add and
 // the weighted row add that combines MoE experts. Launchers take device pointers, sizes and a
 // stream; they never allocate or synchronise.
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -12,15 +12,15 @@
 namespace tailserve::cuda {
 
 // x[r, :] = float(table[tokens[r], :]).
-absl::Status EmbedRows(const __nv_bfloat16* table, const int32_t* tokens, int rows, int hidden, float* x,
+absl::Status EmbedRows(const __half* table, const int32_t* tokens, int rows, int hidden, float* x,
                        cudaStream_t stream);
 
-// out[r, :] = bf16(x[src[r], :] / rms(x[src[r], :]) * weight); src == nullptr means src[r] = r.
+// out[r, :] = fp16(x[src[r], :] / rms(x[src[r], :]) * weight); src == nullptr means src[r] = r.
 absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidden, const float* weight, float eps,
-                         __nv_bfloat16* out, cudaStream_t stream);
+                         __half* out, cudaStream_t stream);
 
-// out[r, f] = bf16(silu(gate_up[r, f]) * gate_up[r, ffn + f]).
-absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __nv_bfloat16* out, cudaStream_t stream);
+// out[r, f] = fp16(silu(gate_up[r, f]) * gate_up[r, ffn + f]).
+absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream);
 
 // x[r, :] += bias.
 absl::Status AddBias(float* x, int rows, int n, const float* bias, cudaStream_t stream);
@@ -28,6 +28,12 @@ absl::Status AddBias(float* x, int rows, int n, const float* bias, cudaStream_t 
 // x[r, :] += weights[r * weight_stride] * y[r, :] (a row whose weight is 0 is left alone).
 absl::Status AddScaledRows(float* x, const float* y, const float* weights, int weight_stride, int rows, int n,
                            cudaStream_t stream);
+
+// MoE router logits in fp32 from the fp32 residual: logits[r, e] = rmsnorm(x[r]) · router[e]. Kept
+// out of fp16 because top-k routing is discontinuous: a near-tie between two experts must break the
+// way fp32 maths (and transformers) breaks it.
+absl::Status MoeRouterLogits(const float* x, int rows, int hidden, const float* norm_weight, float eps,
+                             const float* router, int experts, float* logits, cudaStream_t stream);
 
 // Mixtral routing: per row, softmax over `experts` logits, keep the top k, renormalise them to sum
 // to one; weights[r, e] is that weight, 0 for experts not chosen.

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device run (see ../shared/gpu/README.md): GPU tests, kernel tests under compute-sanitizer,
+# then the decode/prefill benchmark on synthetic Llama-3.2-1B and Llama-3.1-8B checkpoints.
+# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|soak]
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+R=.gpu/run
+export TAILSERVE_SHARED_DIR=$PWD/.gpu/data
+MODE=${1:-check}
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
+if [ "$MODE" = check ]; then
+  echo "== GPU tests"
+  $R tailserve_cuda_tests > "$OUT/cuda_tests.log" 2>&1
+  echo "exit code $?"
+  grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|worst rel|PASSED|FAILED TEST" "$OUT/cuda_tests.log" | head -60
+  echo "== compute-sanitizer (memcheck) on the kernel tests"
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [ -x "$CS" ]; then
+    $R "$CS" --tool memcheck --leak-check full --error-exitcode 9 .gpu/bin/tailserve_cuda_tests \
+      --gtest_filter='CudaKernelTest.*:Dtypes/*:CudaEngineBatchTest.*' > "$OUT/sanitizer.log" 2>&1
+    echo "memcheck exit code $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/sanitizer.log") clean summaries)"; tail -3 "$OUT/sanitizer.log"
+  else
+    echo "compute-sanitizer not found"
+  fi
+fi
+echo "== checkpoints"
+mkdir -p /tmp/ckpt
+( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
+( time $R tailserve-make-checkpoint --preset llama-3.1-8b --vocab 128256 --out /tmp/ckpt/l8b ) 2>&1 | tail -4
+if [ "$MODE" = check ] || [ "$MODE" = bench ]; then
+  echo "== bench 1B"
+  $R tailserve-bench-cuda --model /tmp/ckpt/l1b --batches 1,16,64 --prefills 512,2048 2>&1 | tee "$OUT/bench_1b.md"
+  echo "== bench 8B"
+  $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --prefills 512,2048 2>&1 | tee "$OUT/bench_8b.md"
+else
+  echo "== soak 8B batch 64, 180 s"
+  $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 64 --prefills 512 --steps 20 --soak-seconds 180 2>&1 | tee "$OUT/soak_8b.md"
+fi
