@@ -15,6 +15,7 @@
 #include "worker/backends/cuda/cuda_engine.h"
 #include "worker/backends/cuda/device_info.h"
 #include "worker/backends/cuda/kernels/attention.h"
+#include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
 #include "worker/backends/cuda/kernels/sampling.h"
@@ -90,6 +91,35 @@ TEST(CudaKernelTest, RmsNormMatchesCpuOnOddSizes) {
         for (int i = 0; i < hidden; ++i) want[r * hidden + i] = float(w[i] * x[r * hidden + i] * inv);
       }
       EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << "rows " << rows << " hidden " << hidden << " seed " << seed;
+    }
+  }
+}
+
+TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
+  REQUIRE_GPU();
+  const unsigned seed = 77;
+  std::mt19937 rng(seed);
+  for (int rows : {1, 3, 8}) {
+    for (int k : {200, 4096}) {
+      for (float beta : {0.0f, 1.0f}) {
+        const int n = 77;
+        auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * k, rng, 0.05f), y0 = Random(size_t(rows) * n, rng);
+        std::vector<__half> xh(xf.size()), wh(wf.size());
+        for (size_t i = 0; i < xf.size(); ++i) xh[i] = __float2half(xf[i]), xf[i] = __half2float(xh[i]);
+        for (size_t i = 0; i < wf.size(); ++i) wh[i] = __float2half(wf[i]), wf[i] = __half2float(wh[i]);
+        Dev<__half> dx(xh), dw(wh);
+        Dev<float> dy(y0);
+        ASSERT_TRUE(cuda::Gemv(dx.p, rows, k, dw.p, n, beta, dy.p, nullptr).ok());
+        std::vector<float> want(y0.size());
+        for (int r = 0; r < rows; ++r) {
+          for (int c = 0; c < n; ++c) {
+            double d = 0;
+            for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[size_t(c) * k + i];
+            want[size_t(r) * n + c] = float(d + beta * y0[size_t(r) * n + c]);
+          }
+        }
+        EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "rows " << rows << " k " << k << " beta " << beta << " seed " << seed;
+      }
     }
   }
 }

@@ -9,6 +9,7 @@
 
 namespace tailserve::cuda {
 
+// Up to kGemvMaxRows rows (decode) go to the streaming Gemv kernel on `stream` (cuBLAS's stream).
 absl::Status Gemm(cublasHandle_t handle, const __half* x, int rows, int k, const __half* w, int n,
                   float beta, float* y);
 

@@ -1,5 +1,7 @@
 #include "worker/backends/cuda/kernels/rope_kv.h"
 
+#include <algorithm>
+
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/common.cuh"
 #include "worker/backends/cuda/kernels/kv_codec.cuh"
@@ -102,15 +104,17 @@ absl::Status RopeWriteKv(float* qkv, const float* bias, int rows, int heads, con
     return absl::InvalidArgumentError("RopeWriteKv: head_dim must be even and at most 256");
   }
   if (rows == 0) return absl::OkStatus();
+  // A warp per head, all heads of a row at once (up to 32 warps).
+  const int threads = std::min(1024, 32 * (heads + 2 * g.kv_heads));
   switch (g.dtype) {
     case KvDtype::kFp8E4M3:
-      RopeWriteKvKernel<KvDtype::kFp8E4M3><<<rows, 256, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
+      RopeWriteKvKernel<KvDtype::kFp8E4M3><<<rows, threads, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
       break;
     case KvDtype::kFp8E5M2:
-      RopeWriteKvKernel<KvDtype::kFp8E5M2><<<rows, 256, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
+      RopeWriteKvKernel<KvDtype::kFp8E5M2><<<rows, threads, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
       break;
     case KvDtype::kFp16:
-      RopeWriteKvKernel<KvDtype::kFp16><<<rows, 256, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
+      RopeWriteKvKernel<KvDtype::kFp16><<<rows, threads, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
       break;
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();

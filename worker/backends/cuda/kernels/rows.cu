@@ -1,5 +1,7 @@
 #include "worker/backends/cuda/kernels/rows.h"
 
+#include <algorithm>
+
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/common.cuh"
 
@@ -106,7 +108,10 @@ absl::Status EmbedRows(const __half* table, const int32_t* tokens, int rows, int
 absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidden, const float* weight, float eps,
                          __half* out, cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
-  RmsNormKernel<<<rows, 256, 0, stream>>>(x, src, hidden, weight, eps, out);
+  // Enough threads that each handles a few elements: a short dependency chain per row, since at
+  // decode there are only a few rows (blocks).
+  const int threads = std::clamp((hidden / 4 + 31) / 32 * 32, 32, 1024);
+  RmsNormKernel<<<rows, threads, 0, stream>>>(x, src, hidden, weight, eps, out);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
