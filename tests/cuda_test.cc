@@ -466,6 +466,12 @@ TEST(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   for (int i = 0; i < 19; ++i) EXPECT_EQ(run({i}, 5000)[0], together[i]) << "sequence " << i;
   const auto st = (*engine)->stats();
   EXPECT_EQ(st->kv_blocks_free, st->kv_blocks_total);  // everything released
+  // Admission reserves whole sequences: what does not fit is refused, a release gives room back.
+  EXPECT_EQ((*engine)->Reserve(1, (st->kv_blocks_total + 1) * 16).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE((*engine)->Reserve(2, 100).ok());
+  EXPECT_EQ((*engine)->stats()->kv_blocks_free, st->kv_blocks_total - 7);  // ceil(100 / 16)
+  (*engine)->Release(2);
+  EXPECT_EQ((*engine)->stats()->kv_blocks_free, st->kv_blocks_total);
 }
 
 }  // namespace

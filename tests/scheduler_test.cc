@@ -231,9 +231,22 @@ class ModelLikeEngine final : public Engine {
   int32_t max_context() const override { return context_; }
   std::vector<int32_t> eos_token_ids() const override { return eos_; }
   absl::Status Step(std::span<const StepSequence> b, std::vector<int32_t>* next) override { return sim_.Step(b, next); }
-  void Release(uint64_t id) override { sim_.Release(id); }
+  // A KV cache of `capacity` tokens (0: unlimited).
+  absl::Status Reserve(uint64_t id, int64_t tokens) override {
+    if (capacity > 0 && held_ + tokens > capacity) return absl::ResourceExhaustedError("KV cache: no room");
+    reserved_[id] = tokens;
+    held_ += tokens;
+    return absl::OkStatus();
+  }
+  void Release(uint64_t id) override {
+    sim_.Release(id);
+    if (auto it = reserved_.find(id); it != reserved_.end()) held_ -= it->second, reserved_.erase(it);
+  }
+  int64_t capacity = 0;
 
  private:
+  std::map<uint64_t, int64_t> reserved_;
+  int64_t held_ = 0;
   SimEngine sim_;
   std::vector<int32_t> eos_;
   int32_t context_;
@@ -271,6 +284,39 @@ TEST(SchedulerModelTest, EosFromTheModelStopsAndContextCapsLength) {
   const grpc::Status s = refused->WaitFinish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(s.error_message(), "sequences[0]: 12 tokens leave no room in the model's context of 12 tokens");
+  scheduler.Stop();
+}
+
+}  // namespace
+}  // namespace tailserve
+
+namespace tailserve {
+namespace {
+
+TEST(SchedulerModelTest, KvReservationTurnsAwayWhatDoesNotFitUntilRoomIsFreed) {
+  ModelLikeEngine engine({}, /*context=*/1000);
+  engine.capacity = 30;  // tokens
+  Registry registry;
+  WorkerMetrics metrics(registry, 60);
+  Scheduler scheduler(engine, 8, metrics);
+  scheduler.Start();
+  auto first = std::make_shared<Sink>();
+  v1::Batch b;
+  *b.add_sequences() = Seq(1, 10);  // 3 prompt + 10 = 13 tokens
+  *b.add_sequences() = Seq(2, 10);  // 26 held
+  scheduler.Submit(first, b);
+  auto second = std::make_shared<Sink>();
+  v1::Batch c;
+  *c.add_sequences() = Seq(3, 10);  // 13 more would be 39 > 30
+  scheduler.Submit(second, c);
+  const grpc::Status s = second->WaitFinish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(s.error_message(), "KV cache: no room");
+  EXPECT_EQ(metrics.batches.Labels({"rejected_kv"}).Value(), 1);
+  ASSERT_TRUE(first->WaitFinish().ok());
+  auto third = std::make_shared<Sink>();
+  scheduler.Submit(third, c);  // the first batch's room is back
+  EXPECT_TRUE(third->WaitFinish().ok());
   scheduler.Stop();
 }
 

@@ -132,6 +132,17 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
                               absl::StrCat("batch of ", batch.sequences_size(), " does not fit ", free, " free slots")));
     return;
   }
+  // Room in the engine's KV cache for each sequence's whole length, or the batch goes elsewhere.
+  for (int i = 0; i < batch.sequences_size(); ++i) {
+    const v1::Sequence& s = batch.sequences(i);
+    const int64_t length = std::min<int64_t>(int64_t{s.prompt_token_ids_size()} + s.max_tokens(), engine_.max_context());
+    if (absl::Status r = engine_.Reserve(s.sequence_id(), length); !r.ok()) {
+      for (int j = 0; j < i; ++j) engine_.Release(batch.sequences(j).sequence_id());
+      metrics_.batches.Labels({"rejected_kv"}).Inc();
+      sink->Finish(ToGrpcStatus(r));
+      return;
+    }
+  }
   metrics_.batches.Labels({"admitted"}).Inc();
   for (v1::Sequence& s : *batch.mutable_sequences()) {
     Slot slot;

@@ -496,9 +496,13 @@ absl::Status CudaEngine::EnsureBlocks(SeqState& s, int64_t positions) {
     return absl::OutOfRangeError(absl::StrCat(positions, " tokens exceed the context of ", max_context_));
   }
   while (static_cast<int64_t>(s.blocks.size()) < need) {
-    if (free_blocks_.empty()) return absl::ResourceExhaustedError("cuda: the KV cache is full");
+    // Unreserved growth (a caller that did not Reserve) may only use what nobody was promised.
+    if (free_blocks_.empty() || (s.reserved == 0 && static_cast<int64_t>(free_blocks_.size()) <= reserved_blocks_)) {
+      return absl::ResourceExhaustedError("cuda: the KV cache is full");
+    }
     const int32_t block = free_blocks_.back();
     free_blocks_.pop_back();
+    if (s.reserved > 0) --s.reserved, --reserved_blocks_;  // the promise is now a block
     auto* table = static_cast<int32_t*>(buf_->host_table.get());
     table[static_cast<int64_t>(s.table_row) * kv_.max_blocks_per_seq + static_cast<int64_t>(s.blocks.size())] = block;
     s.blocks.push_back(block);
@@ -519,9 +523,25 @@ absl::Status CudaEngine::SyncBlockTable() {
   return absl::OkStatus();
 }
 
+absl::Status CudaEngine::Reserve(uint64_t id, int64_t max_tokens) {
+  const int64_t need = (max_tokens + kv_.block_size - 1) / kv_.block_size;
+  if (need > static_cast<int64_t>(free_blocks_.size()) - reserved_blocks_) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache: ", need, " blocks needed, ",
+                                                     static_cast<int64_t>(free_blocks_.size()) - reserved_blocks_,
+                                                     " free"));
+  }
+  absl::Status error;
+  SeqState& st = StateFor(id, &error);
+  if (!error.ok()) return error;
+  st.reserved += need;
+  reserved_blocks_ += need;
+  return absl::OkStatus();
+}
+
 void CudaEngine::Release(uint64_t id) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return;
+  reserved_blocks_ -= it->second.reserved;
   for (int32_t b : it->second.blocks) free_blocks_.push_back(b);
   if (it->second.table_row >= 0) free_table_rows_.push_back(it->second.table_row);
   seqs_.erase(it);
@@ -660,7 +680,8 @@ absl::Status CudaEngine::ForwardAllLogits(std::span<const int32_t> tokens, std::
 }
 
 std::optional<EngineStats> CudaEngine::stats() const {
-  return EngineStats{.kv_blocks_total = num_blocks_ - 1, .kv_blocks_free = static_cast<int64_t>(free_blocks_.size()),
+  return EngineStats{.kv_blocks_total = num_blocks_ - 1,
+                     .kv_blocks_free = static_cast<int64_t>(free_blocks_.size()) - reserved_blocks_,
           .kv_clamps = clamps_, .graph_replays = graph_replays_};
 }
 

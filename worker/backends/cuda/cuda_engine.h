@@ -48,6 +48,7 @@ class CudaEngine final : public Engine {
   int32_t max_context() const override { return max_context_; }
   std::vector<int32_t> eos_token_ids() const override { return config_.eos_token_ids; }
   absl::Status Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) override;
+  absl::Status Reserve(uint64_t id, int64_t max_tokens) override;
   void Release(uint64_t id) override;
 
   // Teacher-forced logits of one sequence (a fresh one, released afterwards): [tokens, vocab].
@@ -82,6 +83,7 @@ class CudaEngine final : public Engine {
     int table_row = -1;
     std::vector<int32_t> blocks;
     int64_t cached = 0;  // positions whose K/V are in the cache
+    int64_t reserved = 0;  // blocks held for it at admission (Reserve)
   };
 
   explicit CudaEngine(const CudaEngineOptions& options);
@@ -124,6 +126,7 @@ class CudaEngine final : public Engine {
 
   // Host side of the KV cache: free blocks, block-table rows, per-sequence state.
   std::vector<int32_t> free_blocks_;
+  int64_t reserved_blocks_ = 0;  // promised to admitted sequences, not yet taken from free_blocks_
   std::vector<int> free_table_rows_;
   int trash_row_ = 0;  // padded graph rows write here (block 0, never handed out)
   std::vector<int32_t> host_table_;  // [max_sequences + 1, max_blocks_per_seq], pinned mirror below
