@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 
@@ -47,21 +48,68 @@ std::vector<int32_t> Prompt(int n, int salt, int64_t vocab) {
   return t;
 }
 
+// Least-squares fit of the sim backend's cost model, step = a + b·batch + c·kv_tokens +
+// p·prefill_tokens (ms), over every measured step: the constants worker.sim.* takes.
+template <typename P>
+void FitSimCostModel(const std::vector<P>& pts) {
+  double m[4][5] = {};
+  for (const P& q : pts) {
+    const double x[4] = {1, q.batch, q.kv_tokens, q.prefill_tokens};
+    for (int i = 0; i < 4; ++i) {
+      for (int j = 0; j < 4; ++j) m[i][j] += x[i] * x[j];
+      m[i][4] += x[i] * q.ms;
+    }
+  }
+  for (int i = 0; i < 4; ++i) {  // Gauss-Jordan with partial pivoting
+    int piv = i;
+    for (int r = i + 1; r < 4; ++r) {
+      if (std::fabs(m[r][i]) > std::fabs(m[piv][i])) piv = r;
+    }
+    std::swap(m[i], m[piv]);
+    if (std::fabs(m[i][i]) < 1e-12) {
+      std::printf("\nsim cost-model fit: not enough distinct batches / contexts / prefills to separate the terms\n");
+      return;
+    }
+    for (int r = 0; r < 4; ++r) {
+      if (r == i) continue;
+      const double f = m[r][i] / m[i][i];
+      for (int k = i; k < 5; ++k) m[r][k] -= f * m[i][k];
+    }
+  }
+  const double a = m[0][4] / m[0][0], b = m[1][4] / m[1][1], c = m[2][4] / m[2][2], p = m[3][4] / m[3][3];
+  double worst = 0;
+  for (const P& q : pts) {
+    worst = std::max(worst, std::fabs(a + b * q.batch + c * q.kv_tokens + p * q.prefill_tokens - q.ms) / q.ms);
+  }
+  std::printf("\nsim cost-model fit over %zu steps: step_base_ms %.3f, step_per_sequence_ms %.4f, step_per_kv_token_ns "
+              "%.1f, step_per_prefill_token_ms %.4f (worst relative residual %.0f%%)\n",
+              pts.size(), a, b, c * 1e6, p, 100 * worst);
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"tailserve-bench-cuda: decode step and prefill time beside the roofline"};
   std::string model, kv = "fp8_e4m3", batches = "1,16,64", prefills = "512,2048";
-  int context = 512, steps = 50;
+  std::string contexts = "512";
+  int steps = 50;
   double soak_s = 0;
   int soak_batch = 64;
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
-  app.add_option("--context", context, "tokens each sequence holds when decoding starts")->capture_default_str();
+  app.add_option("--contexts", contexts, "tokens each sequence holds when decoding starts (a list: the sim fit needs two)")
+      ->capture_default_str();
   app.add_option("--steps", steps, "timed decode steps per batch size")->capture_default_str();
   app.add_option("--prefills", prefills, "prompt lengths to time prefill for")->capture_default_str();
   app.add_option("--soak-seconds", soak_s, "run a soak of this length after the table")->capture_default_str();
   app.add_option("--soak-batch", soak_batch, "batch of the soak")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  std::vector<int> context_list;
+  for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
+  const int context = context_list.front();
+  struct Point {
+    double batch, kv_tokens, prefill_tokens, ms;
+  };
+  std::vector<Point> points;  // for the sim cost-model fit
 
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) return std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str()), 2;
@@ -96,11 +144,13 @@ int Main(int argc, char** argv) {
                          2.0 * 2 * (double(n) * n / 2) * c.num_heads * c.head_dim * c.num_layers;
     const double m = Quantile(times, 0.5), floor = flops / kBf16Flops;
     std::printf("| %d | %.2f | %.2f | %.0f%% |\n", n, m * 1e3, floor * 1e3, 100 * floor / m);
+    points.push_back({1, static_cast<double>(n), static_cast<double>(n - 1), m * 1e3});
   }
 
   std::vector<std::string> breakdowns;
   std::printf("\n| batch | context | step ms (P50) | P99 ms | tokens/s | bytes/step GB | roofline ms | roofline / P50 |\n"
               "|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const int context : context_list) {
   for (const auto& b : absl::StrSplit(batches, ',')) {
     const int batch = std::stoi(std::string(b));
     std::vector<std::vector<int32_t>> seqs;
@@ -125,7 +175,8 @@ int Main(int argc, char** argv) {
       for (const auto& [what, ms] : *profile) total += ms;
       std::string line;
       for (const auto& [what, ms] : *profile) line += absl::StrCat(what, " ", absl::SixDigits(ms), " ms (", static_cast<int>(100 * ms / total + 0.5), "%), ");
-      breakdowns.push_back(absl::StrCat("batch ", batch, " eager forward ", absl::SixDigits(total), " ms: ", line));
+      breakdowns.push_back(absl::StrCat("batch ", batch, " context ", context, " graph-profiled forward ",
+                                        absl::SixDigits(total), " ms: ", line));
     }
     for (const StepSequence& s : step) (*engine)->Release(s.id);
     const double p50 = Quantile(times, 0.5), p99 = Quantile(times, 0.99);
@@ -133,7 +184,10 @@ int Main(int argc, char** argv) {
     const double roof = bytes / kCopyBandwidth;
     std::printf("| %d | %d | %.3f | %.3f | %.0f | %.2f | %.3f | %.0f%% |\n", batch, context, p50 * 1e3, p99 * 1e3,
                 batch / p50, bytes / 1e9, roof * 1e3, 100 * roof / p50);
+    points.push_back({static_cast<double>(batch), batch * (context + 3 + steps / 2.0), 0, p50 * 1e3});
   }
+  }
+  FitSimCostModel(points);
 
   std::printf("\n");
   for (const std::string& b : breakdowns) std::printf("%s\n", b.c_str());

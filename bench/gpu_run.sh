@@ -32,7 +32,7 @@ if [ "$MODE" = check ] || [ "$MODE" = bench ]; then
   echo "== bench 1B"
   $R tailserve-bench-cuda --model /tmp/ckpt/l1b --batches 1,16,64 --prefills 512,2048 2>&1 | tee "$OUT/bench_1b.md"
   echo "== bench 8B"
-  $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --prefills 512,2048 2>&1 | tee "$OUT/bench_8b.md"
+  $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512,2048 --prefills 512,2048 2>&1 | tee "$OUT/bench_8b.md"
 else
   echo "== soak 8B batch 64, 180 s"
   $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 64 --prefills 512 --steps 20 --soak-seconds 180 2>&1 | tee "$OUT/soak_8b.md"
