@@ -4,6 +4,8 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -18,6 +20,8 @@ void AddCommonFlags(CLI::App& app, CommonFlags* flags, const std::string& sectio
   app.add_option("--set", flags->overrides, "Override a config key: --set router.timeout_ms=100 (repeatable)");
   app.add_option("--ports-file", flags->ports_file, "Write grpc_port=/http_port= here once listening");
   app.add_option("--log-level", flags->log_level, "trace, debug, info, warn, error, critical, off");
+  app.add_flag("--check-config", flags->check_config,
+               "Validate the configuration (file, --set and shorthands), print the verdict and exit (0: valid)");
   AddShorthand(app, flags, "--grpc-port", section + ".grpc_port", "gRPC port (0: any free port)");
   AddShorthand(app, flags, "--http-port", section + ".http_port", "HTTP port for /metrics /healthz /readyz (0: any)");
   AddShorthand(app, flags, "--listen-host", section + ".listen_host", "address to bind");
@@ -58,7 +62,12 @@ std::optional<Config> InitProcess(const std::string& name, const CommonFlags& fl
       flags.config_path.empty() ? ParseConfig("", all, "<defaults>") : LoadConfigFile(flags.config_path, all);
   if (!config.ok()) {
     spdlog::critical("invalid configuration: {}", std::string(config.status().message()));
+    if (flags.check_config) std::exit(2);
     return std::nullopt;
+  }
+  if (flags.check_config) {
+    std::printf("configuration valid: %s\n", flags.config_path.empty() ? "<defaults>" : flags.config_path.c_str());
+    std::exit(0);
   }
   return *std::move(config);
 }

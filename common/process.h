@@ -22,6 +22,7 @@ struct CommonFlags {
   std::vector<std::string> shorthands;   // from flags like --grpc-port, as section.key=value
   std::string ports_file;                // where to announce bound ports
   std::string log_level = "info";
+  bool check_config = false;             // validate the configuration, say so, exit
 };
 
 // --config, --set, --ports-file, --log-level, and the shorthands --grpc-port, --http-port and
