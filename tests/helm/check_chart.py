@@ -44,6 +44,8 @@ want = json.loads(json.dumps(values["config"]))
 want["router"].update({"listen_host": "0.0.0.0", "grpc_port": v_router["grpcPort"], "http_port": v_router["httpPort"],
                        "workers": [f"{name}-worker-{i}.{name}-worker.default.svc.cluster.local:{v_worker['grpcPort']}"
                                    for i in range(v_worker["replicas"])]})
+if v_worker["backend"] != "sim":
+    want["router"]["model_path"] = v_worker["modelPath"]
 want["worker"].update({"listen_host": "0.0.0.0", "grpc_port": v_worker["grpcPort"], "http_port": v_worker["httpPort"],
                        "backend": v_worker["backend"], "model_path": v_worker["modelPath"]})
 check(config == want, f"ConfigMap ladb_config.yaml differs from the values: {config} != {want}")
@@ -75,6 +77,9 @@ def pod_checks(obj, component, http_port):
 
 router = by_kind["Deployment"][f"{name}-router"]
 c, pod = pod_checks(router, "router", v_router["httpPort"])
+if v_worker["backend"] != "sim":
+    check(any(m["mountPath"] == v_worker["modelVolume"]["mountPath"] for m in c["volumeMounts"]),
+          "router: the model volume (tokenizer) is not mounted")
 check(router["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0, "router: maxUnavailable is not 0")
 if v_router["autoscaling"]["enabled"]:
     check("replicas" not in router["spec"], "router: replicas set while the HPA owns them")

@@ -34,6 +34,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "tailserve.config" -}}
 {{- $cfg := deepCopy .Values.config -}}
 {{- $router := merge (dict "listen_host" "0.0.0.0" "grpc_port" (int .Values.router.grpcPort) "http_port" (int .Values.router.httpPort) "workers" (include "tailserve.workerAddresses" . | fromJsonArray)) $cfg.router -}}
+{{- /* Real models: the router tokenizes with the served checkpoint's tokenizer.json (same volume). */ -}}
+{{- if ne .Values.worker.backend "sim" -}}
+{{- $_ := set $router "model_path" .Values.worker.modelPath -}}
+{{- end -}}
 {{- $worker := merge (dict "listen_host" "0.0.0.0" "grpc_port" (int .Values.worker.grpcPort) "http_port" (int .Values.worker.httpPort) "backend" .Values.worker.backend "model_path" .Values.worker.modelPath) $cfg.worker -}}
 {{- $_ := set $cfg "router" $router -}}
 {{- $_ := set $cfg "worker" $worker -}}
