@@ -422,24 +422,12 @@ absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaEngine::ProfileD
   auto destroy = [&] {
     for (cudaEvent_t e : profile.events) cudaEventDestroy(e);
   };
-  cudaGraph_t graph;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  // External records become graph nodes whose timestamps can be read after the replay.
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecordWithFlags(profile.events[0], s, cudaEventRecordExternal));
-  profile.names.push_back("start");
-  profile_ = &profile;
-  const absl::Status st = Forward(rows, rows, true);
-  profile_ = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(s, &graph);
-  if (!st.ok() || end != cudaSuccess) {
+  absl::StatusOr<CudaGraphExec> graph = CaptureForward(rows, &profile);
+  if (!graph.ok()) {
     destroy();
-    return st.ok() ? absl::InternalError(cudaGetErrorString(end)) : st;
+    return graph.status();
   }
-  CudaGraph owned(graph);
-  cudaGraphExec_t exec;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
-  CudaGraphExec owned_exec(exec);
-  for (int rep = 0; rep < 2; ++rep) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, s));  // the second is timed
+  for (int rep = 0; rep < 2; ++rep) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph->get(), s));  // the second is timed
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
   std::vector<std::pair<std::string, double>> out;
   for (size_t i = 1; i < profile.names.size(); ++i) {
@@ -457,23 +445,39 @@ absl::Status CudaEngine::CaptureGraphs() {
   // Padded rows: token 0 at position 0 of the trash row; logits row i reads row i.
   Buffers& b = *buf_;
   for (int i = 0; i < logit_rows_; ++i) b.h_logit_src[i] = i;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.inputs, b.host_inputs.get(), b.inputs_bytes, cudaMemcpyHostToDevice, s));
+  if (absl::Status st = UploadInputs(); !st.ok()) return st;
   // One eager run first: cuBLAS picks its kernels and loads modules outside the capture.
   if (absl::Status st = Forward(max_bucket_, max_bucket_, true); !st.ok()) return st;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
   for (int bucket : options_.buckets) {
-    cudaGraph_t graph;
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    const absl::Status st = Forward(bucket, bucket, true);
-    const cudaError_t end = cudaStreamEndCapture(s, &graph);
-    if (!st.ok()) return st;
-    TAILSERVE_CUDA_RETURN_IF_ERROR(end);
-    CudaGraph owned(graph);
-    cudaGraphExec_t exec;
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
-    graphs_[bucket] = CudaGraphExec(exec);
+    absl::StatusOr<CudaGraphExec> graph = CaptureForward(bucket, nullptr);
+    if (!graph.ok()) return graph.status();
+    graphs_[bucket] = *std::move(graph);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* profile) {
+  cudaStream_t s = stream_.get();
+  cudaGraph_t graph;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  absl::Status st;
+  if (profile) {
+    // External records become graph nodes whose timestamps can be read after the replay.
+    const cudaError_t e = cudaEventRecordWithFlags(profile->events[0], s, cudaEventRecordExternal);
+    if (e != cudaSuccess) st = absl::InternalError(absl::StrCat("cudaEventRecordWithFlags: ", cudaGetErrorString(e)));
+    profile->names.push_back("start");
+  }
+  profile_ = profile;
+  if (st.ok()) st = Forward(rows, rows, true);
+  profile_ = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(s, &graph);  // always, so the stream leaves capture mode
+  if (!st.ok()) return st;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(end);
+  CudaGraph owned(graph);
+  cudaGraphExec_t exec;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+  return CudaGraphExec(exec);
 }
 
 CudaEngine::SeqState& CudaEngine::StateFor(uint64_t id, absl::Status* error) {
@@ -511,7 +515,7 @@ absl::Status CudaEngine::EnsureBlocks(SeqState& s, int64_t positions) {
   return absl::OkStatus();
 }
 
-absl::Status CudaEngine::SyncBlockTable() {
+absl::Status CudaEngine::UploadInputs() {
   auto* table = static_cast<int32_t*>(buf_->host_table.get());
   for (size_t r = 0; r < table_dirty_.size(); ++r) {
     if (!table_dirty_[r]) continue;
@@ -520,6 +524,8 @@ absl::Status CudaEngine::SyncBlockTable() {
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf_->block_table + off, table + off, kv_.max_blocks_per_seq * 4,
                                                    cudaMemcpyHostToDevice, stream_.get()));
   }
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf_->inputs, buf_->host_inputs.get(), buf_->inputs_bytes,
+                                                 cudaMemcpyHostToDevice, stream_.get()));
   return absl::OkStatus();
 }
 
@@ -553,9 +559,7 @@ absl::Status CudaEngine::Prefill(std::span<const StepSequence> batch) {
   int rows = 0;
   auto flush = [&]() -> absl::Status {
     if (rows == 0) return absl::OkStatus();
-    if (absl::Status s = SyncBlockTable(); !s.ok()) return s;
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.inputs, b.host_inputs.get(), b.inputs_bytes,
-                                                   cudaMemcpyHostToDevice, stream_.get()));
+    if (absl::Status s = UploadInputs(); !s.ok()) return s;
     if (absl::Status s = Forward(rows, 0, false); !s.ok()) return s;
     // The host mirror is rewritten for the next chunk: wait until this one has been read.
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
@@ -606,8 +610,7 @@ absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t
                      .seed = sp.seed, .position = last + 1};
   }
   cudaStream_t s = stream_.get();
-  if (absl::Status st = SyncBlockTable(); !st.ok()) return st;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.inputs, b.host_inputs.get(), b.inputs_bytes, cudaMemcpyHostToDevice, s));
+  if (absl::Status st = UploadInputs(); !st.ok()) return st;
   auto graph = graphs_.find(bucket);
   if (graph != graphs_.end()) {
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph->second.get(), s));
@@ -662,11 +665,7 @@ absl::Status CudaEngine::ForwardAllLogits(std::span<const int32_t> tokens, std::
     b.h_logit_src[i] = i;
   }
   cudaStream_t s = stream_.get();
-  absl::Status result = SyncBlockTable();
-  if (result.ok()) {
-    const cudaError_t e = cudaMemcpyAsync(b.inputs, b.host_inputs.get(), b.inputs_bytes, cudaMemcpyHostToDevice, s);
-    if (e != cudaSuccess) result = absl::InternalError(cudaGetErrorString(e));
-  }
+  absl::Status result = UploadInputs();
   if (result.ok()) result = Forward(n, n, false);
   if (result.ok()) {
     logits->resize(static_cast<size_t>(n) * config_.vocab_size);

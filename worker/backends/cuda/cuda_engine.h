@@ -91,6 +91,9 @@ class CudaEngine final : public Engine {
   absl::Status LoadWeights(const Checkpoint& ckpt);
   absl::Status AllocateWorkspaces();
   absl::Status CaptureGraphs();
+  struct Profile;
+  // Captures Forward(rows, rows, sample) as a graph; with `profile`, an event after every op.
+  absl::StatusOr<CudaGraphExec> CaptureForward(int rows, Profile* profile);
   // Runs the layers over `rows` token rows whose inputs are already on the device; with
   // `logit_rows` > 0 also the final norm, LM head and sampling of that many rows.
   absl::Status Forward(int rows, int logit_rows, bool sample);
@@ -98,7 +101,8 @@ class CudaEngine final : public Engine {
   int SplitsFor(int rows) const;
   absl::Status EnsureBlocks(SeqState& s, int64_t positions);
   SeqState& StateFor(uint64_t id, absl::Status* error);
-  absl::Status SyncBlockTable();
+  // Copies the step inputs (and block-table rows changed since the last upload) to the device.
+  absl::Status UploadInputs();
   absl::Status Prefill(std::span<const StepSequence> batch);
   absl::Status DecodeChunk(std::span<const StepSequence> batch, size_t first, size_t count, std::vector<int32_t>* next);
 
