@@ -77,6 +77,70 @@ TEST_P(ReferenceTest, TeacherForcedLogitsMatchTransformers) {
   }
 }
 
+// What each KV cache format costs in accuracy by itself, with fp32 maths everywhere else: the
+// floor under what the CUDA backend can reach with that format.
+TEST_P(ReferenceTest, KvFormatEmulationError) {
+  TAILSERVE_REQUIRE_SHARED();
+  const std::string dir = testing::ReferenceDir(GetParam());
+  auto expected = SafetensorsFile::Open(dir + "/expected_logits.safetensors");
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  double mean[3] = {};
+  for (KvDtype d : {KvDtype::kFp16, KvDtype::kFp8E4M3, KvDtype::kFp8E5M2}) {
+    auto engine = CpuEngine::Load(dir, {.kv_emulation = d});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const int64_t vocab = (*engine)->config().vocab_size;
+    double worst = 0, sum = 0;
+    int count = 0;
+    uint64_t id = 1;
+    for (const Case& c : LoadCases(dir)) {
+      std::vector<int32_t> tokens = c.prompt;
+      tokens.insert(tokens.end(), c.greedy.begin(), c.greedy.end());
+      const TensorInfo& want = (*expected)->tensors().at(c.logits_tensor);
+      std::vector<float> want_f(static_cast<size_t>(want.numel()));
+      ToFloat(want.dtype, want.data, want_f.size(), want_f.data());
+      Sampling greedy;
+      StepSequence seq{id++, &tokens, static_cast<int32_t>(c.prompt.size()), 0, &greedy};
+      std::vector<float> logits;
+      ASSERT_TRUE((*engine)->Forward({&seq, 1}, /*all_positions=*/true, &logits).ok());
+      for (size_t p = 0; p < tokens.size(); ++p) {
+        const double err = RelL2(logits.data() + p * vocab, want_f.data() + p * vocab, static_cast<size_t>(vocab));
+        worst = std::max(worst, err), sum += err, ++count;
+      }
+      (*engine)->Release(seq.id);
+    }
+    std::printf("[ %s %s ] worst rel L2 %.4f, mean %.4f\n", GetParam().c_str(), KvDtypeName(d), worst, sum / count);
+    mean[static_cast<int>(d)] = sum / count;
+    if (d == KvDtype::kFp16) EXPECT_LE(worst, 3e-3) << GetParam();  // measured 1.3-1.8e-3
+  }
+  // One mantissa bit more, half the rounding error.
+  EXPECT_LT(mean[static_cast<int>(KvDtype::kFp8E4M3)], 0.75 * mean[static_cast<int>(KvDtype::kFp8E5M2)]) << GetParam();
+}
+
+TEST(KvDtypeTest, RoundingMatchesTheFormats) {
+  // E4M3: 3 mantissa bits, smallest normal 2^-6, max 448; ties to even.
+  EXPECT_EQ(RoundToKvDtype(KvDtype::kFp8E4M3, 1.0625f), 1.0f);
+  EXPECT_EQ(RoundToKvDtype(KvDtype::kFp8E4M3, 1.1875f), 1.25f);
+  EXPECT_EQ(RoundToKvDtype(KvDtype::kFp8E4M3, 0.3f), 0.3125f);
+  EXPECT_EQ(RoundToKvDtype(KvDtype::kFp8E4M3, -0.3f), -0.3125f);
+  EXPECT_EQ(RoundToKvDtype(KvDtype::kFp8E4M3, 500.0f), 448.0f);
+  EXPECT_EQ(RoundToKvDtype(KvDtype::kFp8E4M3, std::ldexp(3.0f, -10)), std::ldexp(1.0f, -8));  // subnormal, tie to even
+  EXPECT_EQ(RoundToKvDtype(KvDtype::kFp8E4M3, std::ldexp(1.0f, -10)), 0.0f);
+  // E5M2: 2 mantissa bits, max 57344.
+  EXPECT_EQ(RoundToKvDtype(KvDtype::kFp8E5M2, 1.1f), 1.0f);
+  EXPECT_EQ(RoundToKvDtype(KvDtype::kFp8E5M2, 1.2f), 1.25f);
+  EXPECT_EQ(RoundToKvDtype(KvDtype::kFp8E5M2, 1e6f), 57344.0f);
+  // fp16: 10 mantissa bits.
+  EXPECT_EQ(RoundToKvDtype(KvDtype::kFp16, 1.0f + std::ldexp(1.0f, -11)), 1.0f);
+  EXPECT_EQ(RoundToKvDtype(KvDtype::kFp16, 1.0f + std::ldexp(3.0f, -11)), 1.0f + std::ldexp(1.0f, -9));
+  // A head's round trip: its largest magnitude maps to the format's max and comes back exactly.
+  std::vector<float> head = {0.5f, -2.0f, 0.013f, 1.7f};
+  QuantizeKvHead(KvDtype::kFp8E4M3, head.data(), head.size());
+  EXPECT_FLOAT_EQ(head[1], -2.0f);
+  EXPECT_NEAR(head[0], 0.5f, 0.5f * 0.0625f);
+  EXPECT_NEAR(head[2], 0.013f, 0.013f * 0.0625f);
+  EXPECT_NEAR(head[3], 1.7f, 1.7f * 0.0625f);
+}
+
 TEST_P(ReferenceTest, GreedyGenerationReproducesTransformers) {
   TAILSERVE_REQUIRE_SHARED();
   const std::string dir = testing::ReferenceDir(GetParam());

@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Load(const std::string& di
   if (!ckpt.ok()) return ckpt.status();
   std::unique_ptr<CpuEngine> e(new CpuEngine());
   e->config_ = ckpt->config;
+  e->options_ = options;
   e->model_id_ = std::filesystem::path(dir).lexically_normal().filename().string();
   if (e->model_id_.empty()) e->model_id_ = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
   if (absl::Status s = e->LoadWeights(*ckpt); !s.ok()) return s;
@@ -189,6 +190,11 @@ void CpuEngine::Mlp(const Layer& L, int64_t rows, const float* x, float* out) {
     for (int64_t e = 0; e < E; ++e) order[e] = e;
     // Highest probability first, lower index on ties (torch.topk order).
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return prob[a] > prob[b]; });
+    if (K < E) {
+      const float gap = lr[order[K - 1]] - lr[order[K]];
+      if (r >= static_cast<int64_t>(router_margins_.size())) router_margins_.resize(static_cast<size_t>(r + 1), INFINITY);
+      router_margins_[r] = std::min(router_margins_[r], gap);
+    }
     float kept = 0;
     for (int64_t k = 0; k < K; ++k) kept += prob[order[k]];
     for (int64_t k = 0; k < K; ++k) routed[order[k]].emplace_back(r, prob[order[k]] / kept);
@@ -218,6 +224,7 @@ void CpuEngine::Mlp(const Layer& L, int64_t rows, const float* x, float* out) {
 absl::Status CpuEngine::Forward(std::span<const StepSequence> batch, bool all_positions, std::vector<float>* logits) {
   const ModelConfig& c = config_;
   const int64_t h = c.hidden_size;
+  router_margins_.clear();
   std::vector<Row> rows;
   std::vector<int32_t> row_tokens;
   std::vector<int64_t> last_row;  // per sequence: its last new row
@@ -264,6 +271,12 @@ absl::Status CpuEngine::Forward(std::span<const StepSequence> batch, bool all_po
     for (int64_t r = 0; r < T; ++r) {
       ApplyRope(q.data() + r * c.q_dim(), c.num_heads, c.head_dim, rows[r].pos, rope_inv_freq_);
       ApplyRope(k.data() + r * c.kv_dim(), c.num_kv_heads, c.head_dim, rows[r].pos, rope_inv_freq_);
+      if (options_.kv_emulation) {
+        for (int64_t head = 0; head < c.num_kv_heads; ++head) {
+          QuantizeKvHead(*options_.kv_emulation, k.data() + r * c.kv_dim() + head * c.head_dim, c.head_dim);
+          QuantizeKvHead(*options_.kv_emulation, v.data() + r * c.kv_dim() + head * c.head_dim, c.head_dim);
+        }
+      }
       SeqCache& cache = *rows[r].cache;
       std::copy_n(k.data() + r * c.kv_dim(), c.kv_dim(), cache.k[l].data() + rows[r].pos * c.kv_dim());
       std::copy_n(v.data() + r * c.kv_dim(), c.kv_dim(), cache.v[l].data() + rows[r].pos * c.kv_dim());

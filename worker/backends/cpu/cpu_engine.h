@@ -4,6 +4,7 @@
 // step processes (prefill and decode tokens of many sequences together). It is what the faster
 // backends are checked against, and what CI and the demo run.
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -11,11 +12,15 @@
 #include "absl/status/statusor.h"
 #include "common/model/checkpoint.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/kv_dtype.h"
 
 namespace tailserve {
 
 struct CpuEngineOptions {
   int threads = 0;  // BLAS threads; 0 keeps the library's default
+  // Emulate a KV cache format (each K/V head vector rounded as the CUDA cache stores it); unset
+  // keeps fp32. For measuring what a format costs in accuracy.
+  std::optional<KvDtype> kv_emulation;
 };
 
 class CpuEngine final : public Engine {
@@ -37,6 +42,10 @@ class CpuEngine final : public Engine {
   absl::Status Forward(std::span<const StepSequence> batch, bool all_positions, std::vector<float>* logits);
 
   const ModelConfig& config() const { return config_; }
+  // MoE models: for each row of the last Forward, the smallest gap over layers between the last
+  // chosen expert's router logit and the best unchosen one. Where it is tiny, an implementation
+  // with other rounding may route differently and legitimately get other logits.
+  const std::vector<float>& router_margins() const { return router_margins_; }
 
  private:
   struct Expert {
@@ -64,12 +73,14 @@ class CpuEngine final : public Engine {
   void Mlp(const Layer& layer, int64_t rows, const float* x, float* out);
 
   ModelConfig config_;
+  CpuEngineOptions options_;
   std::string model_id_;
   std::vector<float> embed_, final_norm_, lm_head_;  // lm_head_ empty when tied
   std::vector<Layer> layers_;
   std::vector<float> rope_inv_freq_;
   std::unordered_map<uint64_t, SeqCache> caches_;
   std::vector<std::pair<float, int32_t>> sample_scratch_;
+  std::vector<float> router_margins_;
 };
 
 }  // namespace tailserve

@@ -57,13 +57,6 @@ struct CudaEngine::Buffers {
   size_t cublas_workspace_bytes = 32 << 20;
 };
 
-absl::StatusOr<KvDtype> ParseKvDtype(const std::string& name) {
-  if (name == "fp8_e4m3" || name == "fp8") return KvDtype::kFp8E4M3;
-  if (name == "fp8_e5m2") return KvDtype::kFp8E5M2;
-  if (name == "fp16") return KvDtype::kFp16;
-  return absl::InvalidArgumentError(absl::StrCat("kv_cache_dtype \"", name, "\" is not one of fp8_e4m3, fp8_e5m2, fp16"));
-}
-
 CudaEngine::CudaEngine(const CudaEngineOptions& options) : options_(options) {}
 
 CudaEngine::~CudaEngine() {

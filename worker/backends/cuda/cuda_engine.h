@@ -147,7 +147,4 @@ class CudaEngine final : public Engine {
   int64_t clamps_ = 0;
 };
 
-// "fp8_e4m3" (default), "fp8_e5m2" or "fp16".
-absl::StatusOr<KvDtype> ParseKvDtype(const std::string& name);
-
 }  // namespace tailserve

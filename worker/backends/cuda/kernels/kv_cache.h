@@ -6,14 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "worker/engine/kv_dtype.h"
+
 namespace tailserve {
-
-enum class KvDtype : int32_t { kFp8E4M3 = 0, kFp8E5M2 = 1, kFp16 = 2 };
-
-inline size_t KvElementBytes(KvDtype d) { return d == KvDtype::kFp16 ? 2 : 1; }
-inline const char* KvDtypeName(KvDtype d) {
-  return d == KvDtype::kFp8E4M3 ? "fp8_e4m3" : d == KvDtype::kFp8E5M2 ? "fp8_e5m2" : "fp16";
-}
 
 // One layer's slice of the pool (device pointers).
 struct KvLayerView {
