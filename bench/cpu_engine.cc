@@ -33,7 +33,7 @@ int Main(int argc, char** argv) {
   app.add_option("--threads", threads, "BLAS threads (0: library default)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  auto engine = CpuEngine::Load(model, {.threads = threads});
+  auto engine = CpuEngine::Load(model, {.threads = threads, .kv_emulation = std::nullopt});
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str());
     return 1;

@@ -73,7 +73,7 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const WorkerConfig& wc) {
     return absl::FailedPreconditionError("this build has no CUDA backend (configure with TAILSERVE_CUDA=ON)");
 #endif
   }
-  absl::StatusOr<std::unique_ptr<CpuEngine>> cpu = CpuEngine::Load(wc.model_path, {.threads = wc.threads});
+  absl::StatusOr<std::unique_ptr<CpuEngine>> cpu = CpuEngine::Load(wc.model_path, {.threads = wc.threads, .kv_emulation = std::nullopt});
   if (!cpu.ok()) return cpu.status();
   LogLoaded((*cpu)->config(), wc.model_path, start);
   return std::unique_ptr<Engine>(std::move(*cpu));

@@ -11,6 +11,7 @@
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/kernels/attention.h"
+#include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
 
@@ -51,6 +52,7 @@ struct CudaEngine::Buffers {
   float* router_logits = nullptr;   // MoE [max_rows, experts]
   float* route_weights = nullptr;
   float* expert_out = nullptr;      // MoE [max_rows, h]
+  float* sumsq = nullptr;            // [2 layers + 1, max_rows]: Σ x² of the residual before each norm
   __half* final_xn = nullptr;  // [logit_rows, h]
   float* logits = nullptr;          // [logit_rows, vocab]
   void* cublas_workspace = nullptr;
@@ -145,20 +147,46 @@ absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
 
   std::vector<uint16_t> host;
   std::vector<float> hostf;
-  // Copies tensors (concatenated along their first dimension) into one fp16 device matrix.
-  auto matrix = [&](std::vector<std::string> names, std::vector<std::vector<int64_t>> shapes,
-                    const __half** out) -> absl::Status {
+  // Copies tensors (concatenated along their first dimension) into one fp16 device matrix. With
+  // col_scale, column j of every tensor is multiplied by col_scale[j] first (an RMSNorm weight
+  // folded into its consumer); with interleave (two tensors of equal shape), their rows alternate.
+  auto matrix = [&](std::vector<std::string> names, std::vector<std::vector<int64_t>> shapes, const __half** out,
+                    const std::vector<float>* col_scale = nullptr, bool interleave = false) -> absl::Status {
     int64_t total = 0;
     for (auto& s : shapes) total += s[0] * s[1];
     auto* dst = arena.Take<__half>(static_cast<size_t>(total));
-    int64_t at = 0;
-    for (size_t i = 0; i < names.size(); ++i) {
-      absl::StatusOr<const TensorInfo*> info = t.Get(names[i], shapes[i]);
-      if (!info.ok()) return info.status();
-      if (absl::Status s = ToHalf(**info, &host); !s.ok()) return s;
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst + at, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
-      at += static_cast<int64_t>(host.size());
+    if (col_scale == nullptr && !interleave) {
+      int64_t at = 0;
+      for (size_t i = 0; i < names.size(); ++i) {
+        absl::StatusOr<const TensorInfo*> info = t.Get(names[i], shapes[i]);
+        if (!info.ok()) return info.status();
+        if (absl::Status s = ToHalf(**info, &host); !s.ok()) return s;
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst + at, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+        at += static_cast<int64_t>(host.size());
+      }
+      *out = dst;
+      return absl::OkStatus();
     }
+    host.resize(static_cast<size_t>(total));
+    int64_t first_row = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (absl::Status s = t.ReadFloat(names[i], shapes[i], &hostf); !s.ok()) return s;
+      const int64_t rows = shapes[i][0], cols = shapes[i][1];
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t dst_row = interleave ? 2 * r + static_cast<int64_t>(i) : first_row + r;
+        for (int64_t j = 0; j < cols; ++j) {
+          const float v = hostf[static_cast<size_t>(r * cols + j)] * (col_scale ? (*col_scale)[static_cast<size_t>(j)] : 1.0f);
+          if (std::fabs(v) > 65504.0f) {
+            return absl::OutOfRangeError(absl::StrCat(names[i], " times its norm weight holds ", v,
+                                                      ", outside the fp16 range the CUDA backend computes in"));
+          }
+          const __half hv = __float2half_rn(v);
+          std::memcpy(&host[static_cast<size_t>(dst_row * cols + j)], &hv, 2);
+        }
+      }
+      first_row += rows;
+    }
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
     *out = dst;
     return absl::OkStatus();
   };
@@ -194,10 +222,12 @@ absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     Layer& L = layers_[l];
     auto n = [&](const char* suffix) { return LayerTensorName(l, suffix); };
-    TRY(vector({n("input_layernorm.weight")}, {h}, &L.attn_norm));
-    TRY(vector({n("post_attention_layernorm.weight")}, {h}, &L.mlp_norm));
+    // The norms' weights are folded into the matrices that consume the normed rows.
+    std::vector<float> attn_gamma, mlp_gamma;
+    TRY(t.ReadFloat(n("input_layernorm.weight"), std::vector<int64_t>{h}, &attn_gamma));
+    TRY(t.ReadFloat(n("post_attention_layernorm.weight"), std::vector<int64_t>{h}, &mlp_gamma));
     TRY(matrix({n("self_attn.q_proj.weight"), n("self_attn.k_proj.weight"), n("self_attn.v_proj.weight")},
-               {{qd, h}, {kvd, h}, {kvd, h}}, &L.w_qkv));
+               {{qd, h}, {kvd, h}, {kvd, h}}, &L.w_qkv, &attn_gamma));
     if (c.qkv_bias) {
       TRY(vector({n("self_attn.q_proj.bias"), n("self_attn.k_proj.bias"), n("self_attn.v_proj.bias")}, {qd, kvd, kvd},
                  &L.b_qkv));
@@ -205,15 +235,18 @@ absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
     TRY(matrix({n("self_attn.o_proj.weight")}, {{h, qd}}, &L.w_o));
     if (c.o_bias) TRY(vector({n("self_attn.o_proj.bias")}, {h}, &L.b_o));
     if (c.num_experts > 0) {
+      TRY(vector({n("post_attention_layernorm.weight")}, {h}, &L.mlp_norm));  // the router reads the normed rows in fp32
       TRY(vector({n("block_sparse_moe.gate.weight")}, {c.num_experts * h}, &L.w_router, {c.num_experts, h}));
       L.expert_gate_up.resize(static_cast<size_t>(c.num_experts));
       L.expert_down.resize(static_cast<size_t>(c.num_experts));
       for (int64_t e = 0; e < c.num_experts; ++e) {
-        TRY(matrix({ExpertTensorName(l, e, "w1"), ExpertTensorName(l, e, "w3")}, {{f, h}, {f, h}}, &L.expert_gate_up[e]));
+        TRY(matrix({ExpertTensorName(l, e, "w1"), ExpertTensorName(l, e, "w3")}, {{f, h}, {f, h}}, &L.expert_gate_up[e],
+                   &mlp_gamma, /*interleave=*/true));
         TRY(matrix({ExpertTensorName(l, e, "w2")}, {{h, f}}, &L.expert_down[e]));
       }
     } else {
-      TRY(matrix({n("mlp.gate_proj.weight"), n("mlp.up_proj.weight")}, {{f, h}, {f, h}}, &L.w_gate_up));
+      TRY(matrix({n("mlp.gate_proj.weight"), n("mlp.up_proj.weight")}, {{f, h}, {f, h}}, &L.w_gate_up, &mlp_gamma,
+                 /*interleave=*/true));
       TRY(matrix({n("mlp.down_proj.weight")}, {{h, f}}, &L.w_down));
     }
   }
@@ -238,7 +271,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                             256 + R * h * 4 + R * h * 2 + R * (qd + 2 * kvd) * 4 + R * qd * 2 + R * 2 * f * 4 +
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
-                            (32 << 20) + 64 * 256;
+                            (2 * static_cast<size_t>(c.num_layers) + 1) * R * 4 + (32 << 20) + 64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
   work_memory_ = *std::move(mem);
@@ -292,6 +325,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
     b.route_weights = a.Take<float>(R * E);
     b.expert_out = a.Take<float>(R * h);
   }
+  b.sumsq = a.Take<float>((2 * static_cast<size_t>(c.num_layers) + 1) * R);
   b.final_xn = a.Take<__half>(L * h);
   b.logits = a.Take<float>(L * c.vocab_size);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
@@ -362,15 +396,36 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool sample) {
       profile_->names.push_back(what);                                                           \
     }                                                                                            \
   } while (0)
-  TRY("embed", cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, s));
-  for (const Layer& L : layers_) {
-    TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, L.attn_norm, eps, b.xn, s));
-    TRY("gemm_qkv", cuda::Gemm(cb, b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
+  // Decode of a dense model: every norm, the bias, the residual adds and SwiGLU ride in the Gemv
+  // epilogues (see gemv.h), 7 kernels a layer instead of 10; a norm's input sum of squares is
+  // accumulated by the Gemv that writes the residual. Larger batches go through cuBLAS.
+  const bool fused = rows <= cuda::kGemvMaxRows && c.num_experts == 0 && h % 8 == 0 && qd % 8 == 0 && f % 8 == 0;
+  auto sumsq = [&](size_t slot) { return b.sumsq + slot * static_cast<size_t>(max_rows_); };
+  if (fused) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.sumsq, 0, (2 * layers_.size() + 1) * max_rows_ * sizeof(float), s));
+  TRY("embed", cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, fused ? sumsq(0) : nullptr, s));
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    if (fused) {
+      TRY("gemm_qkv", cuda::Gemv({.x_f32 = b.x, .rows = rows, .k = h, .w = L.w_qkv, .n = qkvw, .y = b.qkv,
+                                  .in_sumsq = sumsq(2 * l), .eps = eps}, s));
+    } else {
+      TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, nullptr, eps, b.xn, s));  // weight folded into w_qkv
+      TRY("gemm_qkv", cuda::Gemm(cb, b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
+    }
     TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv, inv_freq_, b.clamps, s));
     TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s));
+    if (fused) {
+      TRY("gemm_o", cuda::Gemv({.x = b.attn, .rows = rows, .k = qd, .w = L.w_o, .n = h, .y = b.x, .beta = 1.0f,
+                                .bias = L.b_o, .out_sumsq = sumsq(2 * l + 1)}, s));
+      TRY("gemm_gate_up", cuda::Gemv({.x_f32 = b.x, .rows = rows, .k = h, .w = L.w_gate_up, .n = 2 * f,
+                                      .swiglu_out = b.act, .in_sumsq = sumsq(2 * l + 1), .eps = eps}, s));
+      TRY("gemm_down", cuda::Gemv({.x = b.act, .rows = rows, .k = f, .w = L.w_down, .n = h, .y = b.x, .beta = 1.0f,
+                                   .out_sumsq = sumsq(2 * l + 2)}, s));
+      continue;
+    }
     TRY("gemm_o", cuda::Gemm(cb, b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM
     if (L.b_o) TRY("bias", cuda::AddBias(b.x, rows, h, L.b_o, s));
-    TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, L.mlp_norm, eps, b.xn, s));
+    TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, nullptr, eps, b.xn, s));  // weight folded into gate/up
     if (c.num_experts == 0) {
       TRY("gemm_gate_up", cuda::Gemm(cb, b.xn, rows, h, L.w_gate_up, 2 * f, 0.0f, b.gate_up));
       TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s));

@@ -65,8 +65,7 @@ class CudaEngine final : public Engine {
 
  private:
   struct Layer {
-    const float* attn_norm = nullptr;
-    const float* mlp_norm = nullptr;
+    const float* mlp_norm = nullptr;  // MoE only: the router's input norm (folded into the matrices elsewhere)
     const __half* w_qkv = nullptr;  // [q + 2 kv, h]
     const float* b_qkv = nullptr;          // or null
     const __half* w_o = nullptr;    // [h, q]

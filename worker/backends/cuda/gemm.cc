@@ -11,7 +11,7 @@ absl::Status Gemm(cublasHandle_t handle, const __half* x, int rows, int k, const
   if (rows <= kGemvMaxRows && k % 8 == 0) {
     cudaStream_t stream;
     TAILSERVE_CUDA_RETURN_IF_ERROR(cublasGetStream(handle, &stream));
-    return Gemv(x, rows, k, w, n, beta, y, stream);
+    return Gemv({.x = x, .rows = rows, .k = k, .w = w, .n = n, .y = y, .beta = beta}, stream);
   }
   const float alpha = 1.0f;
   // Column-major view: Yᵀ[n, rows] = W[n, k] (stored k-major, so op T) · Xᵀ[k, rows].

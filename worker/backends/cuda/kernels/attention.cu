@@ -1,5 +1,6 @@
 #include "worker/backends/cuda/kernels/attention.h"
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "worker/backends/cuda/cuda_check.h"
@@ -15,22 +16,25 @@ constexpr int kMaxGroup = 8;    // query heads per KV head
 constexpr int kMaxHeadDim = 256;
 constexpr int kInFlight = 4;    // 16-byte loads each thread issues before using any
 
-// Threads cooperate on each cache row 16 bytes at a time: a key's head_dim elements are spread
-// over `tpk` threads (chunk c holds elements [c·epv, (c+1)·epv)), so every load is a coalesced
-// 16-byte vector and a warp covers 32 / tpk keys at once. Both phases (scores Q·K, then P·V) use
-// this layout, and each thread keeps kInFlight loads outstanding before it computes.
+// Threads cooperate on each cache row VB bytes at a time: a key's head_dim elements are spread
+// over `tpk` threads (chunk c holds elements [c·ept, (c+1)·ept)), so every load is a coalesced
+// vector and a warp covers 32 / tpk keys at once. Both phases (scores Q·K, then P·V) use this
+// layout, and each thread keeps kInFlight loads outstanding before it computes. A thread only ever
+// needs its chunk of each query head, so q lives in registers (read from shared memory it cost 4-way
+// bank conflicts on every key: ncu, v5), next to the accumulator of the same chunk.
 // G: query heads per KV head, a template parameter so the per-head arrays stay in registers sized
-// to the model (a fixed maximum spilled and halved occupancy).
-template <KvDtype D, int G>
+// to the model. VB (16 or 8 bytes) keeps G · ept ≤ 64 so q and acc fit without spilling.
+template <KvDtype D, int G, int VB>
 __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q, AttentionShape shape, RowMeta meta,
                                                                  KvGeometry g, KvLayerView layer, float* partial) {
   using Codec = KvCodec<D>;
   using Storage = typename Codec::Storage;
-  constexpr int epv = 16 / sizeof(Storage);  // elements per 16-byte vector
+  using Vec = std::conditional_t<VB == 16, uint4, uint2>;
+  constexpr int ept = VB / sizeof(Storage);  // elements per thread per key
   constexpr int group = G;
   const int row = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
   const int hd = g.head_dim, kvh = g.kv_heads;
-  const int tpk = hd / epv, kpp = kThreads / tpk;  // threads per key, keys per pass
+  const int tpk = hd / ept, kpp = kThreads / tpk;  // threads per key, keys per pass
   const int c = threadIdx.x % tpk, kl = threadIdx.x / tpk;
   const int pos = meta.pos[row];
   const int lo = shape.sliding_window > 0 ? max(0, pos - shape.sliding_window + 1) : 0;
@@ -47,24 +51,23 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
     return;
   }
 
-  __shared__ float q_s[G * kMaxHeadDim];
+  __shared__ float red_s[G * kMaxHeadDim];  // the final sum over key lanes
   __shared__ float p_s[G][kTile];
   __shared__ int64_t slot_s[kTile];
   __shared__ float kscale_s[kTile], vscale_s[kTile];
   __shared__ float m_s[G], l_s[G], corr_s[G];
-  const float* qrow = q + static_cast<int64_t>(row) * shape.q_stride + kv_head * group * hd;
-  for (int i = threadIdx.x; i < group * hd; i += kThreads) q_s[i] = qrow[i] * shape.scale;
-  if (threadIdx.x < group) m_s[threadIdx.x] = -INFINITY, l_s[threadIdx.x] = 0.0f;
-  const int32_t* blocks = meta.block_table + static_cast<int64_t>(meta.seq[row]) * g.max_blocks_per_seq;
-  const Storage* kbase = static_cast<const Storage*>(layer.k) + kv_head * hd + c * epv;
-  const Storage* vbase = static_cast<const Storage*>(layer.v) + kv_head * hd + c * epv;
-  const int64_t row_stride = static_cast<int64_t>(kvh) * hd;  // elements between cache slots
-  float acc[G][epv];
+  const float* qrow = q + static_cast<int64_t>(row) * shape.q_stride + kv_head * group * hd + c * ept;
+  float qr[G][ept], acc[G][ept];
 #pragma unroll
   for (int gi = 0; gi < G; ++gi) {
 #pragma unroll
-    for (int e = 0; e < epv; ++e) acc[gi][e] = 0.0f;
+    for (int e = 0; e < ept; ++e) qr[gi][e] = qrow[gi * hd + e] * shape.scale, acc[gi][e] = 0.0f;
   }
+  if (threadIdx.x < group) m_s[threadIdx.x] = -INFINITY, l_s[threadIdx.x] = 0.0f;
+  const int32_t* blocks = meta.block_table + static_cast<int64_t>(meta.seq[row]) * g.max_blocks_per_seq;
+  const Storage* kbase = static_cast<const Storage*>(layer.k) + kv_head * hd + c * ept;
+  const Storage* vbase = static_cast<const Storage*>(layer.v) + kv_head * hd + c * ept;
+  const int64_t row_stride = static_cast<int64_t>(kvh) * hd;  // elements between cache slots
 
   for (int t0 = begin; t0 < end; t0 += kTile) {
     const int tn = min(kTile, end - t0);
@@ -79,11 +82,11 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
     __syncthreads();
     // Scores.
     for (int j0 = 0; j0 < tn; j0 += kpp * kInFlight) {
-      uint4 raw[kInFlight];
+      Vec raw[kInFlight];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
         const int j = j0 + u * kpp + kl;
-        if (j < tn) raw[u] = *reinterpret_cast<const uint4*>(kbase + slot_s[j] * row_stride);
+        if (j < tn) raw[u] = *reinterpret_cast<const Vec*>(kbase + slot_s[j] * row_stride);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
@@ -91,11 +94,13 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
         const Storage* e = reinterpret_cast<const Storage*>(&raw[u]);
         float dot[G];
 #pragma unroll
-        for (int gi = 0; gi < G; ++gi) {
-          dot[gi] = 0.0f;
-          if (j < tn) {
+        for (int gi = 0; gi < G; ++gi) dot[gi] = 0.0f;
+        if (j < tn) {
 #pragma unroll
-            for (int x = 0; x < epv; ++x) dot[gi] += Codec::Decode(e[x]) * q_s[gi * hd + c * epv + x];
+          for (int x = 0; x < ept; ++x) {
+            const float kd = Codec::Decode(e[x]);
+#pragma unroll
+            for (int gi = 0; gi < G; ++gi) dot[gi] += kd * qr[gi][x];
           }
         }
         // Sum the key's tpk partial dots (consecutive lanes of one warp).
@@ -135,55 +140,57 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
 #pragma unroll
     for (int gi = 0; gi < G; ++gi) {
 #pragma unroll
-      for (int e = 0; e < epv; ++e) acc[gi][e] *= corr_s[gi];
+      for (int e = 0; e < ept; ++e) acc[gi][e] *= corr_s[gi];
     }
     // Values: thread (kl, c) adds keys kl, kl + kpp, ... for its chunk of dimensions.
     for (int j0 = 0; j0 < tn; j0 += kpp * kInFlight) {
-      uint4 raw[kInFlight];
+      Vec raw[kInFlight];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
         const int j = j0 + u * kpp + kl;
-        if (j < tn) raw[u] = *reinterpret_cast<const uint4*>(vbase + slot_s[j] * row_stride);
+        if (j < tn) raw[u] = *reinterpret_cast<const Vec*>(vbase + slot_s[j] * row_stride);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
         const int j = j0 + u * kpp + kl;
         if (j >= tn) continue;
         const Storage* e = reinterpret_cast<const Storage*>(&raw[u]);
+        float pw[G];
 #pragma unroll
-        for (int x = 0; x < epv; ++x) {
+        for (int gi = 0; gi < G; ++gi) pw[gi] = p_s[gi][j];
+#pragma unroll
+        for (int x = 0; x < ept; ++x) {
           const float vd = Codec::Decode(e[x]);
 #pragma unroll
-          for (int gi = 0; gi < G; ++gi) acc[gi][x] += p_s[gi][j] * vd;
+          for (int gi = 0; gi < G; ++gi) acc[gi][x] += pw[gi] * vd;
         }
       }
     }
   }
   // Sum over the key lanes: first within each warp (lanes c, c + tpk, ...), then the 4 warps
-  // through shared memory (reusing q_s, which holds group * head_dim floats).
+  // through shared memory.
 #pragma unroll
   for (int gi = 0; gi < G; ++gi) {
 #pragma unroll
-    for (int e = 0; e < epv; ++e) {
+    for (int e = 0; e < ept; ++e) {
       for (int o = tpk; o < 32; o <<= 1) acc[gi][e] += __shfl_xor_sync(0xffffffffu, acc[gi][e], o);
     }
   }
-  __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int w = 0; w < kThreads / 32; ++w) {
     if (warp == w && lane < tpk) {
 #pragma unroll
       for (int gi = 0; gi < G; ++gi) {
 #pragma unroll
-        for (int e = 0; e < epv; ++e) {
-          float& r = q_s[gi * hd + c * epv + e];
+        for (int e = 0; e < ept; ++e) {
+          float& r = red_s[gi * hd + c * ept + e];
           r = (w == 0 ? 0.0f : r) + acc[gi][e];
         }
       }
     }
     __syncthreads();
   }
-  for (int i = threadIdx.x; i < group * hd; i += kThreads) out_at(i / hd)[i % hd] = q_s[i];
+  for (int i = threadIdx.x; i < group * hd; i += kThreads) out_at(i / hd)[i % hd] = red_s[i];
   if (threadIdx.x < group) out_at(threadIdx.x)[hd] = m_s[threadIdx.x], out_at(threadIdx.x)[hd + 1] = l_s[threadIdx.x];
 }
 
@@ -208,6 +215,16 @@ __global__ void AttentionCombineKernel(const float* partial, int heads, int spli
   }
 }
 
+// Debug knob for an A/B measurement (read once): TAILSERVE_ATTENTION_WIDE_FP8=1 keeps 16-byte
+// vectors for FP8 with 4 query heads per KV head.
+bool WideFp8() {
+  static const bool wide = [] {
+    const char* v = std::getenv("TAILSERVE_ATTENTION_WIDE_FP8");
+    return v != nullptr && v[0] == '1';
+  }();
+  return wide;
+}
+
 }  // namespace
 
 size_t AttentionWorkspaceFloats(const AttentionShape& s, int head_dim) {
@@ -217,24 +234,33 @@ size_t AttentionWorkspaceFloats(const AttentionShape& s, int head_dim) {
 absl::Status PagedAttention(const float* q, const AttentionShape& shape, const RowMeta& meta, const KvGeometry& g,
                             const KvLayerView& layer, float* workspace, __half* out, cudaStream_t stream) {
   const int group = shape.heads / g.kv_heads;
-  const int epv = 16 / static_cast<int>(KvElementBytes(g.dtype));
-  const int tpk = g.head_dim / epv;
-  if (group > kMaxGroup || g.head_dim > kMaxHeadDim || g.head_dim % epv != 0 || tpk > 32 || (tpk & (tpk - 1))) {
+  const int elem = static_cast<int>(KvElementBytes(g.dtype));
+  const int ept = (group * 16 / elem <= 64 ? 16 : 8) / elem;  // as the launch below picks VB
+  const int tpk = g.head_dim / ept;
+  if (group > kMaxGroup || g.head_dim > kMaxHeadDim || g.head_dim % ept != 0 || tpk > 32 || (tpk & (tpk - 1))) {
     return absl::InvalidArgumentError("PagedAttention: at most 8 query heads per KV head; head_dim a power-of-two multiple of 16 bytes, up to 256");
   }
   if (shape.rows == 0) return absl::OkStatus();
   const dim3 grid(shape.rows, g.kv_heads, shape.splits);
   auto launch = [&](auto dtype_tag) {
     constexpr KvDtype D = decltype(dtype_tag)::value;
+    // 16-byte vectors unless q and acc (G · elements each) would pass 64 registers apiece.
+    constexpr int kWide = D == KvDtype::kFp16 ? 8 : 16;
     switch (group) {
-      case 1: AttentionSplitKernel<D, 1><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 2: AttentionSplitKernel<D, 2><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 3: AttentionSplitKernel<D, 3><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 4: AttentionSplitKernel<D, 4><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 5: AttentionSplitKernel<D, 5><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 6: AttentionSplitKernel<D, 6><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 7: AttentionSplitKernel<D, 7><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      default: AttentionSplitKernel<D, 8><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 1: AttentionSplitKernel<D, 1, 16><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 2: AttentionSplitKernel<D, 2, 16><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 3: AttentionSplitKernel<D, 3, 16><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 4:
+        if (D != KvDtype::kFp16 && !WideFp8()) {  // 8-byte vectors: 118 registers instead of 218
+          AttentionSplitKernel<D, 4, 8><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace);
+        } else {
+          AttentionSplitKernel<D, 4, 16><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace);
+        }
+        break;
+      case 5: AttentionSplitKernel<D, 5, (5 * kWide <= 64 ? 16 : 8)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 6: AttentionSplitKernel<D, 6, (6 * kWide <= 64 ? 16 : 8)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 7: AttentionSplitKernel<D, 7, (7 * kWide <= 64 ? 16 : 8)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      default: AttentionSplitKernel<D, 8, (8 * kWide <= 64 ? 16 : 8)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
     }
   };
   switch (g.dtype) {

@@ -8,62 +8,116 @@ namespace {
 
 constexpr int kWarps = 8;
 
-// Warp w of block b computes column b * kWarps + w for R rows (rows beyond `rows` are skipped).
+// Eight consecutive inputs of row r at vector v, as floats.
+__device__ __forceinline__ void LoadX(const GemvArgs& a, int r, int v, float (&xf)[8]) {
+  if (a.x_f32 != nullptr) {
+    const float4* p = reinterpret_cast<const float4*>(a.x_f32 + static_cast<int64_t>(r) * a.k) + 2 * v;
+    const float4 lo = p[0], hi = p[1];
+    xf[0] = lo.x, xf[1] = lo.y, xf[2] = lo.z, xf[3] = lo.w, xf[4] = hi.x, xf[5] = hi.y, xf[6] = hi.z, xf[7] = hi.w;
+  } else {
+    const uint4 raw = reinterpret_cast<const uint4*>(a.x + static_cast<int64_t>(r) * a.k)[v];
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(h[i]);
+      xf[2 * i] = f.x, xf[2 * i + 1] = f.y;
+    }
+  }
+}
+
+__device__ __forceinline__ float Dot8(const uint4& w, const float (&xf)[8]) {
+  const __half2* h = reinterpret_cast<const __half2*>(&w);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    s += f.x * xf[2 * i] + f.y * xf[2 * i + 1];
+  }
+  return s;
+}
+
+// Warp w of block b computes columns 2·(b·kWarps + w) and the next one, for R rows (rows beyond
+// `rows` skipped): both columns share each load of x, and a lane keeps two W loads in flight.
 template <int R>
-__global__ void __launch_bounds__(kWarps * 32) GemvKernel(const __half* x, int rows, int k, const __half* w, int n,
-                                                           float beta, float* y) {
-  const int lane = threadIdx.x & 31, col = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  if (col >= n) return;
-  const uint4* wrow = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(col) * k);
-  float acc[R];
+__global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
+  __shared__ float sumsq_s[kWarps][R];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int c0 = 2 * (blockIdx.x * kWarps + warp);
+  const bool has0 = c0 < a.n, has1 = c0 + 1 < a.n;
+  float acc0[R], acc1[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-  const int vecs = k / 8;
-#pragma unroll 4
-  for (int v = lane; v < vecs; v += 32) {
-    const uint4 wv = wrow[v];
-    const __half2* wh = reinterpret_cast<const __half2*>(&wv);
-    float2 wf[4];
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = 0.0f;
+  if (has0) {
+    const uint4* w0 = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(c0) * a.k);
+    const uint4* w1 = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(has1 ? c0 + 1 : c0) * a.k);
+    const int vecs = a.k / 8;
+#pragma unroll 2
+    for (int v = lane; v < vecs; v += 32) {
+      const uint4 wv0 = w0[v], wv1 = w1[v];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) wf[i] = __half22float2(wh[i]);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (r >= rows) break;
-      const uint4 xv = reinterpret_cast<const uint4*>(x + static_cast<int64_t>(r) * k)[v];
-      const __half2* xh = reinterpret_cast<const __half2*>(&xv);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 xf = __half22float2(xh[i]);
-        acc[r] += wf[i].x * xf.x + wf[i].y * xf.y;
+      for (int r = 0; r < R; ++r) {
+        if (r >= a.rows) break;
+        float xf[8];
+        LoadX(a, r, v, xf);
+        acc0[r] += Dot8(wv0, xf);
+        acc1[r] += Dot8(wv1, xf);
       }
     }
   }
+  float sq[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    if (r >= rows) break;
-    const float sum = WarpSum(acc[r]);
-    if (lane == 0) {
-      float* out = y + static_cast<int64_t>(r) * n + col;
-      *out = beta == 0.0f ? sum : sum + beta * *out;
+    sq[r] = 0.0f;
+    if (r >= a.rows) break;
+    float s0 = WarpSum(acc0[r]), s1 = WarpSum(acc1[r]);
+    if (lane != 0 || !has0) continue;
+    if (a.in_sumsq != nullptr) {
+      const float inv = rsqrtf(a.in_sumsq[r] / a.k + a.eps);
+      s0 *= inv, s1 *= inv;
     }
+    if (a.swiglu_out != nullptr) {
+      a.swiglu_out[static_cast<int64_t>(r) * (a.n / 2) + c0 / 2] = __float2half(s0 / (1.0f + expf(-s0)) * s1);
+      continue;
+    }
+    float* out = a.y + static_cast<int64_t>(r) * a.n + c0;
+    if (a.bias != nullptr) s0 += a.bias[c0], s1 += has1 ? a.bias[c0 + 1] : 0.0f;
+    if (a.beta != 0.0f) s0 += a.beta * out[0], s1 += has1 ? a.beta * out[1] : 0.0f;
+    out[0] = s0;
+    if (has1) out[1] = s1;
+    sq[r] = s0 * s0 + (has1 ? s1 * s1 : 0.0f);
+  }
+  if (a.out_sumsq == nullptr) return;
+  // One atomic per row per block: lane 0 of each warp holds its two columns' squares.
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) sumsq_s[warp][r] = sq[r];
+  }
+  __syncthreads();
+  if (threadIdx.x < a.rows) {
+    float t = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) t += sumsq_s[w][threadIdx.x];
+    atomicAdd(a.out_sumsq + threadIdx.x, t);
   }
 }
 
 }  // namespace
 
-absl::Status Gemv(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y, cudaStream_t stream) {
-  if (rows < 1 || rows > kGemvMaxRows || k % 8 != 0) {
-    return absl::InvalidArgumentError("Gemv: 1..8 rows and k a multiple of 8");
+absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
+  if (a.rows < 1 || a.rows > kGemvMaxRows || a.k % 8 != 0 || (a.x == nullptr) == (a.x_f32 == nullptr) ||
+      (a.y == nullptr) == (a.swiglu_out == nullptr) || (a.swiglu_out != nullptr && a.n % 2 != 0)) {
+    return absl::InvalidArgumentError("Gemv: 1..8 rows, k a multiple of 8, one input, one output (SwiGLU: n even)");
   }
-  const dim3 grid((n + kWarps - 1) / kWarps), block(kWarps * 32);
-  if (rows == 1) {
-    GemvKernel<1><<<grid, block, 0, stream>>>(x, rows, k, w, n, beta, y);
-  } else if (rows == 2) {
-    GemvKernel<2><<<grid, block, 0, stream>>>(x, rows, k, w, n, beta, y);
-  } else if (rows <= 4) {
-    GemvKernel<4><<<grid, block, 0, stream>>>(x, rows, k, w, n, beta, y);
+  const int pairs = (a.n + 1) / 2;
+  const dim3 grid((pairs + kWarps - 1) / kWarps), block(kWarps * 32);
+  if (a.rows == 1) {
+    GemvKernel<1><<<grid, block, 0, stream>>>(a);
+  } else if (a.rows == 2) {
+    GemvKernel<2><<<grid, block, 0, stream>>>(a);
+  } else if (a.rows <= 4) {
+    GemvKernel<4><<<grid, block, 0, stream>>>(a);
   } else {
-    GemvKernel<8><<<grid, block, 0, stream>>>(x, rows, k, w, n, beta, y);
+    GemvKernel<8><<<grid, block, 0, stream>>>(a);
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();

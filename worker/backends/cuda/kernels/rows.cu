@@ -8,11 +8,20 @@
 namespace tailserve::cuda {
 namespace {
 
-__global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidden, float* x) {
+__global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidden, float* x, float* sumsq) {
+  __shared__ float shared[32];
   const int r = blockIdx.x;
   const __half* src = table + static_cast<int64_t>(tokens[r]) * hidden;
   float* dst = x + static_cast<int64_t>(r) * hidden;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = __half2float(src[i]);
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const float v = __half2float(src[i]);
+    dst[i] = v;
+    sum += v * v;
+  }
+  if (sumsq == nullptr) return;
+  sum = BlockSum(sum, shared);
+  if (threadIdx.x == 0) sumsq[r] = sum;
 }
 
 __global__ void RmsNormKernel(const float* x, const int32_t* src, int hidden, const float* w, float eps,
@@ -25,14 +34,13 @@ __global__ void RmsNormKernel(const float* x, const int32_t* src, int hidden, co
   sum = BlockSum(sum, shared);
   const float inv = rsqrtf(sum / hidden + eps);
   __half* o = out + static_cast<int64_t>(r) * hidden;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = __float2half(w[i] * (xr[i] * inv));
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = __float2half((w ? w[i] : 1.0f) * (xr[i] * inv));
 }
 
-__global__ void SwiGluKernel(const float* gate_up, int64_t total, int ffn, __half* out) {
+__global__ void SwiGluKernel(const float* gate_up, int64_t total, __half* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / ffn, f = i % ffn;
-    const float g = gate_up[r * 2 * ffn + f], u = gate_up[r * 2 * ffn + ffn + f];
+    const float g = gate_up[2 * i], u = gate_up[2 * i + 1];
     out[i] = __float2half(g / (1.0f + expf(-g)) * u);
   }
 }
@@ -97,10 +105,10 @@ int GridFor(int64_t total, int threads) {
 
 }  // namespace
 
-absl::Status EmbedRows(const __half* table, const int32_t* tokens, int rows, int hidden, float* x,
+absl::Status EmbedRows(const __half* table, const int32_t* tokens, int rows, int hidden, float* x, float* sumsq,
                        cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
-  EmbedKernel<<<rows, 256, 0, stream>>>(table, tokens, hidden, x);
+  EmbedKernel<<<rows, 256, 0, stream>>>(table, tokens, hidden, x, sumsq);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -119,7 +127,7 @@ absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidde
 absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(rows) * ffn;
   if (total == 0) return absl::OkStatus();
-  SwiGluKernel<<<GridFor(total, 256), 256, 0, stream>>>(gate_up, total, ffn, out);
+  SwiGluKernel<<<GridFor(total, 256), 256, 0, stream>>>(gate_up, total, out);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -11,15 +11,18 @@
 
 namespace tailserve::cuda {
 
-// x[r, :] = float(table[tokens[r], :]).
-absl::Status EmbedRows(const __half* table, const int32_t* tokens, int rows, int hidden, float* x,
+// x[r, :] = float(table[tokens[r], :]); with sumsq, also sumsq[r] = Σ x[r, :]² (what the first
+// norm, fused into a Gemv, needs).
+absl::Status EmbedRows(const __half* table, const int32_t* tokens, int rows, int hidden, float* x, float* sumsq,
                        cudaStream_t stream);
 
-// out[r, :] = fp16(x[src[r], :] / rms(x[src[r], :]) * weight); src == nullptr means src[r] = r.
+// out[r, :] = fp16(x[src[r], :] / rms(x[src[r], :]) * weight); src == nullptr means src[r] = r;
+// weight == nullptr means ones (the weight was folded into the consumer's matrix).
 absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidden, const float* weight, float eps,
                          __half* out, cudaStream_t stream);
 
-// out[r, f] = fp16(silu(gate_up[r, f]) * gate_up[r, ffn + f]).
+// out[r, f] = fp16(silu(gate_up[r, 2f]) * gate_up[r, 2f + 1]): gate and up interleaved, as the
+// engine lays out its fused gate/up matrix (so a Gemv warp computes both halves of one output).
 absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream);
 
 // x[r, :] += bias.
