@@ -3,6 +3,7 @@
 // the measured 4.26 TB/s copy bandwidth); a prefill must do 2·params·tokens FLOPs plus attention
 // (÷ the measured 768 TFLOP/s bf16 GEMM rate; fp16 runs at the same rate). Optional soak: batch B for S seconds, reporting
 // step-time quantiles and device memory per interval.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -161,7 +162,9 @@ int Main(int argc, char** argv) {
     std::vector<double> times;
     for (int k = -3; k < steps; ++k) {  // the first step prefills; two more warm the graph
       const double a = Now();
+      if (k == 0) cudaProfilerStart();  // what `ncu --profile-from-start off` sees: one decode step
       if (absl::Status st = (*engine)->Step(step, &out); !st.ok()) return std::fprintf(stderr, "%s\n", st.ToString().c_str()), 1;
+      if (k == 0) cudaProfilerStop();
       if (k >= 0) times.push_back(Now() - a);
       for (int i = 0; i < batch; ++i) {
         seqs[i].push_back(out[i]);

@@ -35,8 +35,6 @@ mkdir -p /tmp/ckpt
 if [ "$MODE" = check ] || [ "$MODE" = bench ]; then
   echo "== bench 1B"
   $R tailserve-bench-cuda --model /tmp/ckpt/l1b --batches 1,16,64 --prefills 512,2048 2>&1 | tee "$OUT/bench_1b.md"
-  echo "== bench 1B, attention with 16-byte FP8 vectors (A/B)"
-  TAILSERVE_ATTENTION_WIDE_FP8=1 $R tailserve-bench-cuda --model /tmp/ckpt/l1b --batches 1,16,64 --contexts 512,2048 --prefills 512 2>&1 | tee "$OUT/bench_1b_wide.md"
   echo "== bench 8B"
   $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512,2048 --prefills 512,2048 2>&1 | tee "$OUT/bench_8b.md"
 else

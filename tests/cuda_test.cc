@@ -106,7 +106,7 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
   std::mt19937 rng(seed);
   const float eps = 1e-5f;
   for (int rows : {1, 3, 8}) {
-    for (int k : {200, 4096}) {
+    for (int k : {200, 520, 1032, 4096}) {  // k split 1, 2, 4 and 8 ways (n is small)
       for (int mode = 0; mode < 4; ++mode) {
         const bool residual = mode == 1, normed = mode >= 2, swiglu = mode == 3;
         const int n = swiglu ? 78 : 77;
@@ -424,7 +424,9 @@ TEST_P(CudaEngineTest, LogitsAndGreedyMatchTransformers) {
   const double tol = fp8 ? 3e-2 : 1e-2;
   // Router logit gaps below this (CPU, fp32) are near-ties the CUDA engine's fp16 activations
   // (relative error ~3e-3) may resolve the other way; those positions are reported, not compared.
-  constexpr float kRouterTie = 1e-2f;
+  // With FP8 KV the two engines' hidden states differ more: an activation difference that moves
+  // a value across an FP8 rounding boundary changes it by a whole FP8 step (6-12%).
+  const float kRouterTie = fp8 ? 5e-2f : 1e-2f;
   const std::string dir = testing::ReferenceDir(ec.model);
   CudaEngineOptions o{.kv_dtype = ec.dtype, .kv_memory_fraction = 0.05, .prefill_chunk = 512, .logits_rows = 512};
   auto engine = CudaEngine::Load(dir, o);

@@ -1,6 +1,5 @@
 #include "worker/backends/cuda/kernels/attention.h"
 
-#include <cstdlib>
 #include <type_traits>
 
 #include "worker/backends/cuda/cuda_check.h"
@@ -23,7 +22,7 @@ constexpr int kInFlight = 4;    // 16-byte loads each thread issues before using
 // needs its chunk of each query head, so q lives in registers (read from shared memory it cost 4-way
 // bank conflicts on every key: ncu, v5), next to the accumulator of the same chunk.
 // G: query heads per KV head, a template parameter so the per-head arrays stay in registers sized
-// to the model. VB (16 or 8 bytes) keeps G · ept ≤ 64 so q and acc fit without spilling.
+// to the model. VB: bytes per load (VectorBytes).
 template <KvDtype D, int G, int VB>
 __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q, AttentionShape shape, RowMeta meta,
                                                                  KvGeometry g, KvLayerView layer, float* partial) {
@@ -215,15 +214,11 @@ __global__ void AttentionCombineKernel(const float* partial, int heads, int spli
   }
 }
 
-// Debug knob for an A/B measurement (read once): TAILSERVE_ATTENTION_WIDE_FP8=1 keeps 16-byte
-// vectors for FP8 with 4 query heads per KV head.
-bool WideFp8() {
-  static const bool wide = [] {
-    const char* v = std::getenv("TAILSERVE_ATTENTION_WIDE_FP8");
-    return v != nullptr && v[0] == '1';
-  }();
-  return wide;
-}
+// Bytes each thread loads per key: FP8 with more than 2 query heads per KV head takes 8, so q and
+// acc stay at 32 registers each (measured, 1B shape, FP8, 4 heads per KV head: 16-byte vectors
+// needed 218 registers, 2 CTAs/SM, and made batch-64 attention 1.8x slower than 8-byte ones at
+// 118 registers). fp16 keeps 16-byte vectors (8 elements) so head_dim 256 fits 32 lanes.
+constexpr int VectorBytes(KvDtype d, int group) { return d != KvDtype::kFp16 && group > 2 ? 8 : 16; }
 
 }  // namespace
 
@@ -235,7 +230,7 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
                             const KvLayerView& layer, float* workspace, __half* out, cudaStream_t stream) {
   const int group = shape.heads / g.kv_heads;
   const int elem = static_cast<int>(KvElementBytes(g.dtype));
-  const int ept = (group * 16 / elem <= 64 ? 16 : 8) / elem;  // as the launch below picks VB
+  const int ept = (elem == 1 && group > 2 ? 8 : 16) / elem;  // as VectorBytes picks
   const int tpk = g.head_dim / ept;
   if (group > kMaxGroup || g.head_dim > kMaxHeadDim || g.head_dim % ept != 0 || tpk > 32 || (tpk & (tpk - 1))) {
     return absl::InvalidArgumentError("PagedAttention: at most 8 query heads per KV head; head_dim a power-of-two multiple of 16 bytes, up to 256");
@@ -244,23 +239,15 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
   const dim3 grid(shape.rows, g.kv_heads, shape.splits);
   auto launch = [&](auto dtype_tag) {
     constexpr KvDtype D = decltype(dtype_tag)::value;
-    // 16-byte vectors unless q and acc (G · elements each) would pass 64 registers apiece.
-    constexpr int kWide = D == KvDtype::kFp16 ? 8 : 16;
     switch (group) {
-      case 1: AttentionSplitKernel<D, 1, 16><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 2: AttentionSplitKernel<D, 2, 16><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 3: AttentionSplitKernel<D, 3, 16><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 4:
-        if (D != KvDtype::kFp16 && !WideFp8()) {  // 8-byte vectors: 118 registers instead of 218
-          AttentionSplitKernel<D, 4, 8><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace);
-        } else {
-          AttentionSplitKernel<D, 4, 16><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace);
-        }
-        break;
-      case 5: AttentionSplitKernel<D, 5, (5 * kWide <= 64 ? 16 : 8)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 6: AttentionSplitKernel<D, 6, (6 * kWide <= 64 ? 16 : 8)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 7: AttentionSplitKernel<D, 7, (7 * kWide <= 64 ? 16 : 8)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      default: AttentionSplitKernel<D, 8, (8 * kWide <= 64 ? 16 : 8)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 1: AttentionSplitKernel<D, 1, VectorBytes(D, 1)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 2: AttentionSplitKernel<D, 2, VectorBytes(D, 2)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 3: AttentionSplitKernel<D, 3, VectorBytes(D, 3)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 4: AttentionSplitKernel<D, 4, VectorBytes(D, 4)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 5: AttentionSplitKernel<D, 5, VectorBytes(D, 5)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 6: AttentionSplitKernel<D, 6, VectorBytes(D, 6)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 7: AttentionSplitKernel<D, 7, VectorBytes(D, 7)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      default: AttentionSplitKernel<D, 8, VectorBytes(D, 8)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
     }
   };
   switch (g.dtype) {

@@ -36,13 +36,16 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float (&xf)[8]) {
   return s;
 }
 
-// Warp w of block b computes columns 2·(b·kWarps + w) and the next one, for R rows (rows beyond
-// `rows` skipped): both columns share each load of x, and a lane keeps two W loads in flight.
-template <int R>
+// A block's 8 warps take 8 / KS column pairs; the KS warps of a pair split its k range
+// (interleaved 16-byte vectors) and meet in shared memory. Both columns of a pair share each load
+// of x, and a lane keeps two W loads in flight per step. KS > 1 where there are few columns (the
+// 8B shape's o and down projections: 2048 pairs), so that enough warps stream W at once.
+template <int R, int KS>
 __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
+  __shared__ float part_s[kWarps][R][2];
   __shared__ float sumsq_s[kWarps][R];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int c0 = 2 * (blockIdx.x * kWarps + warp);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % KS;
+  const int c0 = 2 * (blockIdx.x * (kWarps / KS) + warp / KS);
   const bool has0 = c0 < a.n, has1 = c0 + 1 < a.n;
   float acc0[R], acc1[R];
 #pragma unroll
@@ -52,7 +55,7 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
     const uint4* w1 = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(has1 ? c0 + 1 : c0) * a.k);
     const int vecs = a.k / 8;
 #pragma unroll 2
-    for (int v = lane; v < vecs; v += 32) {
+    for (int v = slice * 32 + lane; v < vecs; v += 32 * KS) {
       const uint4 wv0 = w0[v], wv1 = w1[v];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -64,13 +67,28 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
       }
     }
   }
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc0[r] = WarpSum(acc0[r]), acc1[r] = WarpSum(acc1[r]);
+  if (KS > 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) part_s[warp][r][0] = acc0[r], part_s[warp][r][1] = acc1[r];
+    }
+    __syncthreads();
+    if (lane == 0 && slice == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int k = 1; k < KS; ++k) acc0[r] += part_s[warp + k][r][0], acc1[r] += part_s[warp + k][r][1];
+      }
+    }
+  }
   float sq[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     sq[r] = 0.0f;
-    if (r >= a.rows) break;
-    float s0 = WarpSum(acc0[r]), s1 = WarpSum(acc1[r]);
-    if (lane != 0 || !has0) continue;
+    if (r >= a.rows || lane != 0 || slice != 0 || !has0) continue;
+    float s0 = acc0[r], s1 = acc1[r];
     if (a.in_sumsq != nullptr) {
       const float inv = rsqrtf(a.in_sumsq[r] / a.k + a.eps);
       s0 *= inv, s1 *= inv;
@@ -87,7 +105,7 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
     sq[r] = s0 * s0 + (has1 ? s1 * s1 : 0.0f);
   }
   if (a.out_sumsq == nullptr) return;
-  // One atomic per row per block: lane 0 of each warp holds its two columns' squares.
+  // One atomic per row per block: lane 0 of each warp holds its columns' squares (0 off slice 0).
   if (lane == 0) {
 #pragma unroll
     for (int r = 0; r < R; ++r) sumsq_s[warp][r] = sq[r];
@@ -101,6 +119,19 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
   }
 }
 
+template <int R>
+void LaunchRows(const GemvArgs& a, int ks, cudaStream_t stream) {
+  const int pairs = (a.n + 1) / 2;
+  const dim3 block(kWarps * 32);
+  auto grid = [&](int k) { return dim3((pairs + kWarps / k - 1) / (kWarps / k)); };
+  switch (ks) {
+    case 1: GemvKernel<R, 1><<<grid(1), block, 0, stream>>>(a); break;
+    case 2: GemvKernel<R, 2><<<grid(2), block, 0, stream>>>(a); break;
+    case 4: GemvKernel<R, 4><<<grid(4), block, 0, stream>>>(a); break;
+    default: GemvKernel<R, 8><<<grid(8), block, 0, stream>>>(a); break;
+  }
+}
+
 }  // namespace
 
 absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
@@ -108,16 +139,18 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
       (a.y == nullptr) == (a.swiglu_out == nullptr) || (a.swiglu_out != nullptr && a.n % 2 != 0)) {
     return absl::InvalidArgumentError("Gemv: 1..8 rows, k a multiple of 8, one input, one output (SwiGLU: n even)");
   }
-  const int pairs = (a.n + 1) / 2;
-  const dim3 grid((pairs + kWarps - 1) / kWarps), block(kWarps * 32);
+  // Split k until about 8192 warps stream W (64 per SM), keeping 2+ vectors per lane and slice.
+  const int pairs = (a.n + 1) / 2, vecs = a.k / 8;
+  int ks = 1;
+  while (ks < kWarps && pairs * ks < 8192 && vecs >= 64 * ks) ks *= 2;
   if (a.rows == 1) {
-    GemvKernel<1><<<grid, block, 0, stream>>>(a);
+    LaunchRows<1>(a, ks, stream);
   } else if (a.rows == 2) {
-    GemvKernel<2><<<grid, block, 0, stream>>>(a);
+    LaunchRows<2>(a, ks, stream);
   } else if (a.rows <= 4) {
-    GemvKernel<4><<<grid, block, 0, stream>>>(a);
+    LaunchRows<4>(a, ks, stream);
   } else {
-    GemvKernel<8><<<grid, block, 0, stream>>>(a);
+    LaunchRows<8>(a, ks, stream);
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
