@@ -334,6 +334,7 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaKvTest,
                          ::testing::Values(KvCase{64, KvDtype::kFp16, 1e-3}, KvCase{128, KvDtype::kFp16, 1e-3},
+                                           KvCase{32, KvDtype::kFp8E4M3, 4e-2},
                                            KvCase{64, KvDtype::kFp8E4M3, 4e-2}, KvCase{128, KvDtype::kFp8E4M3, 4e-2},
                                            KvCase{128, KvDtype::kFp8E5M2, 8e-2}),
                          [](const auto& info) {

@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "worker/backends/cuda/cuda_check.h"
+#include "worker/backends/cuda/kernels/attention_mma.cuh"
 #include "worker/backends/cuda/kernels/common.cuh"
 #include "worker/backends/cuda/kernels/kv_codec.cuh"
 
@@ -237,6 +238,27 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
   }
   if (shape.rows == 0) return absl::OkStatus();
   const dim3 grid(shape.rows, g.kv_heads, shape.splits);
+  // FP8 caches at the common head sizes run on the tensor cores (attention_mma.cuh).
+  if (g.dtype != KvDtype::kFp16 && (g.head_dim == 32 || g.head_dim == 64 || g.head_dim == 128)) {
+    auto mma = [&](auto dtype_tag, auto hd_tag) {
+      constexpr KvDtype D = decltype(dtype_tag)::value;
+      constexpr int HD = decltype(hd_tag)::value;
+      mma_attention::AttentionMmaKernel<D, HD><<<grid, mma_attention::kWarps * 32, 0, stream>>>(
+          q, shape.heads, shape.q_stride, shape.sliding_window, shape.splits, shape.scale, meta, g, layer, workspace);
+    };
+    auto by_dim = [&](auto dtype_tag) {
+      if (g.head_dim == 32) mma(dtype_tag, std::integral_constant<int, 32>{});
+      else if (g.head_dim == 64) mma(dtype_tag, std::integral_constant<int, 64>{});
+      else mma(dtype_tag, std::integral_constant<int, 128>{});
+    };
+    if (g.dtype == KvDtype::kFp8E4M3) by_dim(std::integral_constant<KvDtype, KvDtype::kFp8E4M3>{});
+    else by_dim(std::integral_constant<KvDtype, KvDtype::kFp8E5M2>{});
+    TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+    AttentionCombineKernel<<<dim3(shape.rows, shape.heads), 128, 0, stream>>>(workspace, shape.heads, shape.splits,
+                                                                              g.head_dim, out);
+    TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+    return absl::OkStatus();
+  }
   auto launch = [&](auto dtype_tag) {
     constexpr KvDtype D = decltype(dtype_tag)::value;
     switch (group) {

@@ -1,0 +1,262 @@
+#pragma once
+// Decode/prefill attention over an FP8 paged cache on the tensor cores (mma.sync m16n8k16, fp16
+// inputs, fp32 accumulation). Included by attention.cu only.
+//
+// Why: the CUDA-core kernel spent ~180 warp-instructions per cached key (decode, 8B shape, batch
+// 64: ncu found it issue-bound at 15% of DRAM bandwidth). Here a warp takes 16 keys at a time:
+//   S[16 query rows × 16 keys] = Q · Kᵀ   (head_dim / 16 × 2 mma; the group's G ≤ 8 query heads
+//                                          fill rows 0..G-1, the rest are zero)
+//   online softmax on S's fragments (exp2 domain, each row's max/sum across a lane quad)
+//   O[16 × head_dim] += P · V              (head_dim / 8 mma, P reused from S's registers)
+// about 20 warp-instructions per key. FP8 → fp16 is exact, so only q (fp16) and P (fp16) round.
+// Each warp streams its own tiles (keys begin + 16·(warp + 4i)) through a two-stage cp.async
+// buffer in shared memory, with no block-wide barrier until the 4 warps merge their partial
+// softmaxes at the end. The V scale of each key folds into P relative to the tile's largest V
+// scale (so P stays in fp16's normal range), and O carries that factor from tile to tile.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_pipeline_primitives.h>
+
+#include "worker/backends/cuda/kernels/kv_cache.h"
+
+namespace tailserve::cuda {
+namespace mma_attention {
+
+constexpr int kWarps = 4;
+constexpr int kKeys = 16;  // keys per warp tile
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Bytes between cached keys in a stage buffer: 16 more than a row, so the 8 keys a B fragment
+// reads (row stride 36 words: banks 4g + c) hit 32 distinct banks.
+template <int HD>
+constexpr int RowBytes() {
+  return HD + 16;
+}
+
+__device__ __forceinline__ uint32_t Fp8x2ToHalf2(uint16_t two, __nv_fp8_interpretation_t kind) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, kind);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// D = A · B + D for one m16n8k16 tile (row-major A, column-major B).
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int HD>
+struct Stage {
+  alignas(16) uint8_t k[kKeys * RowBytes<HD>()];
+  alignas(16) uint8_t v[kKeys * RowBytes<HD>()];
+};
+
+// Grid (rows, kv_heads, splits), kWarps · 32 threads. Writes the split's partial (acc[hd], max,
+// sum per query head, natural-log max) in the layout the combine kernel reads.
+template <KvDtype D, int HD>
+__global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(const float* q, int heads, int q_stride,
+                                                                  int sliding_window, int splits, float scale,
+                                                                  RowMeta meta, KvGeometry g, KvLayerView layer,
+                                                                  float* partial) {
+  static_assert(HD % 16 == 0 && HD <= 128, "head_dim 16..128, a multiple of 16");
+  constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
+  constexpr int kRow = RowBytes<HD>();
+  constexpr int kPieces = kKeys * HD / 16;  // 16-byte pieces of a K (or V) tile
+  constexpr int kPerLane = (kPieces + 31) / 32;
+  constexpr int kChunks = HD / 16;  // k-steps of Q·Kᵀ
+  constexpr int kDimTiles = HD / 8;  // n-tiles of P·V
+  __shared__ Stage<HD> stages[kWarps][2];
+
+  const int row = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int qg = lane >> 2, qc = lane & 3;  // fragment row group and column pair
+  const int group = heads / g.kv_heads, kvh = g.kv_heads;
+  const int pos = meta.pos[row];
+  const int lo = sliding_window > 0 ? max(0, pos - sliding_window + 1) : 0;
+  const int n = pos + 1 - lo;
+  const int chunk = ((n + splits - 1) / splits + 31) & ~31;
+  const int begin = lo + split * chunk, end = min(pos + 1, begin + chunk);
+  float* out = partial + ((static_cast<int64_t>(row) * heads + kv_head * group) * splits + split) * (HD + 2);
+  auto out_at = [&](int gi) { return out + static_cast<int64_t>(gi) * splits * (HD + 2); };
+  if (begin >= end) {
+    for (int i = threadIdx.x; i < group * HD; i += blockDim.x) out_at(i / HD)[i % HD] = 0.0f;
+    if (threadIdx.x < group) out_at(threadIdx.x)[HD] = -INFINITY, out_at(threadIdx.x)[HD + 1] = 0.0f;
+    return;
+  }
+
+  // Q fragments (rows = query heads of the group, scaled into the exp2 domain); rows ≥ group and
+  // the padding rows 8..15 are zero.
+  uint32_t qa[kChunks][2];  // a0 (row qg, dims 2qc..) and a2 (row qg, dims 2qc + 8..); a1 = a3 = 0
+  {
+    const float qs = scale * kLog2e;
+    const float* qrow = q + static_cast<int64_t>(row) * q_stride + (kv_head * group + qg) * HD;
+#pragma unroll
+    for (int kc = 0; kc < kChunks; ++kc) {
+      if (qg < group) {
+        const float* p = qrow + kc * 16 + 2 * qc;
+        qa[kc][0] = PackHalf2(p[0] * qs, p[1] * qs);
+        qa[kc][1] = PackHalf2(p[8] * qs, p[9] * qs);
+      } else {
+        qa[kc][0] = qa[kc][1] = 0u;
+      }
+    }
+  }
+
+  const int32_t* blocks = meta.block_table + static_cast<int64_t>(meta.seq[row]) * g.max_blocks_per_seq;
+  const uint8_t* kbase = static_cast<const uint8_t*>(layer.k) + kv_head * HD;
+  const uint8_t* vbase = static_cast<const uint8_t*>(layer.v) + kv_head * HD;
+  auto slot_of = [&](int p) {
+    return static_cast<int64_t>(blocks[p / g.block_size]) * g.block_size + p % g.block_size;
+  };
+  // Starts copying tile `t0`'s K and V rows into stage `s`, and loads this lane's scale
+  // (lanes 0-15: K scale of key lane, 16-31: V scale of key lane - 16). Keys past `end` read the
+  // last valid key: finite values, masked out of the scores.
+  auto issue = [&](int t0, int s, float* scale_out) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int piece = lane + 32 * i;
+      if (piece < kPieces) {
+        const int key = piece / (HD / 16), part = piece % (HD / 16);
+        const int64_t slot = slot_of(min(t0 + key, end - 1));
+        const int64_t at = slot * kvh * HD + part * 16;
+        __pipeline_memcpy_async(stages[warp][s].k + key * kRow + part * 16, kbase + at, 16);
+        __pipeline_memcpy_async(stages[warp][s].v + key * kRow + part * 16, vbase + at, 16);
+      }
+    }
+    __pipeline_commit();
+    const int key = lane & 15;
+    const int64_t slot = slot_of(min(t0 + key, end - 1));
+    *scale_out = (lane < 16 ? layer.k_scale : layer.v_scale)[slot * kvh + kv_head];
+  };
+
+  float o[kDimTiles][4];
+#pragma unroll
+  for (int t = 0; t < kDimTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+  float m = -INFINITY, l = 0.0f, o_scale = 1.0f;  // row qg; O holds O_true / o_scale
+
+  int t0 = begin + warp * kKeys;
+  float scale_cur = 0.0f, scale_next = 0.0f;
+  if (t0 < end) issue(t0, 0, &scale_cur);
+  for (int it = 0; t0 < end; ++it, t0 += kWarps * kKeys) {
+    const int s = it & 1, t_next = t0 + kWarps * kKeys;
+    if (t_next < end) {
+      issue(t_next, s ^ 1, &scale_next);
+    } else {
+      __pipeline_commit();  // an empty group keeps the wait count uniform
+    }
+    __pipeline_wait_prior(1);
+    __syncwarp();
+    const uint8_t* ks = stages[warp][s].k;
+    const uint8_t* vs = stages[warp][s].v;
+
+    // S = Q · Kᵀ: n-tile j covers keys 8j .. 8j + 7; this lane's columns are keys 8j + 2qc, +1.
+    float sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint8_t* krow = ks + (8 * j + qg) * kRow + 2 * qc;
+#pragma unroll
+      for (int kc = 0; kc < kChunks; ++kc) {
+        const uint32_t b0 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16), kKind);
+        const uint32_t b1 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16 + 8), kKind);
+        const uint32_t a[4] = {qa[kc][0], 0u, qa[kc][1], 0u};
+        Mma(sc[j], a, b0, b1);
+      }
+    }
+    // Scales of this lane's four keys (8j + 2qc + e) from the lanes that loaded them.
+    float p[2][2], vsc[2][2];
+    float tmax = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = 8 * j + 2 * qc + e;
+        const float kscale = __shfl_sync(0xffffffffu, scale_cur, key);
+        vsc[j][e] = __shfl_sync(0xffffffffu, scale_cur, 16 + key);
+        p[j][e] = t0 + key < end ? sc[j][e] * kscale : -INFINITY;
+        tmax = fmaxf(tmax, p[j][e]);
+      }
+    }
+    float vmax = fmaxf(fmaxf(vsc[0][0], vsc[0][1]), fmaxf(vsc[1][0], vsc[1][1]));
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o2));
+      vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o2));
+    }
+    const float m_new = fmaxf(m, tmax);  // finite: the tile's first key is always valid
+    const float corr = exp2f(m - m_new);
+    float psum = 0.0f;
+    uint32_t pa[4];  // A fragment of P (rows qg; rows 8..15 zero), V scales folded relative to vmax
+    {
+      const float inv_vmax = 1.0f / vmax;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float e0 = exp2f(p[j][0] - m_new), e1 = exp2f(p[j][1] - m_new);
+        psum += e0 + e1;
+        pa[2 * j] = PackHalf2(e0 * vsc[j][0] * inv_vmax, e1 * vsc[j][1] * inv_vmax);
+        pa[2 * j + 1] = 0u;
+      }
+    }
+    l = l * corr + psum;
+    m = m_new;
+    // O (units of o_scale) → units of this tile's vmax, then += P' · V.
+    const float f = corr * o_scale / vmax;
+    o_scale = vmax;
+    const uint32_t a[4] = {pa[0], pa[1], pa[2], pa[3]};
+#pragma unroll
+    for (int t = 0; t < kDimTiles; ++t) {
+      o[t][0] *= f, o[t][1] *= f;
+      // B fragment: V[keys 2qc, 2qc + 1][dim 8t + qg] and keys 2qc + 8, + 9.
+      const uint8_t* vcol = vs + 8 * t + qg;
+      const uint16_t lo0 = vcol[(2 * qc) * kRow], hi0 = vcol[(2 * qc + 1) * kRow];
+      const uint16_t lo1 = vcol[(2 * qc + 8) * kRow], hi1 = vcol[(2 * qc + 9) * kRow];
+      const uint32_t b0 = Fp8x2ToHalf2(static_cast<uint16_t>(lo0 | (hi0 << 8)), kKind);
+      const uint32_t b1 = Fp8x2ToHalf2(static_cast<uint16_t>(lo1 | (hi1 << 8)), kKind);
+      Mma(o[t], a, b0, b1);
+    }
+    scale_cur = scale_next;
+    __syncwarp();  // this stage is refilled by the next iteration's issue
+  }
+  __pipeline_wait_prior(0);
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+  // Merge the 4 warps' partial softmaxes (rows < group) through the stage buffers.
+  __syncthreads();
+  float* o_s = reinterpret_cast<float*>(&stages[0][0]);  // [kWarps][8][HD]
+  float* ml_s = o_s + kWarps * 8 * HD;                   // [kWarps][8][2]
+  static_assert(sizeof(stages) >= (kWarps * 8 * HD + kWarps * 16) * sizeof(float), "merge buffer");
+#pragma unroll
+  for (int t = 0; t < kDimTiles; ++t) {
+    o_s[(warp * 8 + qg) * HD + 8 * t + 2 * qc] = o[t][0] * o_scale;
+    o_s[(warp * 8 + qg) * HD + 8 * t + 2 * qc + 1] = o[t][1] * o_scale;
+  }
+  if (qc == 0) ml_s[(warp * 8 + qg) * 2] = m, ml_s[(warp * 8 + qg) * 2 + 1] = l;
+  __syncthreads();
+  for (int i = threadIdx.x; i < group * HD; i += blockDim.x) {
+    const int gi = i / HD, d = i % HD;
+    float mm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, ml_s[(w * 8 + gi) * 2]);
+    float acc = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = ml_s[(w * 8 + gi) * 2];
+      if (mw == -INFINITY) continue;  // a warp that had no tile
+      const float c = exp2f(mw - mm);
+      acc += o_s[(w * 8 + gi) * HD + d] * c;
+      sum += ml_s[(w * 8 + gi) * 2 + 1] * c;
+    }
+    out_at(gi)[d] = acc;
+    if (d == 0) out_at(gi)[HD] = mm / kLog2e, out_at(gi)[HD + 1] = sum;
+  }
+}
+
+}  // namespace mma_attention
+}  // namespace tailserve::cuda
