@@ -27,7 +27,6 @@ constexpr int kInFlight = 4;    // 16-byte loads each thread issues before using
 template <KvDtype D, int G, int VB>
 __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q, AttentionShape shape, RowMeta meta,
                                                                  KvGeometry g, KvLayerView layer, float* partial) {
-  PdlWait();
   using Codec = KvCodec<D>;
   using Storage = typename Codec::Storage;
   using Vec = std::conditional_t<VB == 16, uint4, uint2>;
@@ -197,7 +196,6 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
 
 // Merges the splits of one (row, head): out = Σ acc_s e^(m_s − M) / Σ l_s e^(m_s − M).
 __global__ void AttentionCombineKernel(const float* partial, int heads, int splits, int hd, __half* out) {
-  PdlWait();
   const int row = blockIdx.x, head = blockIdx.y;
   const float* p = partial + (static_cast<int64_t>(row) * heads + head) * splits * (hd + 2);
   float m = -INFINITY;
@@ -240,45 +238,49 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
   }
   if (shape.rows == 0) return absl::OkStatus();
   const dim3 grid(shape.rows, g.kv_heads, shape.splits);
-  auto split_kernel = [&](auto dtype_tag) -> cudaError_t {
-    constexpr KvDtype D = decltype(dtype_tag)::value;
-    // FP8 caches at the common head sizes run on the tensor cores (attention_mma.cuh).
-    if constexpr (D != KvDtype::kFp16) {
-      auto mma = [&](auto hd_tag) {
-        constexpr int HD = decltype(hd_tag)::value;
-        return LaunchPdl(mma_attention::AttentionMmaKernel<D, HD>, grid, dim3(mma_attention::kWarps * 32), stream, q,
-                         shape.heads, shape.q_stride, shape.sliding_window, shape.splits, shape.scale, meta, g, layer,
-                         workspace);
-      };
-      if (g.head_dim == 32) return mma(std::integral_constant<int, 32>{});
-      if (g.head_dim == 64) return mma(std::integral_constant<int, 64>{});
-      if (g.head_dim == 128) return mma(std::integral_constant<int, 128>{});
-    }
-    auto cores = [&](auto group_tag) {
-      constexpr int G = decltype(group_tag)::value;
-      return LaunchPdl(AttentionSplitKernel<D, G, VectorBytes(D, G)>, grid, dim3(kThreads), stream, q, shape, meta, g,
-                       layer, workspace);
+  // FP8 caches at the common head sizes run on the tensor cores (attention_mma.cuh).
+  if (g.dtype != KvDtype::kFp16 && (g.head_dim == 32 || g.head_dim == 64 || g.head_dim == 128)) {
+    auto mma = [&](auto dtype_tag, auto hd_tag) {
+      constexpr KvDtype D = decltype(dtype_tag)::value;
+      constexpr int HD = decltype(hd_tag)::value;
+      mma_attention::AttentionMmaKernel<D, HD><<<grid, mma_attention::kWarps * 32, 0, stream>>>(
+          q, shape.heads, shape.q_stride, shape.sliding_window, shape.splits, shape.scale, meta, g, layer, workspace);
     };
+    auto by_dim = [&](auto dtype_tag) {
+      if (g.head_dim == 32) mma(dtype_tag, std::integral_constant<int, 32>{});
+      else if (g.head_dim == 64) mma(dtype_tag, std::integral_constant<int, 64>{});
+      else mma(dtype_tag, std::integral_constant<int, 128>{});
+    };
+    if (g.dtype == KvDtype::kFp8E4M3) by_dim(std::integral_constant<KvDtype, KvDtype::kFp8E4M3>{});
+    else by_dim(std::integral_constant<KvDtype, KvDtype::kFp8E5M2>{});
+    TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+    AttentionCombineKernel<<<dim3(shape.rows, shape.heads), 128, 0, stream>>>(workspace, shape.heads, shape.splits,
+                                                                              g.head_dim, out);
+    TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+    return absl::OkStatus();
+  }
+  auto launch = [&](auto dtype_tag) {
+    constexpr KvDtype D = decltype(dtype_tag)::value;
     switch (group) {
-      case 1: return cores(std::integral_constant<int, 1>{});
-      case 2: return cores(std::integral_constant<int, 2>{});
-      case 3: return cores(std::integral_constant<int, 3>{});
-      case 4: return cores(std::integral_constant<int, 4>{});
-      case 5: return cores(std::integral_constant<int, 5>{});
-      case 6: return cores(std::integral_constant<int, 6>{});
-      case 7: return cores(std::integral_constant<int, 7>{});
-      default: return cores(std::integral_constant<int, 8>{});
+      case 1: AttentionSplitKernel<D, 1, VectorBytes(D, 1)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 2: AttentionSplitKernel<D, 2, VectorBytes(D, 2)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 3: AttentionSplitKernel<D, 3, VectorBytes(D, 3)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 4: AttentionSplitKernel<D, 4, VectorBytes(D, 4)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 5: AttentionSplitKernel<D, 5, VectorBytes(D, 5)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 6: AttentionSplitKernel<D, 6, VectorBytes(D, 6)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      case 7: AttentionSplitKernel<D, 7, VectorBytes(D, 7)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
+      default: AttentionSplitKernel<D, 8, VectorBytes(D, 8)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
     }
   };
-  cudaError_t attention_launch = cudaSuccess;
   switch (g.dtype) {
-    case KvDtype::kFp8E4M3: attention_launch = split_kernel(std::integral_constant<KvDtype, KvDtype::kFp8E4M3>{}); break;
-    case KvDtype::kFp8E5M2: attention_launch = split_kernel(std::integral_constant<KvDtype, KvDtype::kFp8E5M2>{}); break;
-    case KvDtype::kFp16: attention_launch = split_kernel(std::integral_constant<KvDtype, KvDtype::kFp16>{}); break;
+    case KvDtype::kFp8E4M3: launch(std::integral_constant<KvDtype, KvDtype::kFp8E4M3>{}); break;
+    case KvDtype::kFp8E5M2: launch(std::integral_constant<KvDtype, KvDtype::kFp8E5M2>{}); break;
+    case KvDtype::kFp16: launch(std::integral_constant<KvDtype, KvDtype::kFp16>{}); break;
   }
-  TAILSERVE_CUDA_RETURN_IF_ERROR(attention_launch);
-  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchPdl(AttentionCombineKernel, dim3(shape.rows, shape.heads), dim3(128), stream,
-                                           workspace, shape.heads, shape.splits, g.head_dim, out));
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  AttentionCombineKernel<<<dim3(shape.rows, shape.heads), 128, 0, stream>>>(workspace, shape.heads, shape.splits,
+                                                                            g.head_dim, out);
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 

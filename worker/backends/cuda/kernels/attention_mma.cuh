@@ -17,7 +17,6 @@
 #include <cuda_fp8.h>
 #include <cuda_pipeline_primitives.h>
 
-#include "worker/backends/cuda/kernels/common.cuh"
 #include "worker/backends/cuda/kernels/kv_cache.h"
 
 namespace tailserve::cuda {
@@ -66,7 +65,6 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(const float* q
                                                                   int sliding_window, int splits, float scale,
                                                                   RowMeta meta, KvGeometry g, KvLayerView layer,
                                                                   float* partial) {
-  PdlWait();
   static_assert(HD % 16 == 0 && HD <= 128, "head_dim 16..128, a multiple of 16");
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();

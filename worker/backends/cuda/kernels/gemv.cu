@@ -42,7 +42,6 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float (&xf)[8]) {
 // 8B shape's o and down projections: 2048 pairs), so that enough warps stream W at once.
 template <int R, int KS>
 __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
-  PdlWait();
   __shared__ float part_s[kWarps][R][2];
   __shared__ float sumsq_s[kWarps][R];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % KS;
@@ -121,17 +120,16 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
 }
 
 template <int R>
-absl::Status LaunchRows(const GemvArgs& a, int ks, cudaStream_t stream) {
+void LaunchRows(const GemvArgs& a, int ks, cudaStream_t stream) {
   const int pairs = (a.n + 1) / 2;
   const dim3 block(kWarps * 32);
   auto grid = [&](int k) { return dim3((pairs + kWarps / k - 1) / (kWarps / k)); };
   switch (ks) {
-    case 1: TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchPdl(GemvKernel<R, 1>, dim3(grid(1)), dim3(block), stream, a)); break;
-    case 2: TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchPdl(GemvKernel<R, 2>, dim3(grid(2)), dim3(block), stream, a)); break;
-    case 4: TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchPdl(GemvKernel<R, 4>, dim3(grid(4)), dim3(block), stream, a)); break;
-    default: TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchPdl(GemvKernel<R, 8>, dim3(grid(8)), dim3(block), stream, a)); break;
+    case 1: GemvKernel<R, 1><<<grid(1), block, 0, stream>>>(a); break;
+    case 2: GemvKernel<R, 2><<<grid(2), block, 0, stream>>>(a); break;
+    case 4: GemvKernel<R, 4><<<grid(4), block, 0, stream>>>(a); break;
+    default: GemvKernel<R, 8><<<grid(8), block, 0, stream>>>(a); break;
   }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -145,10 +143,17 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
   const int pairs = (a.n + 1) / 2, vecs = a.k / 8;
   int ks = 1;
   while (ks < kWarps && pairs * ks < 8192 && vecs >= 64 * ks) ks *= 2;
-  if (a.rows == 1) return LaunchRows<1>(a, ks, stream);
-  if (a.rows == 2) return LaunchRows<2>(a, ks, stream);
-  if (a.rows <= 4) return LaunchRows<4>(a, ks, stream);
-  return LaunchRows<8>(a, ks, stream);
+  if (a.rows == 1) {
+    LaunchRows<1>(a, ks, stream);
+  } else if (a.rows == 2) {
+    LaunchRows<2>(a, ks, stream);
+  } else if (a.rows <= 4) {
+    LaunchRows<4>(a, ks, stream);
+  } else {
+    LaunchRows<8>(a, ks, stream);
+  }
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
 }
 
 }  // namespace tailserve::cuda

@@ -22,7 +22,6 @@ __device__ __forceinline__ int64_t CacheSlot(const RowMeta& meta, const KvGeomet
 template <KvDtype D>
 __global__ void RopeWriteKvKernel(float* qkv, const float* bias, int heads, RowMeta meta, KvGeometry g,
                                   KvLayerView layer, const float* inv_freq, unsigned long long* clamps) {
-  PdlWait();
   using Codec = KvCodec<D>;
   const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int hd = g.head_dim, half = hd / 2, kvh = g.kv_heads;
@@ -109,13 +108,13 @@ absl::Status RopeWriteKv(float* qkv, const float* bias, int rows, int heads, con
   const int threads = std::min(1024, 32 * (heads + 2 * g.kv_heads));
   switch (g.dtype) {
     case KvDtype::kFp8E4M3:
-      TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchPdl(RopeWriteKvKernel<KvDtype::kFp8E4M3>, dim3(rows), dim3(threads), stream, qkv, bias, heads, meta, g, layer, inv_freq, clamps));
+      RopeWriteKvKernel<KvDtype::kFp8E4M3><<<rows, threads, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
       break;
     case KvDtype::kFp8E5M2:
-      TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchPdl(RopeWriteKvKernel<KvDtype::kFp8E5M2>, dim3(rows), dim3(threads), stream, qkv, bias, heads, meta, g, layer, inv_freq, clamps));
+      RopeWriteKvKernel<KvDtype::kFp8E5M2><<<rows, threads, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
       break;
     case KvDtype::kFp16:
-      TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchPdl(RopeWriteKvKernel<KvDtype::kFp16>, dim3(rows), dim3(threads), stream, qkv, bias, heads, meta, g, layer, inv_freq, clamps));
+      RopeWriteKvKernel<KvDtype::kFp16><<<rows, threads, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
       break;
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();

@@ -9,7 +9,6 @@ namespace tailserve::cuda {
 namespace {
 
 __global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidden, float* x, float* sumsq) {
-  PdlWait();
   __shared__ float shared[32];
   const int r = blockIdx.x;
   const __half* src = table + static_cast<int64_t>(tokens[r]) * hidden;
@@ -27,7 +26,6 @@ __global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidd
 
 __global__ void RmsNormKernel(const float* x, const int32_t* src, int hidden, const float* w, float eps,
                               __half* out) {
-  PdlWait();
   __shared__ float shared[32];
   const int r = blockIdx.x;
   const float* xr = x + static_cast<int64_t>(src ? src[r] : r) * hidden;
@@ -40,7 +38,6 @@ __global__ void RmsNormKernel(const float* x, const int32_t* src, int hidden, co
 }
 
 __global__ void SwiGluKernel(const float* gate_up, int64_t total, __half* out) {
-  PdlWait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = gate_up[2 * i], u = gate_up[2 * i + 1];
@@ -111,7 +108,7 @@ int GridFor(int64_t total, int threads) {
 absl::Status EmbedRows(const __half* table, const int32_t* tokens, int rows, int hidden, float* x, float* sumsq,
                        cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
-  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchPdl(EmbedKernel, dim3(rows), dim3(256), stream, table, tokens, hidden, x, sumsq));
+  EmbedKernel<<<rows, 256, 0, stream>>>(table, tokens, hidden, x, sumsq);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -122,7 +119,7 @@ absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidde
   // Enough threads that each handles a few elements: a short dependency chain per row, since at
   // decode there are only a few rows (blocks).
   const int threads = std::clamp((hidden / 4 + 31) / 32 * 32, 32, 1024);
-  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchPdl(RmsNormKernel, dim3(rows), dim3(threads), stream, x, src, hidden, weight, eps, out));
+  RmsNormKernel<<<rows, threads, 0, stream>>>(x, src, hidden, weight, eps, out);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -130,7 +127,7 @@ absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidde
 absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(rows) * ffn;
   if (total == 0) return absl::OkStatus();
-  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchPdl(SwiGluKernel, dim3(GridFor(total, 256)), dim3(256), stream, gate_up, total, out));
+  SwiGluKernel<<<GridFor(total, 256), 256, 0, stream>>>(gate_up, total, out);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -24,7 +24,6 @@ __device__ void MassAbove(const float* l, int vocab, float inv_t, float max, flo
 
 __global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, int vocab, const SampleParams* params,
                                                           int32_t* out) {
-  PdlWait();
   __shared__ float shared[32];
   __shared__ float best_v[32];
   __shared__ int best_i[32];
@@ -140,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, in
 absl::Status SampleRows(const float* logits, int rows, int vocab, const SampleParams* params, int32_t* out,
                         cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
-  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchPdl(SampleKernel, dim3(rows), dim3(kThreads), stream, logits, vocab, params, out));
+  SampleKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, out);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
