@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/checkpoint.h"
 #include "worker/backends/cuda/cuda_resources.h"
+#include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/kernels/kv_cache.h"
 #include "worker/backends/cuda/kernels/sampling.h"
 #include "worker/engine/engine.h"
@@ -116,7 +117,7 @@ class CudaEngine final : public Engine {
   int logit_rows_ = 0;
 
   CudaStream stream_;
-  CublasHandle cublas_;
+  std::unique_ptr<cuda::GemmRunner> gemm_;
   DeviceMemory weight_memory_, kv_memory_, work_memory_;
   std::map<std::string, size_t> memory_;
   const __half* embed_ = nullptr;

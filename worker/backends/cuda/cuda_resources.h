@@ -1,6 +1,7 @@
 #pragma once
 // RAII owners for CUDA objects: device memory, streams, events, graphs, the cuBLAS handle. Each is
 // created once at start (Create returns a Status) and freed in its destructor.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -51,8 +52,8 @@ struct GraphExecDeleter {
 struct GraphDeleter {
   void operator()(cudaGraph_t g) const { cudaGraphDestroy(g); }
 };
-struct CublasDeleter {
-  void operator()(cublasHandle_t h) const { cublasDestroy(h); }
+struct CublasLtDeleter {
+  void operator()(cublasLtHandle_t h) const { cublasLtDestroy(h); }
 };
 struct DeviceFree {
   void operator()(void* p) const { cudaFree(p); }
@@ -66,7 +67,7 @@ using CudaStream = CudaOwned<cudaStream_t, StreamDeleter>;
 using CudaEvent = CudaOwned<cudaEvent_t, EventDeleter>;
 using CudaGraph = CudaOwned<cudaGraph_t, GraphDeleter>;
 using CudaGraphExec = CudaOwned<cudaGraphExec_t, GraphExecDeleter>;
-using CublasHandle = CudaOwned<cublasHandle_t, CublasDeleter>;
+using CublasLtHandle = CudaOwned<cublasLtHandle_t, CublasLtDeleter>;
 using DeviceMemory = CudaOwned<void*, DeviceFree>;
 using PinnedMemory = CudaOwned<void*, PinnedFree>;  // page-locked host memory for fast async copies
 
@@ -82,10 +83,10 @@ inline absl::StatusOr<CudaEvent> MakeEvent() {
   return CudaEvent(e);
 }
 
-inline absl::StatusOr<CublasHandle> MakeCublas() {
-  cublasHandle_t h;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasCreate(&h));
-  return CublasHandle(h);
+inline absl::StatusOr<CublasLtHandle> MakeCublasLt() {
+  cublasLtHandle_t h;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtCreate(&h));
+  return CublasLtHandle(h);
 }
 
 inline absl::StatusOr<DeviceMemory> DeviceAlloc(size_t bytes) {

@@ -1,16 +1,53 @@
 #pragma once
 // The GEMM every projection uses: Y[rows, n] (fp32) = X[rows, k] (fp16) · W[n, k]ᵀ (fp16, the HF
-// nn.Linear layout) + beta · Y, through cuBLAS with fp32 accumulation. beta = 1 fuses the residual
-// add into the projection that produces it.
-#include <cublas_v2.h>
+// nn.Linear layout) + beta · Y, fp32 accumulation. beta = 1 fuses the residual add into the
+// projection that produces it. Up to kGemvMaxRows rows go to the streaming Gemv kernel; more go
+// through cuBLASLt, whose algorithm for each shape is timed once at start (Tuning) rather than
+// taken from the heuristic: at 16-64 rows the heuristic's first choice streamed the 8B shape's
+// o/down/qkv weights at only 2.2-2.9 TB/s.
+#include <cublasLt.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
 
-#include "absl/status/status.h"
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/statusor.h"
+#include "worker/backends/cuda/cuda_resources.h"
 
 namespace tailserve::cuda {
 
-// Up to kGemvMaxRows rows (decode) go to the streaming Gemv kernel on `stream` (cuBLAS's stream).
-absl::Status Gemm(cublasHandle_t handle, const __half* x, int rows, int k, const __half* w, int n,
-                  float beta, float* y);
+class GemmRunner {
+ public:
+  // `workspace` (device, `workspace_bytes`) is cuBLASLt's scratch; the caller owns it.
+  static absl::StatusOr<std::unique_ptr<GemmRunner>> Create(cudaStream_t stream, void* workspace,
+                                                            size_t workspace_bytes);
+  ~GemmRunner();
+
+  absl::Status Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y);
+
+  // While on (never during graph capture), the first Run of a shape times up to 8 of cuBLASLt's
+  // candidate algorithms on that very call (same buffers; beta = 1 calls accumulate several
+  // times into y) and keeps the fastest for every later Run of the shape.
+  void set_tuning(bool on) { tuning_ = on; }
+  int tuned_shapes() const { return tuned_; }
+
+ private:
+  struct Plan;
+  GemmRunner() = default;
+  absl::StatusOr<Plan*> PlanFor(int rows, int k, int n, bool accumulate);
+  // Up to `wanted` of cuBLASLt's heuristic candidates for the plan's shape.
+  absl::Status Candidates(const Plan& plan, int wanted, cublasLtMatmulHeuristicResult_t* results, int* found);
+  absl::Status Tune(Plan& plan, const __half* x, const __half* w, float beta, float* y);
+
+  cudaStream_t stream_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  CublasLtHandle lt_;
+  bool tuning_ = false;
+  int tuned_ = 0;
+  std::map<std::tuple<int, int, int, bool>, std::unique_ptr<Plan>> plans_;
+};
 
 }  // namespace tailserve::cuda
