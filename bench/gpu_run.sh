@@ -30,8 +30,9 @@ if [ "$MODE" = check ]; then
 fi
 echo "== checkpoints"
 mkdir -p /tmp/ckpt
-( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
-( time $R tailserve-make-checkpoint --preset llama-3.1-8b --vocab 128256 --out /tmp/ckpt/l8b ) 2>&1 | tail -4
+# A warm machine keeps /tmp: reuse checkpoints a previous call made.
+[ -f /tmp/ckpt/l1b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
+[ -f /tmp/ckpt/l8b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.1-8b --vocab 128256 --out /tmp/ckpt/l8b ) 2>&1 | tail -4
 if [ "$MODE" = check ] || [ "$MODE" = bench ]; then
   echo "== bench 1B"
   $R tailserve-bench-cuda --model /tmp/ckpt/l1b --batches 1,16,64 --prefills 512,2048 2>&1 | tee "$OUT/bench_1b.md"
