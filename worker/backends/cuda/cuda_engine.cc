@@ -452,10 +452,12 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool sample) {
 }
 
 int CudaEngine::SplitsFor(int rows) const {
-  // Aim for about four waves of CTAs (3 fit an SM at the attention kernel's register use): with
-  // fewer, a decode step's few long CTAs leave SMs idle (measured: batch 64 with one split per
-  // (row, KV head) ran at a fifth of this).
-  const int ctas = rows * kv_.kv_heads, target = 4 * 3 * sm_count_;
+  // Enough CTAs for one wave (3 fit an SM at the attention kernels' register use), no more: each
+  // CTA pays a fixed latency (q, block table, first tile, the merge of its warps) before its tiles
+  // stream, so long CTAs beat many short ones once the GPU is full. Measured on the 8B shape at
+  // batch 64 (tensor-core kernel): aiming for 4 waves (4 splits, 2 tiles per warp) took 1.88 ms
+  // of attention per step at 512 tokens of context.
+  const int ctas = rows * kv_.kv_heads, target = 3 * sm_count_;
   return std::clamp((target + ctas - 1) / ctas, 1, options_.attention_splits);
 }
 
