@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run (see ../shared/gpu/README.md): GPU tests, kernel tests under compute-sanitizer,
 # then the decode/prefill benchmark on synthetic Llama-3.2-1B and Llama-3.1-8B checkpoints.
-# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|soak]
+# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|soak]
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -31,9 +31,12 @@ fi
 echo "== checkpoints"
 mkdir -p /tmp/ckpt
 # A warm machine keeps /tmp: reuse checkpoints a previous call made.
-[ -f /tmp/ckpt/l1b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
+[ "$MODE" = bench8b ] || [ -f /tmp/ckpt/l1b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
 [ -f /tmp/ckpt/l8b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.1-8b --vocab 128256 --out /tmp/ckpt/l8b ) 2>&1 | tail -4
-if [ "$MODE" = check ] || [ "$MODE" = bench ]; then
+if [ "$MODE" = bench8b ]; then
+  echo "== bench 8B (decode only)"
+  $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512,2048 --prefills 512 2>&1 | tee "$OUT/bench_8b.md"
+elif [ "$MODE" = check ] || [ "$MODE" = bench ]; then
   echo "== bench 1B"
   $R tailserve-bench-cuda --model /tmp/ckpt/l1b --batches 1,16,64 --prefills 512,2048 2>&1 | tee "$OUT/bench_1b.md"
   echo "== bench 8B"

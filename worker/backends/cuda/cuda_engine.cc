@@ -452,13 +452,23 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool sample) {
 }
 
 int CudaEngine::SplitsFor(int rows) const {
-  // Enough CTAs for one wave (3 fit an SM at the attention kernels' register use), no more: each
-  // CTA pays a fixed latency (q, block table, first tile, the merge of its warps) before its tiles
-  // stream, so long CTAs beat many short ones once the GPU is full. Measured on the 8B shape at
-  // batch 64 (tensor-core kernel): aiming for 4 waves (4 splits, 2 tiles per warp) took 1.88 ms
-  // of attention per step at 512 tokens of context.
-  const int ctas = rows * kv_.kv_heads, target = 3 * sm_count_;
-  return std::clamp((target + ctas - 1) / ctas, 1, options_.attention_splits);
+  // A CTA of the attention kernel takes about kFixed + keys · kPerKey (the tensor-core kernel on
+  // the H200, fitted from batch 64 at 512 and 2048 tokens with 1 and 4 splits: ~5 µs of latency
+  // for q, the block table, the first tile and the merge, then ~0.035 µs a key), and 3 CTAs fit
+  // an SM. The split count is baked into each bucket's graph before contexts are known, so it
+  // minimises waves · (kFixed + keys per split) at a design context of 1024 tokens: long CTAs
+  // amortise the latency, but a partly filled last wave idles the GPU.
+  constexpr double kFixedKeys = 143.0;  // ~5 µs in units of ~0.035 µs a key
+  constexpr double kDesignContext = 1024.0;
+  const int ctas = rows * kv_.kv_heads, wave = 3 * sm_count_;
+  int best = 1;
+  double best_cost = 0.0;
+  for (int splits = 1; splits <= options_.attention_splits; ++splits) {
+    const double waves = static_cast<double>((ctas * splits + wave - 1) / wave);
+    const double cost = waves * (kFixedKeys + kDesignContext / splits);
+    if (splits == 1 || cost < best_cost) best = splits, best_cost = cost;
+  }
+  return best;
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaEngine::ProfileDecode(int rows) {
