@@ -38,7 +38,7 @@ if [ "$MODE" = bench8b ]; then
   $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512,2048 --prefills 512 2>&1 | tee "$OUT/bench_8b.md"
 elif [ "$MODE" = check ] || [ "$MODE" = bench ]; then
   echo "== bench 1B"
-  $R tailserve-bench-cuda --model /tmp/ckpt/l1b --batches 1,16,64 --prefills 512,2048 2>&1 | tee "$OUT/bench_1b.md"
+  $R tailserve-bench-cuda --model /tmp/ckpt/l1b --batches 1,16,64 --contexts 512,2048 --prefills 512,2048 2>&1 | tee "$OUT/bench_1b.md"
   echo "== bench 8B"
   $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512,2048 --prefills 512,2048 2>&1 | tee "$OUT/bench_8b.md"
 else

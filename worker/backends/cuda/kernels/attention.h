@@ -3,7 +3,9 @@
 // position p of some sequence) attends to its sequence's cached positions [p - window + 1, p].
 // GQA-aware: one CTA serves all query heads of a KV head, so each K/V element is read once per
 // row and group. The key range is split across `splits` CTAs (long contexts fill the GPU even at
-// batch 1) and the partial softmaxes are merged by a second kernel.
+// batch 1) and the partial softmaxes are merged by a second kernel. FP8 caches with head_dim
+// 32/64/128 run on the tensor cores (attention_mma.cuh); fp16 caches and other head sizes on a
+// CUDA-core kernel with the same split layout.
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
