@@ -4,34 +4,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "common/model/safetensors.h"
+#include "tests/reference_cases.h"
 #include "tests/test_paths.h"
 #include "worker/backends/cpu/cpu_engine.h"
 
 namespace tailserve {
 namespace {
 
-using nlohmann::json;
-
-struct Case {
-  std::vector<int32_t> prompt, greedy;
-  std::vector<float> margin;
-  std::string logits_tensor;
-};
-
-std::vector<Case> LoadCases(const std::string& dir) {
-  std::ifstream in(dir + "/expected.json");
-  json j = json::parse(in);
-  std::vector<Case> cases;
-  for (const json& c : j["cases"]) {
-    cases.push_back({c["prompt_ids"].get<std::vector<int32_t>>(), c["greedy_ids"].get<std::vector<int32_t>>(),
-                     c["top1_margin"].get<std::vector<float>>(), c["logits_tensor"].get<std::string>()});
-  }
-  return cases;
-}
+using Case = testing::ReferenceCase;
+using testing::ExpectedLogits;
+using testing::LoadReferenceCases;
 
 double RelL2(const float* a, const float* b, size_t n) {
   double num = 0, den = 0;
@@ -53,13 +37,11 @@ TEST_P(ReferenceTest, TeacherForcedLogitsMatchTransformers) {
   ASSERT_TRUE(expected.ok()) << expected.status();
   const int64_t vocab = (*engine)->config().vocab_size;
   uint64_t id = 1;
-  for (const Case& c : LoadCases(dir)) {
-    std::vector<int32_t> tokens = c.prompt;
-    tokens.insert(tokens.end(), c.greedy.begin(), c.greedy.end());
-    const TensorInfo& want = (*expected)->tensors().at(c.logits_tensor);
-    ASSERT_EQ(want.shape, (std::vector<int64_t>{static_cast<int64_t>(tokens.size()), vocab}));
-    std::vector<float> want_f(static_cast<size_t>(want.numel()));
-    ToFloat(want.dtype, want.data, want_f.size(), want_f.data());
+  for (const Case& c : LoadReferenceCases(dir)) {
+    std::vector<int32_t> tokens = c.tokens();
+    ASSERT_EQ((*expected)->tensors().at(c.logits_tensor).shape,
+              (std::vector<int64_t>{static_cast<int64_t>(tokens.size()), vocab}));
+    const std::vector<float> want_f = ExpectedLogits(**expected, c);
 
     Sampling greedy;
     StepSequence seq{id++, &tokens, static_cast<int32_t>(c.prompt.size()), 0, &greedy};
@@ -92,12 +74,9 @@ TEST_P(ReferenceTest, KvFormatEmulationError) {
     double worst = 0, sum = 0;
     int count = 0;
     uint64_t id = 1;
-    for (const Case& c : LoadCases(dir)) {
-      std::vector<int32_t> tokens = c.prompt;
-      tokens.insert(tokens.end(), c.greedy.begin(), c.greedy.end());
-      const TensorInfo& want = (*expected)->tensors().at(c.logits_tensor);
-      std::vector<float> want_f(static_cast<size_t>(want.numel()));
-      ToFloat(want.dtype, want.data, want_f.size(), want_f.data());
+    for (const Case& c : LoadReferenceCases(dir)) {
+      std::vector<int32_t> tokens = c.tokens();
+      const std::vector<float> want_f = ExpectedLogits(**expected, c);
       Sampling greedy;
       StepSequence seq{id++, &tokens, static_cast<int32_t>(c.prompt.size()), 0, &greedy};
       std::vector<float> logits;
@@ -148,7 +127,7 @@ TEST_P(ReferenceTest, GreedyGenerationReproducesTransformers) {
   const std::string dir = testing::ReferenceDir(GetParam());
   auto engine = CpuEngine::Load(dir);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  const std::vector<Case> cases = LoadCases(dir);
+  const std::vector<Case> cases = LoadReferenceCases(dir);
   // All cases decode together, as one batch: batching must not change anyone's tokens.
   std::vector<std::vector<int32_t>> tokens;
   for (const Case& c : cases) tokens.push_back(c.prompt);
@@ -178,9 +157,8 @@ TEST_P(ReferenceTest, IncrementalDecodeEqualsFullForward) {
   const std::string dir = testing::ReferenceDir(GetParam());
   auto engine = CpuEngine::Load(dir);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  const Case c = LoadCases(dir)[2];
-  std::vector<int32_t> tokens = c.prompt;
-  tokens.insert(tokens.end(), c.greedy.begin(), c.greedy.end());
+  const Case c = LoadReferenceCases(dir)[2];
+  std::vector<int32_t> tokens = c.tokens();
   Sampling greedy;
   StepSequence full{1, &tokens, static_cast<int32_t>(tokens.size()), 0, &greedy};
   std::vector<float> all;

@@ -7,11 +7,10 @@
 
 #include <cmath>
 #include <algorithm>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <random>
 
 #include "common/model/safetensors.h"
+#include "tests/reference_cases.h"
 #include "tests/test_paths.h"
 #include "worker/backends/cpu/cpu_engine.h"
 #include "worker/backends/cuda/cuda_engine.h"
@@ -478,23 +477,18 @@ TEST_P(CudaEngineTest, LogitsAndGreedyMatchTransformers) {
   ASSERT_TRUE(engine.ok()) << engine.status();
   auto cpu = CpuEngine::Load(dir, {.kv_emulation = fp8 ? std::optional<KvDtype>(ec.dtype) : std::nullopt});
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  std::ifstream in(dir + "/expected.json");
-  const auto j = nlohmann::json::parse(in);
   auto expected = SafetensorsFile::Open(dir + "/expected_logits.safetensors");
   ASSERT_TRUE(expected.ok());
   const int64_t vocab = (*engine)->config().vocab_size;
   double worst = 0, worst_floor = 0, sum = 0, sum_floor = 0;
   int positions = 0, ties = 0, greedy_checked = 0;
   uint64_t cpu_id = 100;
-  for (const auto& c : j["cases"]) {
-    const auto prompt = c["prompt_ids"].get<std::vector<int32_t>>();
-    const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
-    const auto margin = c["top1_margin"].get<std::vector<float>>();
-    std::vector<int32_t> all = prompt;
-    all.insert(all.end(), greedy.begin(), greedy.end());
-    const TensorInfo& t = (*expected)->tensors().at(c["logits_tensor"].get<std::string>());
-    std::vector<float> want(size_t(t.numel()));
-    ToFloat(t.dtype, t.data, want.size(), want.data());
+  for (const testing::ReferenceCase& c : testing::LoadReferenceCases(dir)) {
+    const std::vector<int32_t>& prompt = c.prompt;
+    const std::vector<int32_t>& greedy = c.greedy;
+    const std::vector<float>& margin = c.margin;
+    std::vector<int32_t> all = c.tokens();
+    const std::vector<float> want = testing::ExpectedLogits(**expected, c);
     std::vector<float> got, floor_logits;
     ASSERT_TRUE((*engine)->ForwardAllLogits(all, &got).ok());
     Sampling cpu_sampling;

@@ -509,6 +509,7 @@ absl::Status CudaEngine::CaptureGraphs() {
   // count they may raise (tuning repeats residual adds) is reset.
   gemm_->set_tuning(true);
   for (int bucket : options_.buckets) {
+    if (bucket <= cuda::kGemvMaxRows && bucket != max_bucket_) continue;  // no cuBLASLt shapes to time
     if (absl::Status st = Forward(bucket, bucket, true); !st.ok()) return st;
   }
   gemm_->set_tuning(false);

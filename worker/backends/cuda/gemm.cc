@@ -49,6 +49,13 @@ absl::Status GemmRunner::Candidates(const Plan& plan, int wanted, cublasLtMatmul
   return absl::OkStatus();
 }
 
+cublasStatus_t GemmRunner::Matmul(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const __half* x, const __half* w,
+                                  float beta, float* y) {
+  const float alpha = 1.0f;
+  return cublasLtMatmul(lt_.get(), plan.op, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y, plan.c, &algo,
+                        workspace_, workspace_bytes_, stream_);
+}
+
 absl::StatusOr<GemmRunner::Plan*> GemmRunner::PlanFor(int rows, int k, int n, bool accumulate) {
   auto& slot = plans_[{rows, k, n, accumulate}];
   if (slot) return slot.get();
@@ -77,13 +84,9 @@ absl::Status GemmRunner::Tune(Plan& plan, const __half* x, const __half* w, floa
   absl::StatusOr<CudaEvent> start = MakeEvent(), stop = MakeEvent();
   if (!start.ok()) return start.status();
   if (!stop.ok()) return stop.status();
-  const float alpha = 1.0f;
   float best = std::numeric_limits<float>::infinity();
   for (int i = 0; i < found; ++i) {
-    auto run = [&] {
-      return cublasLtMatmul(lt_.get(), plan.op, &alpha, w, plan.a, x, plan.b, &beta, y, plan.c, y, plan.c, &results[i].algo,
-                            workspace_, workspace_bytes_, stream_);
-    };
+    auto run = [&] { return Matmul(plan, results[i].algo, x, w, beta, y); };
     if (run() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that cannot run this shape
     constexpr int kReps = 5;
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(start->get(), stream_));
@@ -109,10 +112,7 @@ absl::Status GemmRunner::Run(const __half* x, int rows, int k, const __half* w, 
   if (tuning_ && !(*plan)->tuned) {
     if (absl::Status s = Tune(**plan, x, w, beta, y); !s.ok()) return s;
   }
-  const float alpha = 1.0f;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatmul(lt_.get(), (*plan)->op, &alpha, w, (*plan)->a, x, (*plan)->b, &beta, y,
-                                                (*plan)->c, y, (*plan)->c, &(*plan)->algo, workspace_,
-                                                workspace_bytes_, stream_));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(Matmul(**plan, (*plan)->algo, x, w, beta, y));
   return absl::OkStatus();
 }
 

@@ -39,6 +39,9 @@ class GemmRunner {
   absl::StatusOr<Plan*> PlanFor(int rows, int k, int n, bool accumulate);
   // Up to `wanted` of cuBLASLt's heuristic candidates for the plan's shape.
   absl::Status Candidates(const Plan& plan, int wanted, cublasLtMatmulHeuristicResult_t* results, int* found);
+  // Y = W·X + beta·Y on the stream with one algorithm (its scratch: the runner's workspace).
+  cublasStatus_t Matmul(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const __half* x, const __half* w,
+                        float beta, float* y);
   absl::Status Tune(Plan& plan, const __half* x, const __half* w, float beta, float* y);
 
   cudaStream_t stream_ = nullptr;

@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
     for (int e = 0; e < ept; ++e) qr[gi][e] = qrow[gi * hd + e] * shape.scale, acc[gi][e] = 0.0f;
   }
   if (threadIdx.x < group) m_s[threadIdx.x] = -INFINITY, l_s[threadIdx.x] = 0.0f;
-  const int32_t* blocks = meta.block_table + static_cast<int64_t>(meta.seq[row]) * g.max_blocks_per_seq;
+  const int32_t* blocks = BlockTableRow(meta, g, row);
   const Storage* kbase = static_cast<const Storage*>(layer.k) + kv_head * hd + c * ept;
   const Storage* vbase = static_cast<const Storage*>(layer.v) + kv_head * hd + c * ept;
   const int64_t row_stride = static_cast<int64_t>(kvh) * hd;  // elements between cache slots
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
     __syncthreads();  // the previous tile's p_s / slot_s are consumed
     for (int j = threadIdx.x; j < tn; j += kThreads) {
       const int p = t0 + j;
-      const int64_t slot = static_cast<int64_t>(blocks[p / g.block_size]) * g.block_size + p % g.block_size;
+      const int64_t slot = CacheSlot(blocks, g.block_size, p);
       slot_s[j] = slot;
       kscale_s[j] = Codec::kScaled ? layer.k_scale[slot * kvh + kv_head] : 1.0f;
       vscale_s[j] = Codec::kScaled ? layer.v_scale[slot * kvh + kv_head] : 1.0f;

@@ -18,6 +18,7 @@
 #include <cuda_pipeline_primitives.h>
 
 #include "worker/backends/cuda/kernels/kv_cache.h"
+#include "worker/backends/cuda/kernels/kv_codec.cuh"
 
 namespace tailserve::cuda {
 namespace mma_attention {
@@ -109,12 +110,9 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(const float* q
     }
   }
 
-  const int32_t* blocks = meta.block_table + static_cast<int64_t>(meta.seq[row]) * g.max_blocks_per_seq;
+  const int32_t* blocks = BlockTableRow(meta, g, row);
   const uint8_t* kbase = static_cast<const uint8_t*>(layer.k) + kv_head * HD;
   const uint8_t* vbase = static_cast<const uint8_t*>(layer.v) + kv_head * HD;
-  auto slot_of = [&](int p) {
-    return static_cast<int64_t>(blocks[p / g.block_size]) * g.block_size + p % g.block_size;
-  };
   // Starts copying tile `t0`'s K and V rows into stage `s`, and loads this lane's scale
   // (lanes 0-15: K scale of key lane, 16-31: V scale of key lane - 16). Keys past `end` read the
   // last valid key: finite values, masked out of the scores.
@@ -124,7 +122,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(const float* q
       const int piece = lane + 32 * i;
       if (piece < kPieces) {
         const int key = piece / (HD / 16), part = piece % (HD / 16);
-        const int64_t slot = slot_of(min(t0 + key, end - 1));
+        const int64_t slot = CacheSlot(blocks, g.block_size, min(t0 + key, end - 1));
         const int64_t at = slot * kvh * HD + part * 16;
         __pipeline_memcpy_async(stages[warp][s].k + key * kRow + part * 16, kbase + at, 16);
         __pipeline_memcpy_async(stages[warp][s].v + key * kRow + part * 16, vbase + at, 16);
@@ -132,7 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(const float* q
     }
     __pipeline_commit();
     const int key = lane & 15;
-    const int64_t slot = slot_of(min(t0 + key, end - 1));
+    const int64_t slot = CacheSlot(blocks, g.block_size, min(t0 + key, end - 1));
     *scale_out = (lane < 16 ? layer.k_scale : layer.v_scale)[slot * kvh + kv_head];
   };
 

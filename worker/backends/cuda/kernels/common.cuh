@@ -13,24 +13,21 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
-// Block-wide sum (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-__device__ __forceinline__ float BlockSum(float v, float* shared32) {
-  v = WarpSum(v);
+// Block-wide reduction with a warp reduction WarpOp (blockDim.x a multiple of 32, at most
+// 1024); every thread gets the result. `identity` fills the slots of absent warps.
+template <float (*WarpOp)(float)>
+__device__ __forceinline__ float BlockReduce(float v, float* shared32, float identity) {
+  v = WarpOp(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   __syncthreads();
   if (lane == 0) shared32[warp] = v;
   __syncthreads();
-  v = lane < warps ? shared32[lane] : 0.0f;
-  return WarpSum(v);
+  v = lane < warps ? shared32[lane] : identity;
+  return WarpOp(v);
 }
+__device__ __forceinline__ float BlockSum(float v, float* shared32) { return BlockReduce<WarpSum>(v, shared32, 0.0f); }
 __device__ __forceinline__ float BlockMax(float v, float* shared32) {
-  v = WarpMax(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  __syncthreads();
-  if (lane == 0) shared32[warp] = v;
-  __syncthreads();
-  v = lane < warps ? shared32[lane] : -INFINITY;
-  return WarpMax(v);
+  return BlockReduce<WarpMax>(v, shared32, -INFINITY);
 }
 
 }  // namespace tailserve::cuda

@@ -1,5 +1,6 @@
 #pragma once
-// Encoding and decoding of one KV element for each cache dtype.
+// Device-side helpers for the paged KV cache: where a position lives, and encoding and decoding of
+// one element for each cache dtype.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -7,25 +8,36 @@
 
 namespace tailserve::cuda {
 
+// The block-table row of the sequence `row` belongs to.
+__device__ __forceinline__ const int32_t* BlockTableRow(const RowMeta& meta, const KvGeometry& g, int row) {
+  return meta.block_table + static_cast<int64_t>(meta.seq[row]) * g.max_blocks_per_seq;
+}
+
+// The cache slot (block · block_size + offset) holding position p of a sequence.
+__device__ __forceinline__ int64_t CacheSlot(const int32_t* blocks, int block_size, int p) {
+  return static_cast<int64_t>(blocks[p / block_size]) * block_size + p % block_size;
+}
+
 template <KvDtype D>
 struct KvCodec;
 
-template <>
-struct KvCodec<KvDtype::kFp8E4M3> {
-  using Storage = __nv_fp8_e4m3;
-  static constexpr float kMax = 448.0f;
+// FP8 elements are stored scaled (per token and KV head) and converted by the cuda_fp8 types.
+template <typename S>
+struct Fp8Codec {
+  using Storage = S;
   static constexpr bool kScaled = true;
   __device__ static Storage Encode(float v) { return Storage(v); }
   __device__ static float Decode(Storage s) { return static_cast<float>(s); }
 };
 
 template <>
-struct KvCodec<KvDtype::kFp8E5M2> {
-  using Storage = __nv_fp8_e5m2;
+struct KvCodec<KvDtype::kFp8E4M3> : Fp8Codec<__nv_fp8_e4m3> {
+  static constexpr float kMax = 448.0f;
+};
+
+template <>
+struct KvCodec<KvDtype::kFp8E5M2> : Fp8Codec<__nv_fp8_e5m2> {
   static constexpr float kMax = 57344.0f;
-  static constexpr bool kScaled = true;
-  __device__ static Storage Encode(float v) { return Storage(v); }
-  __device__ static float Decode(Storage s) { return static_cast<float>(s); }
 };
 
 template <>

@@ -11,12 +11,6 @@ namespace {
 
 constexpr int kMaxPairsPerLane = 4;  // head_dim <= 256
 
-__device__ __forceinline__ int64_t CacheSlot(const RowMeta& meta, const KvGeometry& g, int row) {
-  const int pos = meta.pos[row];
-  const int block = meta.block_table[static_cast<int64_t>(meta.seq[row]) * g.max_blocks_per_seq + pos / g.block_size];
-  return static_cast<int64_t>(block) * g.block_size + pos % g.block_size;
-}
-
 // One block per row; each warp takes whole heads (q heads, then k heads, then v heads), each lane
 // the rotation pairs lane, lane + 32, ...
 template <KvDtype D>
@@ -28,7 +22,7 @@ __global__ void RopeWriteKvKernel(float* qkv, const float* bias, int heads, RowM
   const int width = (heads + 2 * kvh) * hd;
   float* x = qkv + static_cast<int64_t>(row) * width;
   const float pos = static_cast<float>(meta.pos[row]);
-  const int64_t slot = CacheSlot(meta, g, row);
+  const int64_t slot = CacheSlot(BlockTableRow(meta, g, row), g.block_size, meta.pos[row]);
   int clamped = 0;
   for (int head = warp; head < heads + 2 * kvh; head += warps) {
     const bool is_v = head >= heads + kvh;
