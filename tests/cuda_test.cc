@@ -271,20 +271,24 @@ struct KvCase {
   int head_dim;
   KvDtype dtype;
   double tol;
+  int group = 3;  // query heads per KV head: the tiled prefill kernel puts 16 / group tokens in a CTA
 };
 
-void PrintTo(const KvCase& c, std::ostream* os) { *os << KvDtypeName(c.dtype) << " head_dim " << c.head_dim; }
+void PrintTo(const KvCase& c, std::ostream* os) {
+  *os << KvDtypeName(c.dtype) << " head_dim " << c.head_dim << " group " << c.group;
+}
 
 class CudaKvTest : public ::testing::TestWithParam<KvCase> {};
 
 // Writes every position of 3 sequences (lengths across block boundaries) through RopeWriteKv, then
-// checks q in place, the cache read back, and attention for every row against the CPU.
+// checks q in place, the cache read back, and attention for every row against the CPU, both as
+// decode rows and as prefill runs (tiles of 16 / group rows, two of them straddling sequences).
 TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
   REQUIRE_GPU();
   const KvCase kc = GetParam();
   const unsigned seed = 99 + kc.head_dim;
   std::mt19937 rng(seed);
-  const int heads = 6, kv_heads = 2, hd = kc.head_dim;
+  const int kv_heads = 2, heads = kc.group * kv_heads, hd = kc.head_dim;
   const std::vector<int> lens = {1, 17, 40};
   PagedFixture f(int(lens.size()), 48, kv_heads, hd, kc.dtype);
   std::vector<int32_t> row_seq, row_pos;
@@ -338,39 +342,42 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
   // Attention over the cache (as stored, so quantisation is not counted against the kernel).
   for (int splits : {1, 3, 32}) {
     for (int window : {0, 7}) {
-      cuda::AttentionShape shape{.rows = rows, .heads = heads, .q_stride = width, .sliding_window = window,
-                                 .splits = splits, .scale = 1.0f / std::sqrt(float(hd))};
-      Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
-      Dev<__half> out(size_t(rows) * heads * hd);
-      ASSERT_TRUE(cuda::PagedAttention(dqkv.p, shape, meta, f.g, f.view(), ws.p, out.p, nullptr).ok());
-      std::vector<float> want(size_t(rows) * heads * hd);
-      for (int r = 0; r < rows; ++r) {
-        const int lo = window ? std::max(0, row_pos[r] - window + 1) : 0;
-        for (int h = 0; h < heads; ++h) {
-          const int kh = h / (heads / kv_heads);
-          const float* q = got_qkv.data() + size_t(r) * width + h * hd;
-          std::vector<double> s;
-          for (int p = lo; p <= row_pos[r]; ++p) {
-            const int rr = r - (row_pos[r] - p);  // rows of a sequence are consecutive by position
-            const float* kk = k_got.data() + (size_t(rr) * kv_heads + kh) * hd;
-            double dot = 0;
-            for (int d = 0; d < hd; ++d) dot += double(q[d]) * kk[d];
-            s.push_back(dot / std::sqrt(double(hd)));
-          }
-          const double m = *std::max_element(s.begin(), s.end());
-          double z = 0;
-          for (double& e : s) z += (e = std::exp(e - m));
-          for (int d = 0; d < hd; ++d) {
-            double a = 0;
-            for (size_t j = 0; j < s.size(); ++j) {
-              const int rr = r - (row_pos[r] - (lo + int(j)));
-              a += s[j] / z * v_got[(size_t(rr) * kv_heads + kh) * hd + d];
+      for (bool runs : {false, true}) {
+        cuda::AttentionShape shape{.rows = rows, .heads = heads, .q_stride = width, .sliding_window = window,
+                                   .splits = splits, .scale = 1.0f / std::sqrt(float(hd)), .runs = runs};
+        Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
+        Dev<__half> out(size_t(rows) * heads * hd);
+        ASSERT_TRUE(cuda::PagedAttention(dqkv.p, shape, meta, f.g, f.view(), ws.p, out.p, nullptr).ok());
+        std::vector<float> want(size_t(rows) * heads * hd);
+        for (int r = 0; r < rows; ++r) {
+          const int lo = window ? std::max(0, row_pos[r] - window + 1) : 0;
+          for (int h = 0; h < heads; ++h) {
+            const int kh = h / (heads / kv_heads);
+            const float* q = got_qkv.data() + size_t(r) * width + h * hd;
+            std::vector<double> s;
+            for (int p = lo; p <= row_pos[r]; ++p) {
+              const int rr = r - (row_pos[r] - p);  // rows of a sequence are consecutive by position
+              const float* kk = k_got.data() + (size_t(rr) * kv_heads + kh) * hd;
+              double dot = 0;
+              for (int d = 0; d < hd; ++d) dot += double(q[d]) * kk[d];
+              s.push_back(dot / std::sqrt(double(hd)));
             }
-            want[(size_t(r) * heads + h) * hd + d] = float(a);
+            const double m = *std::max_element(s.begin(), s.end());
+            double z = 0;
+            for (double& e : s) z += (e = std::exp(e - m));
+            for (int d = 0; d < hd; ++d) {
+              double a = 0;
+              for (size_t j = 0; j < s.size(); ++j) {
+                const int rr = r - (row_pos[r] - (lo + int(j)));
+                a += s[j] / z * v_got[(size_t(rr) * kv_heads + kh) * hd + d];
+              }
+              want[(size_t(r) * heads + h) * hd + d] = float(a);
+            }
           }
         }
+        EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3)
+            << "splits " << splits << " window " << window << " runs " << runs << " seed " << seed;
       }
-      EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << "splits " << splits << " window " << window << " seed " << seed;
     }
   }
 }
@@ -379,9 +386,12 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaKvTest,
                          ::testing::Values(KvCase{64, KvDtype::kFp16, 1e-3}, KvCase{128, KvDtype::kFp16, 1e-3},
                                            KvCase{32, KvDtype::kFp8E4M3, 4e-2},
                                            KvCase{64, KvDtype::kFp8E4M3, 4e-2}, KvCase{128, KvDtype::kFp8E4M3, 4e-2},
-                                           KvCase{128, KvDtype::kFp8E5M2, 8e-2}),
+                                           KvCase{128, KvDtype::kFp8E5M2, 8e-2},
+                                           KvCase{128, KvDtype::kFp8E4M3, 4e-2, 4}, KvCase{64, KvDtype::kFp8E4M3, 4e-2, 8},
+                                           KvCase{32, KvDtype::kFp8E5M2, 8e-2, 1}),
                          [](const auto& info) {
-                           return std::string(KvDtypeName(info.param.dtype)) + "_hd" + std::to_string(info.param.head_dim);
+                           return std::string(KvDtypeName(info.param.dtype)) + "_hd" + std::to_string(info.param.head_dim) +
+                                  "_g" + std::to_string(info.param.group);
                          });
 
 TEST(CudaKernelTest, KvWriteClampsNonFiniteValuesAndCountsThem) {

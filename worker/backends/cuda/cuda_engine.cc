@@ -372,7 +372,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   return absl::OkStatus();
 }
 
-absl::Status CudaEngine::Forward(int rows, int logit_rows, bool sample) {
+absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
   const ModelConfig& c = config_;
   Buffers& b = *buf_;
   cudaStream_t s = stream_.get();
@@ -380,10 +380,10 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool sample) {
             qd = static_cast<int>(c.q_dim()), kvd = static_cast<int>(c.kv_dim()), qkvw = qd + 2 * kvd;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const RowMeta meta{b.row_seq, b.pos, b.block_table};
-  const cuda::AttentionShape shape{.rows = rows, .heads = static_cast<int>(c.num_heads), .q_stride = qkvw,
-                                   .sliding_window = static_cast<int>(c.sliding_window),
-                                   .splits = SplitsFor(rows),
-                                   .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+  cuda::AttentionShape shape{.rows = rows, .heads = static_cast<int>(c.num_heads), .q_stride = qkvw,
+                             .sliding_window = static_cast<int>(c.sliding_window),
+                             .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)), .runs = !decode};
+  shape.splits = SplitsFor(cuda::AttentionRowTiles(shape, kv_));
   // Each op, then (when profiling) an event named after it.
 #define TRY(what, expr)                                                                          \
   do {                                                                                           \
@@ -445,13 +445,13 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool sample) {
   if (logit_rows > 0) {
     TRY("final_norm", cuda::RmsNormRows(b.x, b.logit_src, logit_rows, h, final_norm_, eps, b.final_xn, s));
     TRY("lm_head", gemm_->Run(b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits));
-    if (sample) TRY("sample", cuda::SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params, b.out_tokens, s));
+    if (decode) TRY("sample", cuda::SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params, b.out_tokens, s));
   }
 #undef TRY
   return absl::OkStatus();
 }
 
-int CudaEngine::SplitsFor(int rows) const {
+int CudaEngine::SplitsFor(int tiles) const {
   // A CTA of the attention kernel takes about kFixed + keys · kPerKey (the tensor-core kernel on
   // the H200, fitted from batch 64 at 512 and 2048 tokens with 1 and 4 splits: ~5 µs of latency
   // for q, the block table, the first tile and the merge, then ~0.035 µs a key), and 3 CTAs fit
@@ -460,7 +460,7 @@ int CudaEngine::SplitsFor(int rows) const {
   // amortise the latency, but a partly filled last wave idles the GPU.
   constexpr double kFixedKeys = 143.0;  // ~5 µs in units of ~0.035 µs a key
   constexpr double kDesignContext = 1024.0;
-  const int ctas = rows * kv_.kv_heads, wave = 3 * sm_count_;
+  const int ctas = tiles * kv_.kv_heads, wave = 3 * sm_count_;
   int best = 1;
   double best_cost = 0.0;
   for (int splits = 1; splits <= options_.attention_splits; ++splits) {

@@ -92,13 +92,14 @@ class CudaEngine final : public Engine {
   absl::Status AllocateWorkspaces();
   absl::Status CaptureGraphs();
   struct Profile;
-  // Captures Forward(rows, rows, sample) as a graph; with `profile`, an event after every op.
+  // Captures a decode Forward(rows, rows, true) as a graph; with `profile`, an event after every op.
   absl::StatusOr<CudaGraphExec> CaptureForward(int rows, Profile* profile);
   // Runs the layers over `rows` token rows whose inputs are already on the device; with
-  // `logit_rows` > 0 also the final norm, LM head and sampling of that many rows.
-  absl::Status Forward(int rows, int logit_rows, bool sample);
-  // Attention splits for a forward of `rows` rows: enough CTAs to fill the GPU, no more.
-  int SplitsFor(int rows) const;
+  // `logit_rows` > 0 also the final norm and LM head of that many rows. `decode`: one row per
+  // sequence, and the logits are sampled; otherwise prefill rows, runs of consecutive positions.
+  absl::Status Forward(int rows, int logit_rows, bool decode);
+  // Attention splits for `tiles` row tiles: enough CTAs to fill the GPU, no more.
+  int SplitsFor(int tiles) const;
   absl::Status EnsureBlocks(SeqState& s, int64_t positions);
   SeqState& StateFor(uint64_t id, absl::Status* error);
   // Copies the step inputs (and block-table rows changed since the last upload) to the device.

@@ -221,7 +221,18 @@ __global__ void AttentionCombineKernel(const float* partial, int heads, int spli
 // 118 registers). fp16 keeps 16-byte vectors (8 elements) so head_dim 256 fits 32 lanes.
 constexpr int VectorBytes(KvDtype d, int group) { return d != KvDtype::kFp16 && group > 2 ? 8 : 16; }
 
+// FP8 caches at the common head sizes run on the tensor cores (attention_mma.cuh).
+bool UsesMma(const KvGeometry& g) {
+  return g.dtype != KvDtype::kFp16 && (g.head_dim == 32 || g.head_dim == 64 || g.head_dim == 128);
+}
+
 }  // namespace
+
+int AttentionRowTiles(const AttentionShape& s, const KvGeometry& g) {
+  const int group = s.heads / g.kv_heads;
+  const int tile = s.runs && UsesMma(g) ? 16 / group : 1;
+  return (s.rows + tile - 1) / tile;
+}
 
 size_t AttentionWorkspaceFloats(const AttentionShape& s, int head_dim) {
   return static_cast<size_t>(s.rows) * s.heads * s.splits * (head_dim + 2);
@@ -237,14 +248,16 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
     return absl::InvalidArgumentError("PagedAttention: at most 8 query heads per KV head; head_dim a power-of-two multiple of 16 bytes, up to 256");
   }
   if (shape.rows == 0) return absl::OkStatus();
-  const dim3 grid(shape.rows, g.kv_heads, shape.splits);
-  // FP8 caches at the common head sizes run on the tensor cores (attention_mma.cuh).
-  if (g.dtype != KvDtype::kFp16 && (g.head_dim == 32 || g.head_dim == 64 || g.head_dim == 128)) {
+  if (UsesMma(g)) {
+    const dim3 grid(AttentionRowTiles(shape, g), g.kv_heads, shape.splits);
     auto mma = [&](auto dtype_tag, auto hd_tag) {
       constexpr KvDtype D = decltype(dtype_tag)::value;
       constexpr int HD = decltype(hd_tag)::value;
-      mma_attention::AttentionMmaKernel<D, HD><<<grid, mma_attention::kWarps * 32, 0, stream>>>(
-          q, shape.heads, shape.q_stride, shape.sliding_window, shape.splits, shape.scale, meta, g, layer, workspace);
+      auto* kernel = shape.runs ? mma_attention::AttentionMmaKernel<D, HD, true>
+                                : mma_attention::AttentionMmaKernel<D, HD, false>;
+      kernel<<<grid, mma_attention::kWarps * 32, 0, stream>>>(q, shape.rows, shape.heads, shape.q_stride,
+                                                              shape.sliding_window, shape.splits, shape.scale, meta,
+                                                              g, layer, workspace);
     };
     auto by_dim = [&](auto dtype_tag) {
       if (g.head_dim == 32) mma(dtype_tag, std::integral_constant<int, 32>{});
@@ -259,6 +272,7 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
     TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
     return absl::OkStatus();
   }
+  const dim3 grid(shape.rows, g.kv_heads, shape.splits);
   auto launch = [&](auto dtype_tag) {
     constexpr KvDtype D = decltype(dtype_tag)::value;
     switch (group) {

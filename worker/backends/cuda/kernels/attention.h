@@ -3,7 +3,8 @@
 // position p of some sequence) attends to its sequence's cached positions [p - window + 1, p].
 // GQA-aware: one CTA serves all query heads of a KV head, so each K/V element is read once per
 // row and group. The key range is split across `splits` CTAs (long contexts fill the GPU even at
-// batch 1) and the partial softmaxes are merged by a second kernel. FP8 caches with head_dim
+// batch 1) and the partial softmaxes are merged by a second kernel. Prefill rows (`runs`) are
+// tiled: the tokens of a tile share every K/V load, each with its causal mask. FP8 caches with head_dim
 // 32/64/128 run on the tensor cores (attention_mma.cuh); fp16 caches and other head sizes on a
 // CUDA-core kernel with the same split layout.
 #include <cuda_fp16.h>
@@ -19,9 +20,15 @@ struct AttentionShape {
   int heads = 0;
   int q_stride = 0;        // floats between rows of q (the fused qkv row width)
   int sliding_window = 0;  // 0: full causal attention
-  int splits = 1;          // CTAs per (row, KV head); partials: rows * heads * splits * (head_dim + 2) floats
+  int splits = 1;          // CTAs per (row tile, KV head); partials: rows * heads * splits * (head_dim + 2) floats
   float scale = 1.0f;      // 1 / sqrt(head_dim)
+  // Prefill: rows come in runs of consecutive positions of one sequence, so the tensor-core kernel
+  // gives a CTA 16 / G rows that share each K/V tile (correct for any layout, fast for runs).
+  bool runs = false;
 };
+
+// Row tiles (CTAs per KV head and split) PagedAttention launches for this shape.
+int AttentionRowTiles(const AttentionShape& shape, const KvGeometry& geometry);
 
 // Floats of workspace the partial results need.
 size_t AttentionWorkspaceFloats(const AttentionShape& shape, int head_dim);

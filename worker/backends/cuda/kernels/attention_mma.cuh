@@ -59,10 +59,15 @@ struct Stage {
   alignas(16) uint8_t v[kKeys * RowBytes<HD>()];
 };
 
-// Grid (rows, kv_heads, splits), kWarps · 32 threads. Writes the split's partial (acc[hd], max,
-// sum per query head, natural-log max) in the layout the combine kernel reads.
-template <KvDtype D, int HD>
-__global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(const float* q, int heads, int q_stride,
+// Grid (tiles, kv_heads, splits), kWarps · 32 threads. Writes each split's partial (acc[hd], max,
+// sum per row and query head, natural-log max) in the layout the combine kernel reads.
+// Decode (kTiled false): a tile is one row; its G ≤ 8 query heads fill mma rows 0..G-1 and rows
+// 8..15 are zero. Prefill (kTiled true): a tile is rows [x·T, x·T + T) with T = 16 / G, taken as
+// runs of consecutive positions of one sequence (a single run unless a sequence starts inside the
+// tile): a run's tokens share every K/V tile, mma row r = token r / G, head r % G, each row with its
+// own causal (and sliding-window) mask. Any row layout is correct; runs only make it fast.
+template <KvDtype D, int HD, bool kTiled>
+__global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(const float* q, int rows, int heads, int q_stride,
                                                                   int sliding_window, int splits, float scale,
                                                                   RowMeta meta, KvGeometry g, KvLayerView layer,
                                                                   float* partial) {
@@ -73,186 +78,240 @@ __global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(const float* q
   constexpr int kPerLane = (kPieces + 31) / 32;
   constexpr int kChunks = HD / 16;  // k-steps of Q·Kᵀ
   constexpr int kDimTiles = HD / 8;  // n-tiles of P·V
+  constexpr int kHalves = kTiled ? 2 : 1;  // mma row halves in use: rows qg (and qg + 8)
   __shared__ Stage<HD> stages[kWarps][2];
 
-  const int row = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
+  const int kv_head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qg = lane >> 2, qc = lane & 3;  // fragment row group and column pair
   const int group = heads / g.kv_heads, kvh = g.kv_heads;
-  const int pos = meta.pos[row];
-  const int lo = sliding_window > 0 ? max(0, pos - sliding_window + 1) : 0;
-  const int n = pos + 1 - lo;
-  const int chunk = ((n + splits - 1) / splits + 31) & ~31;
-  const int begin = lo + split * chunk, end = min(pos + 1, begin + chunk);
-  float* out = partial + ((static_cast<int64_t>(row) * heads + kv_head * group) * splits + split) * (HD + 2);
-  auto out_at = [&](int gi) { return out + static_cast<int64_t>(gi) * splits * (HD + 2); };
-  if (begin >= end) {
-    for (int i = threadIdx.x; i < group * HD; i += blockDim.x) out_at(i / HD)[i % HD] = 0.0f;
-    if (threadIdx.x < group) out_at(threadIdx.x)[HD] = -INFINITY, out_at(threadIdx.x)[HD + 1] = 0.0f;
-    return;
-  }
-
-  // Q fragments (rows = query heads of the group, scaled into the exp2 domain); rows ≥ group and
-  // the padding rows 8..15 are zero.
-  uint32_t qa[kChunks][2];  // a0 (row qg, dims 2qc..) and a2 (row qg, dims 2qc + 8..); a1 = a3 = 0
-  {
-    const float qs = scale * kLog2e;
-    const float* qrow = q + static_cast<int64_t>(row) * q_stride + (kv_head * group + qg) * HD;
-#pragma unroll
-    for (int kc = 0; kc < kChunks; ++kc) {
-      if (qg < group) {
-        const float* p = qrow + kc * 16 + 2 * qc;
-        qa[kc][0] = PackHalf2(p[0] * qs, p[1] * qs);
-        qa[kc][1] = PackHalf2(p[8] * qs, p[9] * qs);
-      } else {
-        qa[kc][0] = qa[kc][1] = 0u;
-      }
-    }
-  }
-
-  const int32_t* blocks = BlockTableRow(meta, g, row);
+  const int tile_rows = kTiled ? 16 / group : 1;
+  const int tile_end = min(rows, (static_cast<int>(blockIdx.x) + 1) * tile_rows);
   const uint8_t* kbase = static_cast<const uint8_t*>(layer.k) + kv_head * HD;
   const uint8_t* vbase = static_cast<const uint8_t*>(layer.v) + kv_head * HD;
-  // Starts copying tile `t0`'s K and V rows into stage `s`, and loads this lane's scale
-  // (lanes 0-15: K scale of key lane, 16-31: V scale of key lane - 16). Keys past `end` read the
-  // last valid key: finite values, masked out of the scores.
-  auto issue = [&](int t0, int s, float* scale_out) {
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      const int piece = lane + 32 * i;
-      if (piece < kPieces) {
-        const int key = piece / (HD / 16), part = piece % (HD / 16);
-        const int64_t slot = CacheSlot(blocks, g.block_size, min(t0 + key, end - 1));
-        const int64_t at = slot * kvh * HD + part * 16;
-        __pipeline_memcpy_async(stages[warp][s].k + key * kRow + part * 16, kbase + at, 16);
-        __pipeline_memcpy_async(stages[warp][s].v + key * kRow + part * 16, vbase + at, 16);
-      }
-    }
-    __pipeline_commit();
-    const int key = lane & 15;
-    const int64_t slot = CacheSlot(blocks, g.block_size, min(t0 + key, end - 1));
-    *scale_out = (lane < 16 ? layer.k_scale : layer.v_scale)[slot * kvh + kv_head];
-  };
+  float* o_s = reinterpret_cast<float*>(&stages[0][0]);  // merge buffers: [kWarps][16][HD]
+  float* ml_s = o_s + kWarps * 16 * HD;                  // [kWarps][16][2]
+  static_assert(sizeof(Stage<HD>) * kWarps * 2 >= (kWarps * 16 * HD + kWarps * 32) * sizeof(float), "merge buffer");
 
-  float o[kDimTiles][4];
+  for (int r0 = blockIdx.x * tile_rows, run_end; r0 < tile_end; r0 = run_end) {
+    const int pos0 = meta.pos[r0];
+    run_end = r0 + 1;
+    while (run_end < tile_end && meta.seq[run_end] == meta.seq[r0] && meta.pos[run_end] == pos0 + (run_end - r0)) {
+      ++run_end;
+    }
+    const int run = run_end - r0;
+    // Keys [lo, hi] cover every token of the run; row h of this lane (mma row qg + 8h) is token
+    // tok[h] of the run, query head kv_head·G + head[h], and sees keys [row_lo[h], row_pos[h]].
+    const int lo = sliding_window > 0 ? max(0, pos0 - sliding_window + 1) : 0;
+    const int hi = pos0 + run - 1;
+    const int n = hi + 1 - lo;
+    const int chunk = ((n + splits - 1) / splits + 31) & ~31;
+    const int begin = lo + split * chunk, end = min(hi + 1, begin + chunk);
+    const int mma_rows = run * group;
+    // Partial of mma row r (token r / G, head r % G).
+    auto out_at = [&](int r) {
+      const int64_t row_head = static_cast<int64_t>(r0 + r / group) * heads + kv_head * group + r % group;
+      return partial + (row_head * splits + split) * (HD + 2);
+    };
+    if (begin >= end) {
+      for (int i = threadIdx.x; i < mma_rows * HD; i += blockDim.x) out_at(i / HD)[i % HD] = 0.0f;
+      if (threadIdx.x < mma_rows) out_at(threadIdx.x)[HD] = -INFINITY, out_at(threadIdx.x)[HD + 1] = 0.0f;
+      continue;
+    }
+    bool row_ok[kHalves];
+    int row_pos[kHalves], row_lo[kHalves];
 #pragma unroll
-  for (int t = 0; t < kDimTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
-  float m = -INFINITY, l = 0.0f, o_scale = 1.0f;  // row qg; O holds O_true / o_scale
+    for (int h = 0; h < kHalves; ++h) {
+      const int r = qg + 8 * h;
+      row_ok[h] = r < mma_rows;
+      row_pos[h] = pos0 + r / group;
+      row_lo[h] = sliding_window > 0 ? max(0, row_pos[h] - sliding_window + 1) : 0;
+    }
 
-  int t0 = begin + warp * kKeys;
-  float scale_cur = 0.0f, scale_next = 0.0f;
-  if (t0 < end) issue(t0, 0, &scale_cur);
-  for (int it = 0; t0 < end; ++it, t0 += kWarps * kKeys) {
-    const int s = it & 1, t_next = t0 + kWarps * kKeys;
-    if (t_next < end) {
-      issue(t_next, s ^ 1, &scale_next);
-    } else {
-      __pipeline_commit();  // an empty group keeps the wait count uniform
-    }
-    __pipeline_wait_prior(1);
-    __syncwarp();
-    const uint8_t* ks = stages[warp][s].k;
-    const uint8_t* vs = stages[warp][s].v;
-
-    // S = Q · Kᵀ: n-tile j covers keys 8j .. 8j + 7; this lane's columns are keys 8j + 2qc, +1.
-    float sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const uint8_t* krow = ks + (8 * j + qg) * kRow + 2 * qc;
-#pragma unroll
-      for (int kc = 0; kc < kChunks; ++kc) {
-        const uint32_t b0 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16), kKind);
-        const uint32_t b1 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16 + 8), kKind);
-        const uint32_t a[4] = {qa[kc][0], 0u, qa[kc][1], 0u};
-        Mma(sc[j], a, b0, b1);
-      }
-    }
-    // Scales of this lane's four keys (8j + 2qc + e) from the lanes that loaded them.
-    float p[2][2], vsc[2][2];
-    float tmax = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = 8 * j + 2 * qc + e;
-        const float kscale = __shfl_sync(0xffffffffu, scale_cur, key);
-        vsc[j][e] = __shfl_sync(0xffffffffu, scale_cur, 16 + key);
-        p[j][e] = t0 + key < end ? sc[j][e] * kscale : -INFINITY;
-        tmax = fmaxf(tmax, p[j][e]);
-      }
-    }
-    float vmax = fmaxf(fmaxf(vsc[0][0], vsc[0][1]), fmaxf(vsc[1][0], vsc[1][1]));
-#pragma unroll
-    for (int o2 = 1; o2 < 4; o2 <<= 1) {
-      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o2));
-      vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o2));
-    }
-    const float m_new = fmaxf(m, tmax);  // finite: the tile's first key is always valid
-    const float corr = exp2f(m - m_new);
-    float psum = 0.0f;
-    uint32_t pa[4];  // A fragment of P (rows qg; rows 8..15 zero), V scales folded relative to vmax
+    // Q fragments (scaled into the exp2 domain); rows past the run are zero. a0/a2: row qg, dims
+    // 2qc.. and 2qc + 8..; a1/a3: the same for row qg + 8 (always zero when decoding).
+    uint32_t qa[kChunks][2 * kHalves];
     {
-      const float inv_vmax = 1.0f / vmax;
+      const float qs = scale * kLog2e;
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        const int r = qg + 8 * h;
+        const float* qrow = q + static_cast<int64_t>(r0 + r / group) * q_stride + (kv_head * group + r % group) * HD;
+#pragma unroll
+        for (int kc = 0; kc < kChunks; ++kc) {
+          if (row_ok[h]) {
+            const float* p = qrow + kc * 16 + 2 * qc;
+            qa[kc][h] = PackHalf2(p[0] * qs, p[1] * qs);
+            qa[kc][kHalves + h] = PackHalf2(p[8] * qs, p[9] * qs);
+          } else {
+            qa[kc][h] = qa[kc][kHalves + h] = 0u;
+          }
+        }
+      }
+    }
+
+    const int32_t* blocks = BlockTableRow(meta, g, r0);
+    // Starts copying tile `t0`'s K and V rows into stage `s`, and loads this lane's scale
+    // (lanes 0-15: K scale of key lane, 16-31: V scale of key lane - 16). Keys past `end` read the
+    // last valid key: finite values, masked out of the scores.
+    auto issue = [&](int t0, int s, float* scale_out) {
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int piece = lane + 32 * i;
+        if (piece < kPieces) {
+          const int key = piece / (HD / 16), part = piece % (HD / 16);
+          const int64_t slot = CacheSlot(blocks, g.block_size, min(t0 + key, end - 1));
+          const int64_t at = slot * kvh * HD + part * 16;
+          __pipeline_memcpy_async(stages[warp][s].k + key * kRow + part * 16, kbase + at, 16);
+          __pipeline_memcpy_async(stages[warp][s].v + key * kRow + part * 16, vbase + at, 16);
+        }
+      }
+      __pipeline_commit();
+      const int key = lane & 15;
+      const int64_t slot = CacheSlot(blocks, g.block_size, min(t0 + key, end - 1));
+      *scale_out = (lane < 16 ? layer.k_scale : layer.v_scale)[slot * kvh + kv_head];
+    };
+
+    float o[kDimTiles][4];
+#pragma unroll
+    for (int t = 0; t < kDimTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+    float m[kHalves], l[kHalves];  // rows qg (+ 8); O holds O_true / o_scale
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) m[h] = -INFINITY, l[h] = 0.0f;
+    float o_scale = 1.0f;
+
+    int t0 = begin + warp * kKeys;
+    float scale_cur = 0.0f, scale_next = 0.0f;
+    if (t0 < end) issue(t0, 0, &scale_cur);
+    for (int it = 0; t0 < end; ++it, t0 += kWarps * kKeys) {
+      const int s = it & 1, t_next = t0 + kWarps * kKeys;
+      if (t_next < end) {
+        issue(t_next, s ^ 1, &scale_next);
+      } else {
+        __pipeline_commit();  // an empty group keeps the wait count uniform
+      }
+      __pipeline_wait_prior(1);
+      __syncwarp();
+      const uint8_t* ks = stages[warp][s].k;
+      const uint8_t* vs = stages[warp][s].v;
+
+      // S = Q · Kᵀ: n-tile j covers keys 8j .. 8j + 7; this lane's columns are keys 8j + 2qc, +1,
+      // in sc[j][0..1] for row qg and sc[j][2..3] for row qg + 8.
+      float sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const float e0 = exp2f(p[j][0] - m_new), e1 = exp2f(p[j][1] - m_new);
-        psum += e0 + e1;
-        pa[2 * j] = PackHalf2(e0 * vsc[j][0] * inv_vmax, e1 * vsc[j][1] * inv_vmax);
-        pa[2 * j + 1] = 0u;
+        const uint8_t* krow = ks + (8 * j + qg) * kRow + 2 * qc;
+#pragma unroll
+        for (int kc = 0; kc < kChunks; ++kc) {
+          const uint32_t b0 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16), kKind);
+          const uint32_t b1 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16 + 8), kKind);
+          const uint32_t a[4] = {qa[kc][0], kTiled ? qa[kc][1] : 0u, qa[kc][kHalves], kTiled ? qa[kc][kHalves + 1] : 0u};
+          Mma(sc[j], a, b0, b1);
+        }
       }
-    }
-    l = l * corr + psum;
-    m = m_new;
-    // O (units of o_scale) → units of this tile's vmax, then += P' · V.
-    const float f = corr * o_scale / vmax;
-    o_scale = vmax;
-    const uint32_t a[4] = {pa[0], pa[1], pa[2], pa[3]};
+      // Scales of this lane's four keys (8j + 2qc + e) from the lanes that loaded them.
+      float p[kHalves][2][2], vsc[2][2];
+      float tmax[kHalves];
 #pragma unroll
-    for (int t = 0; t < kDimTiles; ++t) {
-      o[t][0] *= f, o[t][1] *= f;
-      // B fragment: V[keys 2qc, 2qc + 1][dim 8t + qg] and keys 2qc + 8, + 9.
-      const uint8_t* vcol = vs + 8 * t + qg;
-      const uint16_t lo0 = vcol[(2 * qc) * kRow], hi0 = vcol[(2 * qc + 1) * kRow];
-      const uint16_t lo1 = vcol[(2 * qc + 8) * kRow], hi1 = vcol[(2 * qc + 9) * kRow];
-      const uint32_t b0 = Fp8x2ToHalf2(static_cast<uint16_t>(lo0 | (hi0 << 8)), kKind);
-      const uint32_t b1 = Fp8x2ToHalf2(static_cast<uint16_t>(lo1 | (hi1 << 8)), kKind);
-      Mma(o[t], a, b0, b1);
+      for (int h = 0; h < kHalves; ++h) tmax[h] = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = 8 * j + 2 * qc + e, at = t0 + key;
+          const float kscale = __shfl_sync(0xffffffffu, scale_cur, key);
+          vsc[j][e] = __shfl_sync(0xffffffffu, scale_cur, 16 + key);
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h) {
+            const bool ok = at < end && (!kTiled || (row_ok[h] && at <= row_pos[h] && at >= row_lo[h]));
+            p[h][j][e] = ok ? sc[j][2 * h + e] * kscale : -INFINITY;
+            tmax[h] = fmaxf(tmax[h], p[h][j][e]);
+          }
+        }
+      }
+      float vmax = fmaxf(fmaxf(vsc[0][0], vsc[0][1]), fmaxf(vsc[1][0], vsc[1][1]));
+#pragma unroll
+      for (int o2 = 1; o2 < 4; o2 <<= 1) {
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], o2));
+        vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o2));
+      }
+      // P's A fragment: pa[2j + h] holds row qg + 8h, keys 8j + 2qc, +1, with the V scales folded
+      // in relative to vmax. A row that no key of this tile reaches yet (causal) keeps m = -inf:
+      // exponentiate against 0 then, so it adds nothing instead of NaN.
+      uint32_t pa[4] = {0u, 0u, 0u, 0u};
+      float f[kHalves];
+      const float inv_vmax = 1.0f / vmax;
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        const float m_new = fmaxf(m[h], tmax[h]);
+        const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
+        const float corr = exp2f(m[h] - m_ref);
+        float psum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float e0 = exp2f(p[h][j][0] - m_ref), e1 = exp2f(p[h][j][1] - m_ref);
+          psum += e0 + e1;
+          pa[2 * j + h] = PackHalf2(e0 * vsc[j][0] * inv_vmax, e1 * vsc[j][1] * inv_vmax);
+        }
+        l[h] = l[h] * corr + psum;
+        m[h] = m_new;
+        f[h] = corr * o_scale * inv_vmax;  // O (units of o_scale) → units of this tile's vmax
+      }
+      o_scale = vmax;
+#pragma unroll
+      for (int t = 0; t < kDimTiles; ++t) {
+        o[t][0] *= f[0], o[t][1] *= f[0];
+        if constexpr (kTiled) o[t][2] *= f[kHalves - 1], o[t][3] *= f[kHalves - 1];
+        // B fragment: V[keys 2qc, 2qc + 1][dim 8t + qg] and keys 2qc + 8, + 9.
+        const uint8_t* vcol = vs + 8 * t + qg;
+        const uint16_t lo0 = vcol[(2 * qc) * kRow], hi0 = vcol[(2 * qc + 1) * kRow];
+        const uint16_t lo1 = vcol[(2 * qc + 8) * kRow], hi1 = vcol[(2 * qc + 9) * kRow];
+        const uint32_t b0 = Fp8x2ToHalf2(static_cast<uint16_t>(lo0 | (hi0 << 8)), kKind);
+        const uint32_t b1 = Fp8x2ToHalf2(static_cast<uint16_t>(lo1 | (hi1 << 8)), kKind);
+        Mma(o[t], pa, b0, b1);
+      }
+      scale_cur = scale_next;
+      __syncwarp();  // this stage is refilled by the next iteration's issue
     }
-    scale_cur = scale_next;
-    __syncwarp();  // this stage is refilled by the next iteration's issue
-  }
-  __pipeline_wait_prior(0);
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
+    __pipeline_wait_prior(0);
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
 
-  // Merge the 4 warps' partial softmaxes (rows < group) through the stage buffers.
-  __syncthreads();
-  float* o_s = reinterpret_cast<float*>(&stages[0][0]);  // [kWarps][8][HD]
-  float* ml_s = o_s + kWarps * 8 * HD;                   // [kWarps][8][2]
-  static_assert(sizeof(stages) >= (kWarps * 8 * HD + kWarps * 16) * sizeof(float), "merge buffer");
+    // Merge the 4 warps' partial softmaxes through the stage buffers.
+    __syncthreads();
 #pragma unroll
-  for (int t = 0; t < kDimTiles; ++t) {
-    o_s[(warp * 8 + qg) * HD + 8 * t + 2 * qc] = o[t][0] * o_scale;
-    o_s[(warp * 8 + qg) * HD + 8 * t + 2 * qc + 1] = o[t][1] * o_scale;
-  }
-  if (qc == 0) ml_s[(warp * 8 + qg) * 2] = m, ml_s[(warp * 8 + qg) * 2 + 1] = l;
-  __syncthreads();
-  for (int i = threadIdx.x; i < group * HD; i += blockDim.x) {
-    const int gi = i / HD, d = i % HD;
-    float mm = -INFINITY;
+    for (int h = 0; h < kHalves; ++h) {
+      const int r = qg + 8 * h;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, ml_s[(w * 8 + gi) * 2]);
-    float acc = 0.0f, sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = ml_s[(w * 8 + gi) * 2];
-      if (mw == -INFINITY) continue;  // a warp that had no tile
-      const float c = exp2f(mw - mm);
-      acc += o_s[(w * 8 + gi) * HD + d] * c;
-      sum += ml_s[(w * 8 + gi) * 2 + 1] * c;
+      for (int t = 0; t < kDimTiles; ++t) {
+        o_s[(warp * 16 + r) * HD + 8 * t + 2 * qc] = o[t][2 * h] * o_scale;
+        o_s[(warp * 16 + r) * HD + 8 * t + 2 * qc + 1] = o[t][2 * h + 1] * o_scale;
+      }
+      if (qc == 0) ml_s[(warp * 16 + r) * 2] = m[h], ml_s[(warp * 16 + r) * 2 + 1] = l[h];
     }
-    out_at(gi)[d] = acc;
-    if (d == 0) out_at(gi)[HD] = mm / kLog2e, out_at(gi)[HD + 1] = sum;
+    __syncthreads();
+    for (int i = threadIdx.x; i < mma_rows * HD; i += blockDim.x) {
+      const int r = i / HD, d = i % HD;
+      float mm = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, ml_s[(w * 16 + r) * 2]);
+      float acc = 0.0f, sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = ml_s[(w * 16 + r) * 2];
+        if (mw == -INFINITY) continue;  // a warp that had no key for this row
+        const float c = exp2f(mw - mm);
+        acc += o_s[(w * 16 + r) * HD + d] * c;
+        sum += ml_s[(w * 16 + r) * 2 + 1] * c;
+      }
+      out_at(r)[d] = acc;
+      if (d == 0) out_at(r)[HD] = mm / kLog2e, out_at(r)[HD + 1] = sum;
+    }
+    __syncthreads();  // the next run refills the stage buffers
   }
 }
 
