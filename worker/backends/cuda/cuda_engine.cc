@@ -454,8 +454,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
 int CudaEngine::SplitsFor(int tiles) const {
   // A CTA of the attention kernel takes about kFixed + keys · kPerKey (the tensor-core kernel on
   // the H200, fitted from batch 64 at 512 and 2048 tokens with 1 and 4 splits: ~5 µs of latency
-  // for q, the block table, the first tile and the merge, then ~0.035 µs a key), and 3 CTAs fit
-  // an SM. The split count is baked into each bucket's graph before contexts are known, so it
+  // for q, the block table, the first tile and the merge, then ~0.035 µs a key), with 3 CTAs to
+  // an SM (the head_dim-128 kernel now holds 4, which the fit does not know). The split count is baked into each bucket's graph before contexts are known, so it
   // minimises waves · (kFixed + keys per split) at a design context of 1024 tokens: long CTAs
   // amortise the latency, but a partly filled last wave idles the GPU.
   constexpr double kFixedKeys = 143.0;  // ~5 µs in units of ~0.035 µs a key

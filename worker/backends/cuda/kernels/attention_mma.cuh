@@ -53,6 +53,10 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// CTAs an SM must hold (registers capped to fit): a decode CTA is mostly latency (the block
+// table, the first tile, the merge), so more of them in flight hide more of it.
+constexpr int MinBlocks(int hd, bool tiled) { return (hd == 128 ? 3 : 4) + (tiled ? 0 : 1); }
+
 template <int HD>
 struct Stage {
   alignas(16) uint8_t k[kKeys * RowBytes<HD>()];
@@ -67,7 +71,7 @@ struct Stage {
 // tile): a run's tokens share every K/V tile, mma row r = token r / G, head r % G, each row with its
 // own causal (and sliding-window) mask. Any row layout is correct; runs only make it fast.
 template <KvDtype D, int HD, bool kTiled>
-__global__ void __launch_bounds__(kWarps * 32) AttentionMmaKernel(const float* q, int rows, int heads, int q_stride,
+__global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled)) AttentionMmaKernel(const float* q, int rows, int heads, int q_stride,
                                                                   int sliding_window, int splits, float scale,
                                                                   RowMeta meta, KvGeometry g, KvLayerView layer,
                                                                   float* partial) {
