@@ -89,6 +89,9 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
          .max_blocks_per_seq = (max_context_ + options_.block_size - 1) / options_.block_size, .dtype = options_.kv_dtype};
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, options_.device));
+  absl::StatusOr<int> per_sm = cuda::AttentionCtasPerSm({.heads = static_cast<int>(c.num_heads)}, kv_);
+  if (!per_sm.ok()) return per_sm.status();
+  attention_wave_ = *per_sm * sm_count_;
   absl::StatusOr<CudaStream> stream = MakeStream();
   if (!stream.ok()) return stream.status();
   stream_ = *std::move(stream);
@@ -454,13 +457,13 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
 int CudaEngine::SplitsFor(int tiles) const {
   // A CTA of the attention kernel takes about kFixed + keys · kPerKey (the tensor-core kernel on
   // the H200, fitted from batch 64 at 512 and 2048 tokens with 1 and 4 splits: ~5 µs of latency
-  // for q, the block table, the first tile and the merge, then ~0.035 µs a key), with 3 CTAs to
-  // an SM (the head_dim-128 kernel now holds 4, which the fit does not know). The split count is baked into each bucket's graph before contexts are known, so it
+  // for q, the block table, the first tile and the merge, then ~0.035 µs a key; fitted with 3
+  // CTAs to an SM, the wave is what the decode kernel now fits). The split count is baked into each bucket's graph before contexts are known, so it
   // minimises waves · (kFixed + keys per split) at a design context of 1024 tokens: long CTAs
   // amortise the latency, but a partly filled last wave idles the GPU.
   constexpr double kFixedKeys = 143.0;  // ~5 µs in units of ~0.035 µs a key
   constexpr double kDesignContext = 1024.0;
-  const int ctas = tiles * kv_.kv_heads, wave = 3 * sm_count_;
+  const int ctas = tiles * kv_.kv_heads, wave = attention_wave_;
   int best = 1;
   double best_cost = 0.0;
   for (int splits = 1; splits <= options_.attention_splits; ++splits) {

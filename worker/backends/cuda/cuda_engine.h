@@ -139,6 +139,7 @@ class CudaEngine final : public Engine {
   std::unordered_map<uint64_t, SeqState> seqs_;
   int64_t graph_replays_ = 0;
   int sm_count_ = 132;
+  int attention_wave_ = 396;  // decode attention CTAs the GPU holds at once
   // Set only inside ProfileDecode: Forward records the next event of `events` after each op.
   struct Profile {
     std::vector<cudaEvent_t> events;

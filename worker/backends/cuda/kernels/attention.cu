@@ -226,6 +226,57 @@ bool UsesMma(const KvGeometry& g) {
   return g.dtype != KvDtype::kFp16 && (g.head_dim == 32 || g.head_dim == 64 || g.head_dim == 128);
 }
 
+// Calls f with the tensor-core kernel instance for the shape (UsesMma(g) only).
+template <typename F>
+void WithMmaKernel(const AttentionShape& shape, const KvGeometry& g, F&& f) {
+  auto by_dim = [&](auto dtype_tag, auto hd_tag) {
+    constexpr KvDtype D = decltype(dtype_tag)::value;
+    constexpr int HD = decltype(hd_tag)::value;
+    f(shape.runs ? mma_attention::AttentionMmaKernel<D, HD, true> : mma_attention::AttentionMmaKernel<D, HD, false>);
+  };
+  auto by_dtype = [&](auto hd_tag) {
+    if (g.dtype == KvDtype::kFp8E4M3) by_dim(std::integral_constant<KvDtype, KvDtype::kFp8E4M3>{}, hd_tag);
+    else by_dim(std::integral_constant<KvDtype, KvDtype::kFp8E5M2>{}, hd_tag);
+  };
+  if (g.head_dim == 32) by_dtype(std::integral_constant<int, 32>{});
+  else if (g.head_dim == 64) by_dtype(std::integral_constant<int, 64>{});
+  else by_dtype(std::integral_constant<int, 128>{});
+}
+
+// Calls f with the CUDA-core kernel instance for the group size and cache dtype.
+template <typename F>
+void WithSplitKernel(int group, KvDtype dtype, F&& f) {
+  auto by_group = [&](auto dtype_tag) {
+    constexpr KvDtype D = decltype(dtype_tag)::value;
+    switch (group) {
+      case 1: f(AttentionSplitKernel<D, 1, VectorBytes(D, 1)>); break;
+      case 2: f(AttentionSplitKernel<D, 2, VectorBytes(D, 2)>); break;
+      case 3: f(AttentionSplitKernel<D, 3, VectorBytes(D, 3)>); break;
+      case 4: f(AttentionSplitKernel<D, 4, VectorBytes(D, 4)>); break;
+      case 5: f(AttentionSplitKernel<D, 5, VectorBytes(D, 5)>); break;
+      case 6: f(AttentionSplitKernel<D, 6, VectorBytes(D, 6)>); break;
+      case 7: f(AttentionSplitKernel<D, 7, VectorBytes(D, 7)>); break;
+      default: f(AttentionSplitKernel<D, 8, VectorBytes(D, 8)>); break;
+    }
+  };
+  switch (dtype) {
+    case KvDtype::kFp8E4M3: by_group(std::integral_constant<KvDtype, KvDtype::kFp8E4M3>{}); break;
+    case KvDtype::kFp8E5M2: by_group(std::integral_constant<KvDtype, KvDtype::kFp8E5M2>{}); break;
+    case KvDtype::kFp16: by_group(std::integral_constant<KvDtype, KvDtype::kFp16>{}); break;
+  }
+}
+
+absl::Status CheckShape(const AttentionShape& shape, const KvGeometry& g) {
+  const int group = shape.heads / g.kv_heads;
+  const int elem = static_cast<int>(KvElementBytes(g.dtype));
+  const int ept = (elem == 1 && group > 2 ? 8 : 16) / elem;  // as VectorBytes picks
+  const int tpk = g.head_dim / ept;
+  if (group > kMaxGroup || g.head_dim > kMaxHeadDim || g.head_dim % ept != 0 || tpk > 32 || (tpk & (tpk - 1))) {
+    return absl::InvalidArgumentError("PagedAttention: at most 8 query heads per KV head; head_dim a power-of-two multiple of 16 bytes, up to 256");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int AttentionRowTiles(const AttentionShape& s, const KvGeometry& g) {
@@ -238,58 +289,35 @@ size_t AttentionWorkspaceFloats(const AttentionShape& s, int head_dim) {
   return static_cast<size_t>(s.rows) * s.heads * s.splits * (head_dim + 2);
 }
 
+absl::StatusOr<int> AttentionCtasPerSm(const AttentionShape& shape, const KvGeometry& g) {
+  if (absl::Status s = CheckShape(shape, g); !s.ok()) return s;
+  int blocks = 0;
+  cudaError_t error = cudaSuccess;
+  auto occupancy = [&](auto kernel) { error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0); };
+  if (UsesMma(g)) {
+    WithMmaKernel(shape, g, occupancy);
+  } else {
+    WithSplitKernel(shape.heads / g.kv_heads, g.dtype, occupancy);
+  }
+  TAILSERVE_CUDA_RETURN_IF_ERROR(error);
+  return blocks;
+}
+
 absl::Status PagedAttention(const float* q, const AttentionShape& shape, const RowMeta& meta, const KvGeometry& g,
                             const KvLayerView& layer, float* workspace, __half* out, cudaStream_t stream) {
-  const int group = shape.heads / g.kv_heads;
-  const int elem = static_cast<int>(KvElementBytes(g.dtype));
-  const int ept = (elem == 1 && group > 2 ? 8 : 16) / elem;  // as VectorBytes picks
-  const int tpk = g.head_dim / ept;
-  if (group > kMaxGroup || g.head_dim > kMaxHeadDim || g.head_dim % ept != 0 || tpk > 32 || (tpk & (tpk - 1))) {
-    return absl::InvalidArgumentError("PagedAttention: at most 8 query heads per KV head; head_dim a power-of-two multiple of 16 bytes, up to 256");
-  }
+  if (absl::Status s = CheckShape(shape, g); !s.ok()) return s;
   if (shape.rows == 0) return absl::OkStatus();
   if (UsesMma(g)) {
     const dim3 grid(AttentionRowTiles(shape, g), g.kv_heads, shape.splits);
-    auto mma = [&](auto dtype_tag, auto hd_tag) {
-      constexpr KvDtype D = decltype(dtype_tag)::value;
-      constexpr int HD = decltype(hd_tag)::value;
-      auto* kernel = shape.runs ? mma_attention::AttentionMmaKernel<D, HD, true>
-                                : mma_attention::AttentionMmaKernel<D, HD, false>;
+    WithMmaKernel(shape, g, [&](auto kernel) {
       kernel<<<grid, mma_attention::kWarps * 32, 0, stream>>>(q, shape.rows, shape.heads, shape.q_stride,
                                                               shape.sliding_window, shape.splits, shape.scale, meta,
                                                               g, layer, workspace);
-    };
-    auto by_dim = [&](auto dtype_tag) {
-      if (g.head_dim == 32) mma(dtype_tag, std::integral_constant<int, 32>{});
-      else if (g.head_dim == 64) mma(dtype_tag, std::integral_constant<int, 64>{});
-      else mma(dtype_tag, std::integral_constant<int, 128>{});
-    };
-    if (g.dtype == KvDtype::kFp8E4M3) by_dim(std::integral_constant<KvDtype, KvDtype::kFp8E4M3>{});
-    else by_dim(std::integral_constant<KvDtype, KvDtype::kFp8E5M2>{});
-    TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
-    AttentionCombineKernel<<<dim3(shape.rows, shape.heads), 128, 0, stream>>>(workspace, shape.heads, shape.splits,
-                                                                              g.head_dim, out);
-    TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
-    return absl::OkStatus();
-  }
-  const dim3 grid(shape.rows, g.kv_heads, shape.splits);
-  auto launch = [&](auto dtype_tag) {
-    constexpr KvDtype D = decltype(dtype_tag)::value;
-    switch (group) {
-      case 1: AttentionSplitKernel<D, 1, VectorBytes(D, 1)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 2: AttentionSplitKernel<D, 2, VectorBytes(D, 2)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 3: AttentionSplitKernel<D, 3, VectorBytes(D, 3)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 4: AttentionSplitKernel<D, 4, VectorBytes(D, 4)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 5: AttentionSplitKernel<D, 5, VectorBytes(D, 5)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 6: AttentionSplitKernel<D, 6, VectorBytes(D, 6)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      case 7: AttentionSplitKernel<D, 7, VectorBytes(D, 7)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-      default: AttentionSplitKernel<D, 8, VectorBytes(D, 8)><<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); break;
-    }
-  };
-  switch (g.dtype) {
-    case KvDtype::kFp8E4M3: launch(std::integral_constant<KvDtype, KvDtype::kFp8E4M3>{}); break;
-    case KvDtype::kFp8E5M2: launch(std::integral_constant<KvDtype, KvDtype::kFp8E5M2>{}); break;
-    case KvDtype::kFp16: launch(std::integral_constant<KvDtype, KvDtype::kFp16>{}); break;
+    });
+  } else {
+    const dim3 grid(shape.rows, g.kv_heads, shape.splits);
+    WithSplitKernel(shape.heads / g.kv_heads, g.dtype,
+                    [&](auto kernel) { kernel<<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); });
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   AttentionCombineKernel<<<dim3(shape.rows, shape.heads), 128, 0, stream>>>(workspace, shape.heads, shape.splits,

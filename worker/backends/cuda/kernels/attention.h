@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "worker/backends/cuda/kernels/kv_cache.h"
 
 namespace tailserve::cuda {
@@ -29,6 +30,9 @@ struct AttentionShape {
 
 // Row tiles (CTAs per KV head and split) PagedAttention launches for this shape.
 int AttentionRowTiles(const AttentionShape& shape, const KvGeometry& geometry);
+
+// CTAs of the kernel PagedAttention runs for this shape that fit one SM at once.
+absl::StatusOr<int> AttentionCtasPerSm(const AttentionShape& shape, const KvGeometry& geometry);
 
 // Floats of workspace the partial results need.
 size_t AttentionWorkspaceFloats(const AttentionShape& shape, int head_dim);
