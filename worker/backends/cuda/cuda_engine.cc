@@ -458,9 +458,10 @@ int CudaEngine::SplitsFor(int tiles) const {
   // A CTA of the attention kernel takes about kFixed + keys · kPerKey (the tensor-core kernel on
   // the H200, fitted from batch 64 at 512 and 2048 tokens with 1 and 4 splits: ~5 µs of latency
   // for q, the block table, the first tile and the merge, then ~0.035 µs a key; fitted with 3
-  // CTAs to an SM, the wave is what the decode kernel now fits). The split count is baked into each bucket's graph before contexts are known, so it
-  // minimises waves · (kFixed + keys per split) at a design context of 1024 tokens: long CTAs
-  // amortise the latency, but a partly filled last wave idles the GPU.
+  // CTAs to an SM, while a wave is what the decode kernel fits now). The split count is baked
+  // into each bucket's graph before contexts are known, so it minimises waves · (kFixed + keys
+  // per split) at a design context of 1024 tokens: long CTAs amortise the latency, but a partly
+  // filled last wave idles the GPU.
   constexpr double kFixedKeys = 143.0;  // ~5 µs in units of ~0.035 µs a key
   constexpr double kDesignContext = 1024.0;
   const int ctas = tiles * kv_.kv_heads, wave = attention_wave_;

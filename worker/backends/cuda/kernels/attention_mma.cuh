@@ -71,10 +71,9 @@ struct Stage {
 // tile): a run's tokens share every K/V tile, mma row r = token r / G, head r % G, each row with its
 // own causal (and sliding-window) mask. Any row layout is correct; runs only make it fast.
 template <KvDtype D, int HD, bool kTiled>
-__global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled)) AttentionMmaKernel(const float* q, int rows, int heads, int q_stride,
-                                                                  int sliding_window, int splits, float scale,
-                                                                  RowMeta meta, KvGeometry g, KvLayerView layer,
-                                                                  float* partial) {
+__global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
+    AttentionMmaKernel(const float* q, int rows, int heads, int q_stride, int sliding_window, int splits, float scale,
+                       RowMeta meta, KvGeometry g, KvLayerView layer, float* partial) {
   static_assert(HD % 16 == 0 && HD <= 128, "head_dim 16..128, a multiple of 16");
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();
@@ -104,8 +103,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled)) AttentionM
       ++run_end;
     }
     const int run = run_end - r0;
-    // Keys [lo, hi] cover every token of the run; row h of this lane (mma row qg + 8h) is token
-    // tok[h] of the run, query head kv_head·G + head[h], and sees keys [row_lo[h], row_pos[h]].
+    // Keys [lo, hi] cover every token of the run. This lane's mma row r = qg + 8h is token r / G
+    // of the run (query head kv_head·G + r % G) and sees keys [row_lo[h], row_pos[h]].
     const int lo = sliding_window > 0 ? max(0, pos0 - sliding_window + 1) : 0;
     const int hi = pos0 + run - 1;
     const int n = hi + 1 - lo;
