@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device run (see ../shared/gpu/README.md): GPU tests, kernel tests under compute-sanitizer,
 # then the decode/prefill benchmark on synthetic Llama-3.2-1B and Llama-3.1-8B checkpoints.
-# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|soak]
+# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|soak|kernels]
+# (kernels: the projections and attention alone at the 8B shape, no checkpoint: seconds, for kernel work)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -27,6 +28,11 @@ if [ "$MODE" = check ]; then
   else
     echo "compute-sanitizer not found"
   fi
+fi
+if [ "$MODE" = kernels ]; then
+  echo "== kernels alone, 8B shape"
+  $R tailserve-bench-kernels 2>&1 | tee "$OUT/kernels_8b.md"
+  exit 0
 fi
 echo "== checkpoints"
 mkdir -p /tmp/ckpt

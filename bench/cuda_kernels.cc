@@ -1,0 +1,224 @@
+// tailserve-bench-kernels: the decode projections and paged attention alone, at a model's shapes
+// (default Llama-3.1-8B), on constant data: no checkpoint to make or load, so a kernel change costs
+// seconds of device time instead of minutes. Each row is the mean of `reps` launches captured in
+// one CUDA graph (so launch overhead is not counted), timed with CUDA events, beside the bytes the
+// launch must read ÷ 4.26 TB/s. Projections run as the engine runs them: the Gemv with its
+// epilogue up to 8 rows, cuBLASLt (algorithm timed first) above, where the RMSNorm and SwiGLU are
+// separate kernels this table does not include.
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "worker/backends/cuda/cuda_check.h"
+#include "worker/backends/cuda/cuda_resources.h"
+#include "worker/backends/cuda/gemm.h"
+#include "worker/backends/cuda/kernels/attention.h"
+#include "worker/backends/cuda/kernels/gemv.h"
+
+namespace tailserve {
+namespace {
+
+constexpr double kCopyBandwidth = 4.26e12;  // bytes/s, ../shared/gpu/README.md
+
+std::vector<int> Ints(const std::string& csv) {
+  std::vector<int> v;
+  for (absl::string_view s : absl::StrSplit(csv, ',', absl::SkipEmpty())) v.push_back(std::stoi(std::string(s)));
+  return v;
+}
+
+// Device memory filled with one byte value: every fp16 / fp32 / E4M3 element finite and small.
+absl::StatusOr<DeviceMemory> Filled(size_t bytes, int byte) {
+  absl::StatusOr<DeviceMemory> m = DeviceAlloc(bytes);
+  if (!m.ok()) return m.status();
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(m->get(), byte, bytes));
+  return m;
+}
+
+// Mean microseconds of `launch` over `reps` launches captured into one graph (after one warm replay).
+absl::StatusOr<double> TimeGraph(cudaStream_t s, int reps, const std::function<absl::Status()>& launch) {
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  absl::Status st;
+  for (int i = 0; i < reps && st.ok(); ++i) st = launch();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(s, &graph);
+  CudaGraph owned(graph);
+  if (!st.ok()) return st;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(ended);
+  cudaGraphExec_t exec = nullptr;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+  CudaGraphExec owned_exec(exec);
+  absl::StatusOr<CudaEvent> start = MakeEvent(), stop = MakeEvent();
+  if (!start.ok()) return start.status();
+  if (!stop.ok()) return stop.status();
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, s));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(start->get(), s));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, s));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop->get(), s));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop->get()));
+  float ms = 0.0f;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start->get(), stop->get()));
+  return 1e3 * ms / reps;
+}
+
+struct Shape {
+  int hidden, ffn, heads, kv_heads, head_dim;
+};
+
+absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list, int reps, cudaStream_t s) {
+  struct Projection {
+    const char* name;
+    int n, k;
+    bool f32_in, residual, swiglu;
+  };
+  const int qd = m.heads * m.head_dim, kvd = m.kv_heads * m.head_dim;
+  const std::vector<Projection> projections = {{"qkv", qd + 2 * kvd, m.hidden, true, false, false},
+                                               {"o", m.hidden, qd, false, true, false},
+                                               {"gate_up", 2 * m.ffn, m.hidden, true, false, true},
+                                               {"down", m.hidden, m.ffn, false, true, false}};
+  const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
+  const int max_k = std::max({m.hidden, qd, m.ffn}), max_n = std::max({qd + 2 * kvd, m.hidden, 2 * m.ffn});
+  auto x16 = Filled(size_t(max_rows) * max_k * 2, 0x2c), x32 = Filled(size_t(max_rows) * max_k * 4, 0x3c);
+  auto y = Filled(size_t(max_rows) * max_n * 4, 0), act = Filled(size_t(max_rows) * max_n * 2, 0);
+  auto sums = Filled(size_t(max_rows) * 4, 0x3c), work = DeviceAlloc(32 << 20);
+  for (auto* b : {&x16, &x32, &y, &act, &sums, &work}) {
+    if (!b->ok()) return b->status();
+  }
+  absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm = cuda::GemmRunner::Create(s, work->get(), 32 << 20);
+  if (!gemm.ok()) return gemm.status();
+  std::printf("| projection | rows | n × k | kernel | µs | TB/s | of 4.26 TB/s |\n|---|---:|---|---|---:|---:|---:|\n");
+  for (const Projection& p : projections) {
+    auto w = Filled(size_t(p.n) * p.k * 2, 0x3c);
+    if (!w.ok()) return w.status();
+    const auto* wp = static_cast<const __half*>(w->get());
+    for (int rows : rows_list) {
+      const bool gemv = rows <= cuda::kGemvMaxRows;
+      cuda::GemvArgs a{.rows = rows, .k = p.k, .w = wp, .n = p.n};
+      if (p.f32_in) {
+        a.x_f32 = static_cast<const float*>(x32->get()), a.in_sumsq = static_cast<const float*>(sums->get()), a.eps = 1e-5f;
+      } else {
+        a.x = static_cast<const __half*>(x16->get());
+      }
+      if (p.swiglu) a.swiglu_out = static_cast<__half*>(act->get());
+      else a.y = static_cast<float*>(y->get());
+      if (p.residual) a.beta = 1.0f, a.out_sumsq = static_cast<float*>(sums->get());
+      auto launch = [&]() -> absl::Status {
+        if (gemv) return cuda::Gemv(a, s);
+        return (*gemm)->Run(static_cast<const __half*>(x16->get()), rows, p.k, wp, p.n, p.residual ? 1.0f : 0.0f,
+                            static_cast<float*>(y->get()));
+      };
+      if (!gemv) {  // time cuBLASLt's candidates for this shape first, as the engine does at start
+        (*gemm)->set_tuning(true);
+        if (absl::Status st = launch(); !st.ok()) return st;
+        (*gemm)->set_tuning(false);
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      }
+      absl::StatusOr<double> us = TimeGraph(s, reps, launch);
+      if (!us.ok()) return us.status();
+      const double bytes = 2.0 * p.n * p.k + (p.f32_in ? 4.0 : 2.0) * rows * p.k;
+      const double tbs = bytes / (*us * 1e-6) / 1e12;
+      std::printf("| %s | %d | %d × %d | %s | %.1f | %.2f | %.0f%% |\n", p.name, rows, p.n, p.k,
+                  gemv ? "Gemv" : "cuBLASLt", *us, tbs, 100.0 * tbs * 1e12 / kCopyBandwidth);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int>& rows_list,
+                            const std::vector<int>& contexts, int reps, cudaStream_t s) {
+  const int block = 16, hd = m.head_dim, kvh = m.kv_heads, q_stride = (m.heads + 2 * kvh) * hd;
+  absl::StatusOr<int> per_sm = cuda::AttentionCtasPerSm({.heads = m.heads}, {block, kvh, hd, 1, dtype});
+  if (!per_sm.ok()) return per_sm.status();
+  std::printf("\ndecode attention, %s cache, %d CTAs per SM; one row per sequence at position `context`\n\n",
+              KvDtypeName(dtype), *per_sm);
+  std::printf("| rows | context | splits | µs | KV GB/s read | of 4.26 TB/s |\n|---:|---:|---:|---:|---:|---:|\n");
+  const double elem = KvElementBytes(dtype), scale = dtype == KvDtype::kFp16 ? 0 : 4;
+  for (int rows : rows_list) {
+    for (int context : contexts) {
+      const int per_seq = (context + block) / block, blocks = rows * per_seq + 1;
+      const size_t entries = size_t(blocks) * block * kvh;
+      auto k = Filled(entries * hd * size_t(elem), 0x38), v = Filled(entries * hd * size_t(elem), 0x38);
+      auto ks = Filled(entries * 4, 0x3c), vs = Filled(entries * 4, 0x3c), q = Filled(size_t(rows) * q_stride * 4, 0x3c);
+      std::vector<int32_t> table(size_t(rows) * per_seq), seq(rows), pos(rows, context);
+      for (size_t i = 0; i < table.size(); ++i) table[i] = 1 + int32_t(i);
+      for (int r = 0; r < rows; ++r) seq[r] = r;
+      auto dtable = DeviceAlloc(table.size() * 4), dseq = DeviceAlloc(rows * 4), dpos = DeviceAlloc(rows * 4);
+      auto out = DeviceAlloc(size_t(rows) * m.heads * hd * 2);
+      for (auto* b : {&k, &v, &ks, &vs, &q, &dtable, &dseq, &dpos, &out}) {
+        if (!b->ok()) return b->status();
+      }
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dtable->get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dseq->get(), seq.data(), rows * 4, cudaMemcpyHostToDevice));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dpos->get(), pos.data(), rows * 4, cudaMemcpyHostToDevice));
+      const KvGeometry g{block, kvh, hd, per_seq, dtype};
+      const RowMeta meta{static_cast<const int32_t*>(dseq->get()), static_cast<const int32_t*>(dpos->get()),
+                         static_cast<const int32_t*>(dtable->get())};
+      const KvLayerView layer{k->get(), v->get(), static_cast<float*>(ks->get()), static_cast<float*>(vs->get())};
+      const double kv_bytes = double(rows) * (context + 1) * kvh * (hd * elem + scale) * 2;
+      for (int splits : {1, 2, 4, 8, 16, 32}) {
+        const cuda::AttentionShape shape{.rows = rows, .heads = m.heads, .q_stride = q_stride, .splits = splits,
+                                         .scale = 1.0f / std::sqrt(float(hd))};
+        auto ws = DeviceAlloc(cuda::AttentionWorkspaceFloats(shape, hd) * 4);
+        if (!ws.ok()) return ws.status();
+        absl::StatusOr<double> us = TimeGraph(s, reps, [&] {
+          return cuda::PagedAttention(static_cast<const float*>(q->get()), shape, meta, g, layer,
+                                      static_cast<float*>(ws->get()), static_cast<__half*>(out->get()), s);
+        });
+        if (!us.ok()) return us.status();
+        const double gbs = kv_bytes / (*us * 1e-6) / 1e9;
+        std::printf("| %d | %d | %d | %.1f | %.0f | %.0f%% |\n", rows, context, splits, *us, gbs,
+                    100.0 * gbs * 1e9 / kCopyBandwidth);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tailserve
+
+int main(int argc, char** argv) {
+  using namespace tailserve;
+  CLI::App app{"tailserve-bench-kernels: decode projections and paged attention alone, on constant data"};
+  Shape m{4096, 14336, 32, 8, 128};
+  std::string rows = "1,16,64", contexts = "512,2048", kv = "fp8_e4m3";
+  int reps = 50;
+  app.add_option("--hidden", m.hidden, "hidden size");
+  app.add_option("--ffn", m.ffn, "FFN (intermediate) size");
+  app.add_option("--heads", m.heads, "query heads");
+  app.add_option("--kv-heads", m.kv_heads, "KV heads");
+  app.add_option("--head-dim", m.head_dim, "head dimension");
+  app.add_option("--rows", rows, "rows (batch sizes), comma-separated");
+  app.add_option("--contexts", contexts, "attention context lengths, comma-separated");
+  app.add_option("--kv", kv, "KV cache dtype: fp8_e4m3, fp8_e5m2, fp16");
+  app.add_option("--reps", reps, "launches per timed graph");
+  CLI11_PARSE(app, argc, argv);
+  absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
+  if (!dtype.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<CudaStream> stream = MakeStream();
+  if (!stream.ok()) {
+    std::fprintf(stderr, "no GPU: %s\n", std::string(stream.status().message()).c_str());
+    return 1;
+  }
+  std::printf("shape: hidden %d, ffn %d, heads %d/%d, head_dim %d; %d launches a timed graph\n\n", m.hidden, m.ffn,
+              m.heads, m.kv_heads, m.head_dim, reps);
+  absl::Status st = BenchProjections(m, Ints(rows), reps, stream->get());
+  if (st.ok()) st = BenchAttention(m, *dtype, Ints(rows), Ints(contexts), reps, stream->get());
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
