@@ -4,8 +4,9 @@
 //
 // Why: the CUDA-core kernel spent ~180 warp-instructions per cached key (decode, 8B shape, batch
 // 64: ncu found it issue-bound at 15% of DRAM bandwidth). Here a warp takes 16 keys at a time:
-//   S[16 query rows × 16 keys] = Q · Kᵀ   (head_dim / 16 × 2 mma; the group's G ≤ 8 query heads
-//                                          fill rows 0..G-1, the rest are zero)
+//   S[16 query rows × 16 keys] = Q · Kᵀ   (head_dim / 16 × 2 mma; decoding, the group's G ≤ 8
+//                                          query heads fill rows 0..G-1 and the rest are zero;
+//                                          in prefill 16 / G tokens × G heads fill all 16)
 //   online softmax on S's fragments (exp2 domain, each row's max/sum across a lane quad)
 //   O[16 × head_dim] += P · V              (head_dim / 8 mma, P reused from S's registers)
 // about 20 warp-instructions per key. FP8 → fp16 is exact, so only q (fp16) and P (fp16) round.
