@@ -124,7 +124,7 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
       }
       absl::StatusOr<double> us = TimeGraph(s, reps, launch);
       if (!us.ok()) return us.status();
-      const double bytes = 2.0 * p.n * p.k + (p.f32_in ? 4.0 : 2.0) * rows * p.k;
+      const double bytes = 2.0 * p.n * p.k + (p.f32_in && gemv ? 4.0 : 2.0) * rows * p.k;  // cuBLASLt reads fp16 X
       const double tbs = bytes / (*us * 1e-6) / 1e12;
       std::printf("| %s | %d | %d × %d | %s | %.1f | %.2f | %.0f%% |\n", p.name, rows, p.n, p.k,
                   gemv ? "Gemv" : "cuBLASLt", *us, tbs, 100.0 * tbs * 1e12 / kCopyBandwidth);

@@ -252,13 +252,21 @@ class ModelLikeEngine final : public Engine {
   int32_t context_;
 };
 
+// A started scheduler over a ModelLikeEngine, with its metrics.
+struct ModelScheduler {
+  ModelScheduler(Engine& engine, int slots) : metrics(registry, 60), scheduler(engine, slots, metrics) {
+    scheduler.Start();
+  }
+  Registry registry;
+  WorkerMetrics metrics;
+  Scheduler scheduler;
+};
+
 TEST(SchedulerModelTest, EosFromTheModelStopsAndContextCapsLength) {
   const int32_t eos = SimToken(7, 3, 1000);
   ModelLikeEngine engine({eos}, /*context=*/12);
-  Registry registry;
-  WorkerMetrics metrics(registry, 60);
-  Scheduler scheduler(engine, 4, metrics);
-  scheduler.Start();
+  ModelScheduler running(engine, 4);
+  Scheduler& scheduler = running.scheduler;
 
   auto sink = std::make_shared<Sink>();
   v1::Batch b;
@@ -287,19 +295,12 @@ TEST(SchedulerModelTest, EosFromTheModelStopsAndContextCapsLength) {
   scheduler.Stop();
 }
 
-}  // namespace
-}  // namespace tailserve
-
-namespace tailserve {
-namespace {
-
 TEST(SchedulerModelTest, KvReservationTurnsAwayWhatDoesNotFitUntilRoomIsFreed) {
   ModelLikeEngine engine({}, /*context=*/1000);
   engine.capacity = 30;  // tokens
-  Registry registry;
-  WorkerMetrics metrics(registry, 60);
-  Scheduler scheduler(engine, 8, metrics);
-  scheduler.Start();
+  ModelScheduler running(engine, 8);
+  Scheduler& scheduler = running.scheduler;
+  WorkerMetrics& metrics = running.metrics;
   auto first = std::make_shared<Sink>();
   v1::Batch b;
   *b.add_sequences() = Seq(1, 10);  // 3 prompt + 10 = 13 tokens
