@@ -397,17 +397,17 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
       profile_->names.push_back(what);                                                           \
     }                                                                                            \
   } while (0)
-  // Decode of a dense model: every norm, the bias, the residual adds and SwiGLU ride in the Gemv
-  // epilogues (see gemv.h), 7 kernels a layer instead of 10; a norm's input sum of squares is
+  // Batch-1 decode of a dense model: every norm, the bias, the residual adds and SwiGLU ride in the
+  // Gemv epilogues (see gemv.h), 7 kernels a layer instead of 10; a norm's input sum of squares is
   // accumulated by the Gemv that writes the residual. Larger batches go through cuBLAS.
-  const bool fused = rows <= cuda::kGemvMaxRows && c.num_experts == 0 && h % 8 == 0 && qd % 8 == 0 && f % 8 == 0;
+  const bool fused = rows == 1 && c.num_experts == 0 && h % 8 == 0 && qd % 8 == 0 && f % 8 == 0;
   auto sumsq = [&](size_t slot) { return b.sumsq + slot * static_cast<size_t>(max_rows_); };
   if (fused) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.sumsq, 0, (2 * layers_.size() + 1) * max_rows_ * sizeof(float), s));
   TRY("embed", cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, fused ? sumsq(0) : nullptr, s));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     if (fused) {
-      TRY("gemm_qkv", cuda::Gemv({.x_f32 = b.x, .rows = rows, .k = h, .w = L.w_qkv, .n = qkvw, .y = b.qkv,
+      TRY("gemm_qkv", cuda::Gemv({.x_f32 = b.x, .k = h, .w = L.w_qkv, .n = qkvw, .y = b.qkv,
                                   .in_sumsq = sumsq(2 * l), .eps = eps}, s));
     } else {
       TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, nullptr, eps, b.xn, s));  // weight folded into w_qkv
@@ -416,11 +416,11 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
     TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv, inv_freq_, b.clamps, s));
     TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s));
     if (fused) {
-      TRY("gemm_o", cuda::Gemv({.x = b.attn, .rows = rows, .k = qd, .w = L.w_o, .n = h, .y = b.x, .beta = 1.0f,
+      TRY("gemm_o", cuda::Gemv({.x = b.attn, .k = qd, .w = L.w_o, .n = h, .y = b.x, .beta = 1.0f,
                                 .bias = L.b_o, .out_sumsq = sumsq(2 * l + 1)}, s));
-      TRY("gemm_gate_up", cuda::Gemv({.x_f32 = b.x, .rows = rows, .k = h, .w = L.w_gate_up, .n = 2 * f,
+      TRY("gemm_gate_up", cuda::Gemv({.x_f32 = b.x, .k = h, .w = L.w_gate_up, .n = 2 * f,
                                       .swiglu_out = b.act, .in_sumsq = sumsq(2 * l + 1), .eps = eps}, s));
-      TRY("gemm_down", cuda::Gemv({.x = b.act, .rows = rows, .k = f, .w = L.w_down, .n = h, .y = b.x, .beta = 1.0f,
+      TRY("gemm_down", cuda::Gemv({.x = b.act, .k = f, .w = L.w_down, .n = h, .y = b.x, .beta = 1.0f,
                                    .out_sumsq = sumsq(2 * l + 2)}, s));
       continue;
     }
@@ -464,12 +464,15 @@ int CudaEngine::SplitsFor(int tiles) const {
   // filled last wave idles the GPU.
   constexpr double kFixedKeys = 143.0;  // ~5 µs in units of ~0.035 µs a key
   constexpr double kDesignContext = 1024.0;
+  // Each split adds partials for the merge to read: batch 1 at 512 tokens took 8.5 µs with 16
+  // splits and 11.0 with 32 (tailserve-bench-kernels), ~0.16 µs a split.
+  constexpr double kPerSplitKeys = 4.0;
   const int ctas = tiles * kv_.kv_heads, wave = attention_wave_;
   int best = 1;
   double best_cost = 0.0;
   for (int splits = 1; splits <= options_.attention_splits; ++splits) {
     const double waves = static_cast<double>((ctas * splits + wave - 1) / wave);
-    const double cost = waves * (kFixedKeys + kDesignContext / splits);
+    const double cost = waves * (kFixedKeys + kDesignContext / splits) + kPerSplitKeys * splits;
     if (splits == 1 || cost < best_cost) best = splits, best_cost = cost;
   }
   return best;
@@ -513,7 +516,7 @@ absl::Status CudaEngine::CaptureGraphs() {
   // count they may raise (tuning repeats residual adds) is reset.
   gemm_->set_tuning(true);
   for (int bucket : options_.buckets) {
-    if (bucket <= cuda::kGemvMaxRows && bucket != max_bucket_) continue;  // no cuBLASLt shapes to time
+    if (bucket == 1 && max_bucket_ > 1) continue;  // no cuBLASLt shapes to time
     if (absl::Status st = Forward(bucket, bucket, true); !st.ok()) return st;
   }
   gemm_->set_tuning(false);

@@ -104,8 +104,8 @@ absl::Status GemmRunner::Tune(Plan& plan, const __half* x, const __half* w, floa
 
 absl::Status GemmRunner::Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y) {
   if (rows == 0) return absl::OkStatus();
-  if (rows <= kGemvMaxRows && k % 8 == 0) {
-    return Gemv({.x = x, .rows = rows, .k = k, .w = w, .n = n, .y = y, .beta = beta}, stream_);
+  if (rows == 1 && k % 8 == 0) {
+    return Gemv({.x = x, .k = k, .w = w, .n = n, .y = y, .beta = beta}, stream_);
   }
   absl::StatusOr<Plan*> plan = PlanFor(rows, k, n, beta != 0.0f);
   if (!plan.ok()) return plan.status();

@@ -1,14 +1,16 @@
 #pragma once
-// Small-batch projection for decode: Y[rows, n] = X[rows, k] · W[n, k]ᵀ (fp16 W, fp32 accumulate)
-// for rows <= 8, a warp per pair of output columns streaming W in 16-byte loads. At decode batch
-// sizes the product is bound by reading W once, and cuBLAS reached only 2.1-3.5 TB/s on the 8B
-// shape's q/k/v, o and down projections at batch 1. Its epilogue absorbs the small kernels around
-// a projection, which at batch 1 cost as much as a projection each (a launch, a drain):
+// Single-row projection for batch-1 decode: y[n] = W[n, k] · x[k] (fp16 W, fp32 accumulate), a warp
+// per pair of output columns streaming W in 16-byte loads. At batch 1 the product is bound by
+// reading W once, and cuBLAS reached only 2.1-3.5 TB/s on the 8B shape's q/k/v, o and down
+// projections. Its epilogue absorbs the small kernels around a projection, which at batch 1 cost as
+// much as a projection each (a launch, a drain):
 // - RMSNorm of the input: the norm's weight is folded into W's columns at load, and the row's
 //   1/rms (from a sum of squares its producer accumulated) scales the output, since W·(x·s) = s·(W·x);
 // - bias, and the residual add (beta = 1);
 // - the sum of squares of what it writes, for the next norm;
 // - SwiGLU, when W's rows interleave gate and up (row 2i gate i, row 2i + 1 up i).
+// Two or more rows go to cuBLASLt: every extra row re-reads x per W vector from L1, and at 8 rows
+// the 8B step took 15.0 ms here against 4.9 through cuBLASLt (bench/CUDA_NOTES.md).
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
@@ -16,28 +18,24 @@
 
 namespace tailserve::cuda {
 
-inline constexpr int kGemvMaxRows = 8;
-
 struct GemvArgs {
-  const __half* x = nullptr;     // [rows, k] fp16 input, or
-  const float* x_f32 = nullptr;  // [rows, k] fp32 input (the residual stream, normed by in_sumsq)
-  int rows = 0;
+  const __half* x = nullptr;     // [k] fp16 input, or
+  const float* x_f32 = nullptr;  // [k] fp32 input (the residual stream, normed by in_sumsq)
   int k = 0;
   const __half* w = nullptr;  // [n, k]
   int n = 0;
-  // Output: y (fp32 [rows, n]) = (W·x) · s + bias + beta · y, or with swiglu
-  // act (fp16 [rows, n / 2]) = silu(gate) · up.
+  // Output: y (fp32 [n]) = (W·x) · s + bias + beta · y, or with swiglu
+  // act (fp16 [n / 2]) = silu(gate) · up.
   float* y = nullptr;
   float beta = 0.0f;
   const float* bias = nullptr;       // [n]
   __half* swiglu_out = nullptr;
-  const float* in_sumsq = nullptr;   // [rows] Σ x²: s = 1 / sqrt(Σ x² / k + eps); absent: s = 1
+  const float* in_sumsq = nullptr;   // [1] Σ x²: s = 1 / sqrt(Σ x² / k + eps); absent: s = 1
   float eps = 0.0f;
-  float* out_sumsq = nullptr;        // [rows] += Σ over the written y row of y² (zeroed by the caller)
+  float* out_sumsq = nullptr;        // [1] += Σ over the written y of y² (zeroed by the caller)
 };
 
-// Requires 1 <= rows <= kGemvMaxRows, k % 8 == 0 (16-byte rows), one of x / x_f32, one of y /
-// swiglu_out (with n even).
+// Requires k % 8 == 0 (16-byte rows), one of x / x_f32, one of y / swiglu_out (with n even).
 absl::Status Gemv(const GemvArgs& args, cudaStream_t stream);
 
 }  // namespace tailserve::cuda
