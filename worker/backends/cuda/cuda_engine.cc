@@ -465,14 +465,16 @@ int CudaEngine::SplitsFor(int tiles) const {
   constexpr double kFixedKeys = 143.0;  // ~5 µs in units of ~0.035 µs a key
   constexpr double kDesignContext = 1024.0;
   // Each split adds partials for the merge to read: batch 1 at 512 tokens took 8.5 µs with 16
-  // splits and 11.0 with 32 (tailserve-bench-kernels), ~0.16 µs a split.
-  constexpr double kPerSplitKeys = 4.0;
+  // splits and 11.0 with 32 (tailserve-bench-kernels), ~0.16 µs a split; and more than one split
+  // needs the combine kernel (~3.9 µs: one split writes the output itself).
+  constexpr double kPerSplitKeys = 4.0, kCombineKeys = 111.0;
   const int ctas = tiles * kv_.kv_heads, wave = attention_wave_;
   int best = 1;
   double best_cost = 0.0;
   for (int splits = 1; splits <= options_.attention_splits; ++splits) {
     const double waves = static_cast<double>((ctas * splits + wave - 1) / wave);
-    const double cost = waves * (kFixedKeys + kDesignContext / splits) + kPerSplitKeys * splits;
+    const double cost =
+        waves * (kFixedKeys + kDesignContext / splits) + kPerSplitKeys * splits + (splits > 1 ? kCombineKeys : 0.0);
     if (splits == 1 || cost < best_cost) best = splits, best_cost = cost;
   }
   return best;

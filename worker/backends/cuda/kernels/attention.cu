@@ -312,7 +312,7 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
     WithMmaKernel(shape, g, [&](auto kernel) {
       kernel<<<grid, mma_attention::kWarps * 32, 0, stream>>>(q, shape.rows, shape.heads, shape.q_stride,
                                                               shape.sliding_window, shape.splits, shape.scale, meta,
-                                                              g, layer, workspace);
+                                                              g, layer, workspace, out);
     });
   } else {
     const dim3 grid(shape.rows, g.kv_heads, shape.splits);
@@ -320,6 +320,7 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
                     [&](auto kernel) { kernel<<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); });
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  if (UsesMma(g) && shape.splits == 1) return absl::OkStatus();  // the kernel wrote `out` itself
   AttentionCombineKernel<<<dim3(shape.rows, shape.heads), 128, 0, stream>>>(workspace, shape.heads, shape.splits,
                                                                             g.head_dim, out);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();

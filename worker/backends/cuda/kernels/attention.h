@@ -3,7 +3,8 @@
 // position p of some sequence) attends to its sequence's cached positions [p - window + 1, p].
 // GQA-aware: one CTA serves all query heads of a KV head, so each K/V element is read once per
 // row and group. The key range is split across `splits` CTAs (long contexts fill the GPU even at
-// batch 1) and the partial softmaxes are merged by a second kernel. Prefill rows (`runs`) are
+// batch 1) and the partial softmaxes are merged by a second kernel (with one split the
+// tensor-core kernel writes the output itself). Prefill rows (`runs`) are
 // tiled: the tokens of a tile share every K/V load, each with its causal mask. FP8 caches with
 // head_dim 32/64/128 run on the tensor cores (attention_mma.cuh); fp16 caches and other head
 // sizes on a CUDA-core kernel with the same split layout (one row per CTA).

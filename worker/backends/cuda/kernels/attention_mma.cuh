@@ -8,7 +8,9 @@
 //                                          query heads fill rows 0..G-1 and the rest are zero;
 //                                          in prefill 16 / G tokens × G heads fill all 16)
 //   online softmax on S's fragments (exp2 domain, each row's max/sum across a lane quad)
-//   O[16 × head_dim] += P · V              (head_dim / 8 mma, P reused from S's registers)
+//   O[16 × head_dim] += P · V              (head_dim / 8 mma, P reused from S's registers;
+//                                          decoding, Oᵀ[head_dim × 8 heads] += Vᵀ · Pᵀ instead:
+//                                          head_dim / 16 mma, no empty rows)
 // about 20 warp-instructions per key. FP8 → fp16 is exact, so only q (fp16) and P (fp16) round.
 // Each warp streams its own tiles (keys begin + 16·(warp + 4i)) through a two-stage cp.async
 // buffer in shared memory, with no block-wide barrier until the 4 warps merge their partial
@@ -65,7 +67,8 @@ struct Stage {
 };
 
 // Grid (tiles, kv_heads, splits), kWarps · 32 threads. Writes each split's partial (acc[hd], max,
-// sum per row and query head, natural-log max) in the layout the combine kernel reads.
+// sum per row and query head, natural-log max) in the layout the combine kernel reads, or with
+// one split the normalised output itself.
 // Decode (kTiled false): a tile is one row; its G ≤ 8 query heads fill mma rows 0..G-1 and rows
 // 8..15 are zero. Prefill (kTiled true): a tile is rows [x·T, x·T + T) with T = 16 / G, taken as
 // runs of consecutive positions of one sequence (a single run unless a sequence starts inside the
@@ -74,14 +77,17 @@ struct Stage {
 template <KvDtype D, int HD, bool kTiled>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
     AttentionMmaKernel(const float* q, int rows, int heads, int q_stride, int sliding_window, int splits, float scale,
-                       RowMeta meta, KvGeometry g, KvLayerView layer, float* partial) {
+                       RowMeta meta, KvGeometry g, KvLayerView layer, float* partial, __half* out) {
   static_assert(HD % 16 == 0 && HD <= 128, "head_dim 16..128, a multiple of 16");
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();
   constexpr int kPieces = kKeys * HD / 16;  // 16-byte pieces of a K (or V) tile
   constexpr int kPerLane = (kPieces + 31) / 32;
   constexpr int kChunks = HD / 16;  // k-steps of Q·Kᵀ
-  constexpr int kDimTiles = HD / 8;  // n-tiles of P·V
+  constexpr int kDimTiles = HD / 8;  // n-tiles of P·V (prefill)
+  // Decode computes Oᵀ = Vᵀ · Pᵀ instead (see below): HD / 16 m-tiles, and each lane multiplies
+  // kSpan contiguous bytes of a V row.
+  constexpr int kOTiles = kTiled ? kDimTiles : HD / 16, kSpan = HD / 8;
   constexpr int kHalves = kTiled ? 2 : 1;  // mma row halves in use: rows qg (and qg + 8)
   __shared__ Stage<HD> stages[kWarps][2];
 
@@ -117,7 +123,15 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
       const int64_t row_head = static_cast<int64_t>(r0 + r / group) * heads + kv_head * group + r % group;
       return partial + (row_head * splits + split) * (HD + 2);
     };
+    // One split: the merge below writes the output itself (no combine launch).
+    auto final_at = [&](int r) {
+      return out + (static_cast<int64_t>(r0 + r / group) * heads + kv_head * group + r % group) * HD;
+    };
     if (begin >= end) {
+      if (splits == 1) {
+        for (int i = threadIdx.x; i < mma_rows * HD; i += blockDim.x) final_at(i / HD)[i % HD] = __float2half(0.0f);
+        continue;
+      }
       for (int i = threadIdx.x; i < mma_rows * HD; i += blockDim.x) out_at(i / HD)[i % HD] = 0.0f;
       if (threadIdx.x < mma_rows) out_at(threadIdx.x)[HD] = -INFINITY, out_at(threadIdx.x)[HD + 1] = 0.0f;
       continue;
@@ -176,9 +190,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
       *scale_out = (lane < 16 ? layer.k_scale : layer.v_scale)[slot * kvh + kv_head];
     };
 
-    float o[kDimTiles][4];
+    float o[kOTiles][4];
 #pragma unroll
-    for (int t = 0; t < kDimTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+    for (int t = 0; t < kOTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
     float m[kHalves], l[kHalves];  // rows qg (+ 8); O holds O_true / o_scale
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) m[h] = -INFINITY, l[h] = 0.0f;
@@ -263,17 +277,56 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
         f[h] = corr * o_scale * inv_vmax;  // O (units of o_scale) → units of this tile's vmax
       }
       o_scale = vmax;
+      if constexpr (kTiled) {
 #pragma unroll
-      for (int t = 0; t < kDimTiles; ++t) {
-        o[t][0] *= f[0], o[t][1] *= f[0];
-        if constexpr (kTiled) o[t][2] *= f[kHalves - 1], o[t][3] *= f[kHalves - 1];
-        // B fragment: V[keys 2qc, 2qc + 1][dim 8t + qg] and keys 2qc + 8, + 9.
-        const uint8_t* vcol = vs + 8 * t + qg;
-        const uint16_t lo0 = vcol[(2 * qc) * kRow], hi0 = vcol[(2 * qc + 1) * kRow];
-        const uint16_t lo1 = vcol[(2 * qc + 8) * kRow], hi1 = vcol[(2 * qc + 9) * kRow];
-        const uint32_t b0 = Fp8x2ToHalf2(static_cast<uint16_t>(lo0 | (hi0 << 8)), kKind);
-        const uint32_t b1 = Fp8x2ToHalf2(static_cast<uint16_t>(lo1 | (hi1 << 8)), kKind);
-        Mma(o[t], pa, b0, b1);
+        for (int t = 0; t < kDimTiles; ++t) {
+          o[t][0] *= f[0], o[t][1] *= f[0];
+          o[t][2] *= f[kHalves - 1], o[t][3] *= f[kHalves - 1];
+          // B fragment: V[keys 2qc, 2qc + 1][dim 8t + qg] and keys 2qc + 8, + 9.
+          const uint8_t* vcol = vs + 8 * t + qg;
+          const uint16_t lo0 = vcol[(2 * qc) * kRow], hi0 = vcol[(2 * qc + 1) * kRow];
+          const uint16_t lo1 = vcol[(2 * qc + 8) * kRow], hi1 = vcol[(2 * qc + 9) * kRow];
+          const uint32_t b0 = Fp8x2ToHalf2(static_cast<uint16_t>(lo0 | (hi0 << 8)), kKind);
+          const uint32_t b1 = Fp8x2ToHalf2(static_cast<uint16_t>(lo1 | (hi1 << 8)), kKind);
+          Mma(o[t], pa, b0, b1);
+        }
+      } else {
+        // Decode fills only G ≤ 8 of the 16 mma rows, so it turns the product around: Oᵀ[dims ×
+        // query heads] = Vᵀ · Pᵀ, with the dims as the 16 rows (half the mma and accumulators) and
+        // Pᵀ's fragment already in registers (pa[0], pa[2]: row qg, keys 2qc.. and 2qc + 8..).
+        // Vᵀ's fragment wants two keys at one dim per register, which the [key][dim] byte rows
+        // hold kRow apart; the dims are permuted so a lane's are contiguous instead (m-tile mt,
+        // row m: dim qg·kSpan + 2mt (+1 for m = qg + 8)): four vector loads of kSpan bytes, keys
+        // 2qc, 2qc + 1, 2qc + 8, 2qc + 9, then byte permutes pair the keys up.
+        constexpr int kWords = kSpan / 4;
+        uint32_t w[4][kWords];
+        const uint8_t* vrow = vs + qg * kSpan;
+        const int keys[4] = {2 * qc, 2 * qc + 1, 2 * qc + 8, 2 * qc + 9};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t* src = vrow + keys[i] * kRow;
+          if constexpr (kWords == 4) {
+            const uint4 v4 = *reinterpret_cast<const uint4*>(src);
+            w[i][0] = v4.x, w[i][1] = v4.y, w[i][2] = v4.z, w[i][3] = v4.w;
+          } else if constexpr (kWords == 2) {
+            const uint2 v2 = *reinterpret_cast<const uint2*>(src);
+            w[i][0] = v2.x, w[i][1] = v2.y;
+          } else {
+            w[i][0] = *reinterpret_cast<const uint32_t*>(src);
+          }
+        }
+        // Query heads 2qc and 2qc + 1 (this lane's Oᵀ columns) rescale by their rows' factors.
+        const float fa = __shfl_sync(0xffffffffu, f[0], 8 * qc), fb = __shfl_sync(0xffffffffu, f[0], 8 * qc + 4);
+#pragma unroll
+        for (int mt = 0; mt < kOTiles; ++mt) {
+          const uint32_t sel = (mt & 1) ? 0x7362u : 0x5140u;  // bytes 2mt, 2mt + 1 of x and y, interleaved
+          const uint32_t lo = __byte_perm(w[0][mt / 2], w[1][mt / 2], sel);
+          const uint32_t hi = __byte_perm(w[2][mt / 2], w[3][mt / 2], sel);
+          const uint32_t a[4] = {Fp8x2ToHalf2(static_cast<uint16_t>(lo), kKind), Fp8x2ToHalf2(static_cast<uint16_t>(lo >> 16), kKind),
+                                 Fp8x2ToHalf2(static_cast<uint16_t>(hi), kKind), Fp8x2ToHalf2(static_cast<uint16_t>(hi >> 16), kKind)};
+          o[mt][0] *= fa, o[mt][1] *= fb, o[mt][2] *= fa, o[mt][3] *= fb;
+          Mma(o[mt], a, pa[0], pa[2]);
+        }
       }
       scale_cur = scale_next;
       __syncwarp();  // this stage is refilled by the next iteration's issue
@@ -290,12 +343,23 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
       const int r = qg + 8 * h;
+      if constexpr (kTiled) {
 #pragma unroll
-      for (int t = 0; t < kDimTiles; ++t) {
-        o_s[(warp * 16 + r) * HD + 8 * t + 2 * qc] = o[t][2 * h] * o_scale;
-        o_s[(warp * 16 + r) * HD + 8 * t + 2 * qc + 1] = o[t][2 * h + 1] * o_scale;
+        for (int t = 0; t < kDimTiles; ++t) {
+          o_s[(warp * 16 + r) * HD + 8 * t + 2 * qc] = o[t][2 * h] * o_scale;
+          o_s[(warp * 16 + r) * HD + 8 * t + 2 * qc + 1] = o[t][2 * h + 1] * o_scale;
+        }
       }
       if (qc == 0) ml_s[(warp * 16 + r) * 2] = m[h], ml_s[(warp * 16 + r) * 2 + 1] = l[h];
+    }
+    if constexpr (!kTiled) {  // Oᵀ fragments: dims qg·kSpan + 2mt (+1), query heads 2qc, 2qc + 1
+      float* row_a = o_s + (warp * 16 + 2 * qc) * HD + qg * kSpan;
+      float* row_b = row_a + HD;
+#pragma unroll
+      for (int mt = 0; mt < kOTiles; ++mt) {
+        row_a[2 * mt] = o[mt][0] * o_scale, row_b[2 * mt] = o[mt][1] * o_scale;
+        row_a[2 * mt + 1] = o[mt][2] * o_scale, row_b[2 * mt + 1] = o[mt][3] * o_scale;
+      }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < mma_rows * HD; i += blockDim.x) {
@@ -311,6 +375,10 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
         const float c = exp2f(mw - mm);
         acc += o_s[(w * 16 + r) * HD + d] * c;
         sum += ml_s[(w * 16 + r) * 2 + 1] * c;
+      }
+      if (splits == 1) {
+        final_at(r)[d] = __float2half(acc / sum);
+        continue;
       }
       out_at(r)[d] = acc;
       if (d == 0) out_at(r)[HD] = mm / kLog2e, out_at(r)[HD + 1] = sum;
