@@ -457,24 +457,24 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
 int CudaEngine::SplitsFor(int tiles) const {
   // A CTA of the attention kernel takes about kFixed + keys · kPerKey (the tensor-core kernel on
   // the H200, fitted from batch 64 at 512 and 2048 tokens with 1 and 4 splits: ~5 µs of latency
-  // for q, the block table, the first tile and the merge, then ~0.035 µs a key; fitted with 3
-  // CTAs to an SM, while a wave is what the decode kernel fits now). The split count is baked
-  // into each bucket's graph before contexts are known, so it minimises waves · (kFixed + keys
-  // per split) at a design context of 1024 tokens: long CTAs amortise the latency, but a partly
-  // filled last wave idles the GPU.
-  constexpr double kFixedKeys = 143.0;  // ~5 µs in units of ~0.035 µs a key
+  // for q, the block table, the first tile and the merge, then ~0.035 µs a key at head_dim 128,
+  // in proportion to a key's bytes). The split count is baked into each bucket's graph before
+  // contexts are known, so it minimises waves · (kFixed + keys per split · kPerKey) at a design
+  // context of 1024 tokens: long CTAs amortise the latency, but a partly filled last wave idles
+  // the GPU. Each split adds partials for the merge to read (batch 1 at 512 tokens: 8.5 µs with
+  // 16 splits, 11.0 with 32, so ~0.14 µs a split), and more than one split needs the combine
+  // kernel (~3.9 µs; one split writes the output itself). Key cost scaled by head_dim: the 1B
+  // shape (head_dim 64, 6 CTAs an SM) otherwise took 3 splits at batch 64, 1.6x slower than 1.
+  constexpr double kFixedUs = 5.0, kPerKeyUs128 = 0.035, kPerSplitUs = 0.14, kCombineUs = 3.9;
   constexpr double kDesignContext = 1024.0;
-  // Each split adds partials for the merge to read: batch 1 at 512 tokens took 8.5 µs with 16
-  // splits and 11.0 with 32 (tailserve-bench-kernels), ~0.16 µs a split; and more than one split
-  // needs the combine kernel (~3.9 µs: one split writes the output itself).
-  constexpr double kPerSplitKeys = 4.0, kCombineKeys = 111.0;
+  const double per_key_us = kPerKeyUs128 * kv_.head_dim / 128.0;
   const int ctas = tiles * kv_.kv_heads, wave = attention_wave_;
   int best = 1;
   double best_cost = 0.0;
   for (int splits = 1; splits <= options_.attention_splits; ++splits) {
     const double waves = static_cast<double>((ctas * splits + wave - 1) / wave);
-    const double cost =
-        waves * (kFixedKeys + kDesignContext / splits) + kPerSplitKeys * splits + (splits > 1 ? kCombineKeys : 0.0);
+    const double cost = waves * (kFixedUs + kDesignContext / splits * per_key_us) + kPerSplitUs * splits +
+                        (splits > 1 ? kCombineUs : 0.0);
     if (splits == 1 || cost < best_cost) best = splits, best_cost = cost;
   }
   return best;
