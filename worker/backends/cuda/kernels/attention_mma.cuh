@@ -146,28 +146,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
       row_lo[h] = sliding_window > 0 ? max(0, row_pos[h] - sliding_window + 1) : 0;
     }
 
-    // Q fragments (scaled into the exp2 domain); rows past the run are zero. a0/a2: row qg, dims
-    // 2qc.. and 2qc + 8..; a1/a3: the same for row qg + 8 (always zero when decoding).
-    uint32_t qa[kChunks][2 * kHalves];
-    {
-      const float qs = scale * kLog2e;
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h) {
-        const int r = qg + 8 * h;
-        const float* qrow = q + static_cast<int64_t>(r0 + r / group) * q_stride + (kv_head * group + r % group) * HD;
-#pragma unroll
-        for (int kc = 0; kc < kChunks; ++kc) {
-          if (row_ok[h]) {
-            const float* p = qrow + kc * 16 + 2 * qc;
-            qa[kc][h] = PackHalf2(p[0] * qs, p[1] * qs);
-            qa[kc][kHalves + h] = PackHalf2(p[8] * qs, p[9] * qs);
-          } else {
-            qa[kc][h] = qa[kc][kHalves + h] = 0u;
-          }
-        }
-      }
-    }
-
     const int32_t* blocks = BlockTableRow(meta, g, r0);
     // Starts copying tile `t0`'s K and V rows into stage `s`, and loads this lane's scale
     // (lanes 0-15: K scale of key lane, 16-31: V scale of key lane - 16). Keys past `end` read the
@@ -200,7 +178,30 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
 
     int t0 = begin + warp * kKeys;
     float scale_cur = 0.0f, scale_next = 0.0f;
-    if (t0 < end) issue(t0, 0, &scale_cur);
+    if (t0 < end) issue(t0, 0, &scale_cur);  // first, so its DRAM latency overlaps q's loads
+
+    // Q fragments (scaled into the exp2 domain); rows past the run are zero. a0/a2: row qg, dims
+    // 2qc.. and 2qc + 8..; a1/a3: the same for row qg + 8 (always zero when decoding).
+    uint32_t qa[kChunks][2 * kHalves];
+    {
+      const float qs = scale * kLog2e;
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        const int r = qg + 8 * h;
+        const float* qrow = q + static_cast<int64_t>(r0 + r / group) * q_stride + (kv_head * group + r % group) * HD;
+#pragma unroll
+        for (int kc = 0; kc < kChunks; ++kc) {
+          if (row_ok[h]) {
+            const float* p = qrow + kc * 16 + 2 * qc;
+            qa[kc][h] = PackHalf2(p[0] * qs, p[1] * qs);
+            qa[kc][kHalves + h] = PackHalf2(p[8] * qs, p[9] * qs);
+          } else {
+            qa[kc][h] = qa[kc][kHalves + h] = 0u;
+          }
+        }
+      }
+    }
+
     for (int it = 0; t0 < end; ++it, t0 += kWarps * kKeys) {
       const int s = it & 1, t_next = t0 + kWarps * kKeys;
       if (t_next < end) {
