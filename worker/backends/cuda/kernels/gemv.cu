@@ -1,7 +1,9 @@
 #include "worker/backends/cuda/kernels/gemv.h"
 
 #include <algorithm>
+#include <atomic>
 
+#include "absl/status/statusor.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/common.cuh"
 
@@ -104,14 +106,15 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
 int Blocks(int pairs, int ks) { return (pairs + kWarps / ks - 1) / (kWarps / ks); }
 
 // CTAs of the Gemv the GPU holds at once (registers allow ~6 per SM), found once per process.
-int GemvWave() {
-  static const int wave = [] {
-    int device = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvKernel<2>, kWarps * 32, 0);
-    return std::max(1, sms * per_sm);
-  }();
+absl::StatusOr<int> GemvWave() {
+  static std::atomic<int> cached{0};
+  if (const int wave = cached.load(std::memory_order_relaxed); wave > 0) return wave;
+  int device = 0, sms = 0, per_sm = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvKernel<2>, kWarps * 32, 0));
+  const int wave = std::max(1, sms * per_sm);
+  cached.store(wave, std::memory_order_relaxed);
   return wave;
 }
 
@@ -125,10 +128,12 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
   // The k split: the largest whose grid fits in one wave of resident CTAs (every CTA streams from
   // the start, no tail wave), or where even no split overflows a wave, the finest (a short tail).
   // On the 8B shape that is 2 for q/k/v, o and down, 8 for gate/up: 4.42 → 4.23 ms a step.
-  const int pairs = (a.n + 1) / 2, vecs = a.k / 8, wave = GemvWave();
+  absl::StatusOr<int> wave = GemvWave();
+  if (!wave.ok()) return wave.status();
+  const int pairs = (a.n + 1) / 2, vecs = a.k / 8;
   int ks = 1;
   for (int k = 2; k <= kWarps && vecs >= 32 * k; k *= 2) {
-    if (Blocks(pairs, k) <= wave || Blocks(pairs, 1) > wave) ks = k;
+    if (Blocks(pairs, k) <= *wave || Blocks(pairs, 1) > *wave) ks = k;
   }
   const dim3 block(kWarps * 32);
   switch (ks) {
