@@ -1,8 +1,9 @@
 #pragma once
 // The GEMM every projection uses: Y[rows, n] (fp32) = X[rows, k] (fp16) · W[n, k]ᵀ (fp16, the HF
 // nn.Linear layout) + beta · Y, fp32 accumulation. beta = 1 fuses the residual add into the
-// projection that produces it. One row goes to the streaming Gemv kernel; more go through cuBLASLt, whose algorithm for each shape is timed once at start (Tuning) rather than
-// taken from the heuristic: at 16-64 rows the heuristic's first choice streamed the 8B shape's
+// projection that produces it. One row goes to the streaming Gemv kernel; more go through
+// cuBLASLt, whose algorithm for each shape is timed once at start (Tuning) rather than taken
+// from the heuristic: at 16-64 rows the heuristic's first choice streamed the 8B shape's
 // o/down/qkv weights at only 2.2-2.9 TB/s.
 #include <cublasLt.h>
 #include <cuda_fp16.h>

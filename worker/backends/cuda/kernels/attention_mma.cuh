@@ -78,7 +78,7 @@ template <KvDtype D, int HD, bool kTiled>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
     AttentionMmaKernel(const float* q, int rows, int heads, int q_stride, int sliding_window, int splits, float scale,
                        RowMeta meta, KvGeometry g, KvLayerView layer, float* partial, __half* out) {
-  static_assert(HD % 16 == 0 && HD <= 128, "head_dim 16..128, a multiple of 16");
+  static_assert(HD == 32 || HD == 64 || HD == 128, "head_dim 32, 64 or 128 (the decode Vᵀ loads take HD / 8 bytes)");
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();
   constexpr int kPieces = kKeys * HD / 16;  // 16-byte pieces of a K (or V) tile
