@@ -106,26 +106,23 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
   const unsigned seed = 77;
   std::mt19937 rng(seed);
   const float eps = 1e-5f;
-  const int rows = 1;
   // k split 1, 2, 4 and 8 ways where n is small (the grid fits a wave); n = 20001 overflows a wave
   // of the H200 whatever the split, which takes the finest.
   for (auto [k, n_odd] : {std::pair{200, 77}, {520, 77}, {1032, 77}, {4096, 77}, {520, 20001}}) {
     for (int mode = 0; mode < 4; ++mode) {
       const bool residual = mode == 1, normed = mode >= 2, swiglu = mode == 3;
       const int n = swiglu ? n_odd + 1 : n_odd;
-      auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * k, rng, 0.05f), y0 = Random(size_t(rows) * n, rng);
+      auto xf = Random(size_t(k), rng), wf = Random(size_t(n) * k, rng, 0.05f), y0 = Random(size_t(n), rng);
       const auto bias = Random(size_t(n), rng);
       std::vector<__half> xh(xf.size()), wh(wf.size());
       for (size_t i = 0; i < wf.size(); ++i) wh[i] = __float2half(wf[i]), wf[i] = __half2float(wh[i]);
       if (!normed) {
         for (size_t i = 0; i < xf.size(); ++i) xh[i] = __float2half(xf[i]), xf[i] = __half2float(xh[i]);
       }
-      std::vector<float> in_ss(size_t(rows), 0.0f);
-      for (int r = 0; r < rows; ++r) {
-        for (int i = 0; i < k; ++i) in_ss[r] += xf[size_t(r) * k + i] * xf[size_t(r) * k + i];
-      }
-      Dev<__half> dx(xh), dw(wh), dact(size_t(rows) * n / 2);
-      Dev<float> dxf(xf), dy(y0), dbias(bias), din(in_ss), dout(std::vector<float>(size_t(rows), 0.0f));
+      float in_ss = 0.0f;
+      for (int i = 0; i < k; ++i) in_ss += xf[i] * xf[i];
+      Dev<__half> dx(xh), dw(wh), dact(size_t(n) / 2);
+      Dev<float> dxf(xf), dy(y0), dbias(bias), din(std::vector<float>{in_ss}), dout(std::vector<float>{0.0f});
       cuda::GemvArgs a{.k = k, .w = dw.p, .n = n};
       if (normed) a.x_f32 = dxf.p, a.in_sumsq = din.p, a.eps = eps;
       else a.x = dx.p;
@@ -133,21 +130,19 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
       else a.y = dy.p;
       if (residual) a.beta = 1.0f, a.bias = dbias.p, a.out_sumsq = dout.p;
       ASSERT_TRUE(cuda::Gemv(a, nullptr).ok());
-      std::vector<float> want(y0.size()), want_act(size_t(rows) * n / 2), want_ss(size_t(rows), 0.0f);
-      for (int r = 0; r < rows; ++r) {
-        const double inv = normed ? 1.0 / std::sqrt(in_ss[r] / k + eps) : 1.0;
-        for (int c = 0; c < n; ++c) {
-          double d = 0;
-          for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[size_t(c) * k + i];
-          d *= inv;
-          if (residual) d += bias[c] + y0[size_t(r) * n + c];
-          want[size_t(r) * n + c] = float(d);
-          want_ss[r] += float(d * d);
-        }
-        for (int c = 0; swiglu && c < n / 2; ++c) {
-          const double g = want[size_t(r) * n + 2 * c], u = want[size_t(r) * n + 2 * c + 1];
-          want_act[size_t(r) * n / 2 + c] = float(g / (1 + std::exp(-g)) * u);
-        }
+      std::vector<float> want(y0.size()), want_act(size_t(n) / 2), want_ss{0.0f};
+      const double inv = normed ? 1.0 / std::sqrt(in_ss / k + eps) : 1.0;
+      for (int c = 0; c < n; ++c) {
+        double d = 0;
+        for (int i = 0; i < k; ++i) d += double(xf[i]) * wf[size_t(c) * k + i];
+        d *= inv;
+        if (residual) d += bias[c] + y0[c];
+        want[c] = float(d);
+        want_ss[0] += float(d * d);
+      }
+      for (int c = 0; swiglu && c < n / 2; ++c) {
+        const double g = want[2 * c], u = want[2 * c + 1];
+        want_act[c] = float(g / (1 + std::exp(-g)) * u);
       }
       const std::string what = "n " + std::to_string(n) + " k " + std::to_string(k) + " mode " +
                                std::to_string(mode) + " seed " + std::to_string(seed);

@@ -458,13 +458,13 @@ int CudaEngine::SplitsFor(int tiles) const {
   // A CTA of the attention kernel takes about kFixed + keys · kPerKey (the tensor-core kernel on
   // the H200, fitted from batch 64 at 512 and 2048 tokens with 1 and 4 splits: ~5 µs of latency
   // for q, the block table, the first tile and the merge, then ~0.035 µs a key at head_dim 128,
-  // scaled by head_dim, i.e. by a key's bytes). The split count is baked into each bucket's graph before
-  // contexts are known, so it minimises waves · (kFixed + keys per split · kPerKey) at a design
-  // context of 1024 tokens: long CTAs amortise the latency, but a partly filled last wave idles
-  // the GPU. Each split adds partials for the merge to read (batch 1 at 512 tokens: 8.5 µs with
-  // 16 splits, 11.0 with 32, so ~0.14 µs a split), and more than one split needs the combine
-  // kernel (~3.9 µs; one split on the tensor cores writes the output itself). Key cost scaled by head_dim: the 1B
-  // shape (head_dim 64, 6 CTAs an SM) otherwise took 3 splits at batch 64, 1.6x slower than 1.
+  // scaled by head_dim, i.e. by a key's bytes: unscaled, the 1B shape (head_dim 64, 6 CTAs an SM)
+  // took 3 splits at batch 64, 1.6x slower than 1). The split count is baked into each bucket's
+  // graph before contexts are known, so it minimises waves · (kFixed + keys per split · kPerKey)
+  // at a design context of 1024 tokens: long CTAs amortise the latency, but a partly filled last
+  // wave idles the GPU. Each split adds partials for the merge to read (batch 1 at 512 tokens:
+  // 8.5 µs with 16 splits, 11.0 with 32, so ~0.14 µs a split), and more than one split needs the
+  // combine kernel (~3.9 µs; one split on the tensor cores writes the output itself).
   constexpr double kFixedUs = 5.0, kPerKeyUs128 = 0.035, kPerSplitUs = 0.14, kCombineUs = 3.9;
   constexpr double kDesignContext = 1024.0;
   const double per_key_us = kPerKeyUs128 * kv_.head_dim / 128.0;
