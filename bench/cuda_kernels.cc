@@ -5,6 +5,7 @@
 // launch must read ÷ 4.26 TB/s. Projections run as the engine runs them: the Gemv with its
 // epilogue for 1 row, cuBLASLt (algorithm timed first) above, where the RMSNorm and SwiGLU are
 // separate kernels this table does not include.
+#include <cublasLt.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
@@ -193,6 +194,216 @@ absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int
   return absl::OkStatus();
 }
 
+
+// One cuBLASLt configuration of Yᵀ[n, rows] = W[n, k]ᵀ-op · Xᵀ[k, rows] (GemmRunner's layout).
+struct LtConfig {
+  cublasLtMatmulAlgo_t algo;
+  std::string name;
+  double us = 0;
+};
+
+template <typename T>
+std::vector<T> CapArray(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attr) {
+  size_t bytes = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS || bytes == 0) return {};
+  std::vector<T> v(bytes / sizeof(T));
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, v.data(), bytes, &bytes) != CUBLAS_STATUS_SUCCESS) return {};
+  return v;
+}
+
+template <typename T>
+T CapValue(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attr) {
+  T v{};
+  size_t bytes = 0;
+  cublasLtMatmulAlgoCapGetAttribute(&algo, attr, &v, sizeof(v), &bytes);
+  return v;
+}
+
+// Experiment, not the engine's path: how far cuBLASLt's whole configuration space (algorithm ×
+// tile × stages × split-K × cluster) is from the pick GemmRunner's tuning makes among the
+// heuristic's 8 first candidates, on the decode projections at `rows` > 1.
+absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int reps, cudaStream_t s) {
+  const int qd = m.heads * m.head_dim, kvd = m.kv_heads * m.head_dim;
+  struct P {
+    const char* name;
+    int n, k;
+    bool residual;
+  };
+  const std::vector<P> projections = {{"qkv", qd + 2 * kvd, m.hidden, false},
+                                      {"o", m.hidden, qd, true},
+                                      {"gate_up", 2 * m.ffn, m.hidden, false},
+                                      {"down", m.hidden, m.ffn, true}};
+  const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
+  const int max_k = std::max({m.hidden, qd, m.ffn}), max_n = std::max({qd + 2 * kvd, m.hidden, 2 * m.ffn});
+  constexpr size_t kWork = 64 << 20;
+  auto x16 = Filled(size_t(max_rows) * max_k * 2, 0x2c), y = Filled(size_t(max_rows) * max_n * 4, 0);
+  auto work = DeviceAlloc(kWork);
+  for (auto* b : {&x16, &y, &work}) {
+    if (!b->ok()) return b->status();
+  }
+  CublasLtHandle lt;
+  {
+    absl::StatusOr<CublasLtHandle> h = MakeCublasLt();
+    if (!h.ok()) return h.status();
+    lt = *std::move(h);
+  }
+  absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm = cuda::GemmRunner::Create(s, work->get(), kWork);
+  if (!gemm.ok()) return gemm.status();
+  absl::StatusOr<CudaEvent> start = MakeEvent(), stop = MakeEvent();
+  if (!start.ok()) return start.status();
+  if (!stop.ok()) return stop.status();
+  std::printf("\n| projection | rows | tuned (GemmRunner) µs | heuristic best of 100 µs | search best µs | of 4.26 TB/s | configs timed | best config |\n"
+              "|---|---:|---:|---:|---:|---:|---:|---|\n");
+  for (const P& p : projections) {
+    const size_t w_bytes = size_t(p.n) * p.k * 2;
+    const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / w_bytes + 1));
+    std::vector<DeviceMemory> w;
+    for (int c = 0; c < copies; ++c) {
+      absl::StatusOr<DeviceMemory> mem = Filled(w_bytes, 0x3c);
+      if (!mem.ok()) return mem.status();
+      w.push_back(*std::move(mem));
+    }
+    for (int rows : rows_list) {
+      if (rows == 1) continue;
+      const float beta = p.residual ? 1.0f : 0.0f, alpha = 1.0f;
+      const auto* x = static_cast<const __half*>(x16->get());
+      auto* yp = static_cast<float*>(y->get());
+      int launches = 0;
+      auto wp = [&] { return static_cast<const __half*>(w[launches++ % copies].get()); };
+      // GemmRunner's pick, timed in a graph as the engine replays it.
+      (*gemm)->set_tuning(true);
+      if (absl::Status st = (*gemm)->Run(x, rows, p.k, wp(), p.n, beta, yp); !st.ok()) return st;
+      (*gemm)->set_tuning(false);
+      absl::StatusOr<double> tuned = TimeGraph(s, reps, [&] { return (*gemm)->Run(x, rows, p.k, wp(), p.n, beta, yp); });
+      if (!tuned.ok()) return tuned.status();
+
+      cublasLtMatmulDesc_t op = nullptr;
+      cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&a, CUDA_R_16F, p.k, p.n, p.k));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&b, CUDA_R_16F, p.k, rows, p.k));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, p.n, rows, p.n));
+      auto matmul = [&](const cublasLtMatmulAlgo_t& algo) {
+        return cublasLtMatmul(lt.get(), op, &alpha, wp(), a, x, b, &beta, yp, c, yp, c, &algo, work->get(), kWork, s);
+      };
+      // Stream-timed mean of 8 launches after 2 warm-ups: ranks configurations; the best few are re-timed in a graph.
+      auto quick = [&](const cublasLtMatmulAlgo_t& algo) -> double {
+        for (int i = 0; i < 2; ++i) {
+          if (matmul(algo) != CUBLAS_STATUS_SUCCESS) return -1;
+        }
+        cudaEventRecord(start->get(), s);
+        for (int i = 0; i < 8; ++i) matmul(algo);
+        cudaEventRecord(stop->get(), s);
+        if (cudaEventSynchronize(stop->get()) != cudaSuccess) return -1;
+        float ms = 0;
+        cudaEventElapsedTime(&ms, start->get(), stop->get());
+        return 1e3 * ms / 8;
+      };
+      std::vector<LtConfig> timed;
+      // (1) the heuristic's first 100.
+      cublasLtMatmulPreference_t pref = nullptr;
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+      const uint64_t wb = kWork;
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wb, sizeof(wb));
+      std::vector<cublasLtMatmulHeuristicResult_t> heur(100);
+      int found = 0;
+      cublasLtMatmulAlgoGetHeuristic(lt.get(), op, a, b, c, c, pref, 100, heur.data(), &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      double heur_best = 1e30;
+      for (int i = 0; i < found; ++i) {
+        const double us = quick(heur[i].algo);
+        if (us > 0) timed.push_back({heur[i].algo, absl::StrCat("heuristic #", i), us}), heur_best = std::min(heur_best, us);
+      }
+      // (2) every algorithm id × tile × stages × split-K {1,2,3,4,6,8,16} × cluster {auto,1,2x1,1x2} that passes AlgoCheck.
+      std::vector<int> ids(256);
+      int n_ids = 0;
+      cublasLtMatmulAlgoGetIds(lt.get(), CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16F, CUDA_R_16F, CUDA_R_32F, CUDA_R_32F,
+                               256, ids.data(), &n_ids);
+      // Only the algorithms the heuristic proposes (others time out the search without winning).
+      std::vector<int> heur_ids;
+      for (int i = 0; i < found; ++i) {
+        int32_t id = 0;
+        size_t written = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&heur[i].algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
+        if (std::find(heur_ids.begin(), heur_ids.end(), id) == heur_ids.end()) heur_ids.push_back(id);
+      }
+      std::string id_list;
+      for (int id : heur_ids) absl::StrAppend(&id_list, id_list.empty() ? "" : ",", id);
+      std::fprintf(stderr, "%s rows %d: heuristic algorithm ids %s\n", p.name, rows, id_list.c_str());
+      n_ids = 0;
+      for (int id : heur_ids) ids[n_ids++] = id;
+      int checked = 0;
+      for (int id = 0; id < n_ids; ++id) {
+        cublasLtMatmulAlgo_t base;
+        if (cublasLtMatmulAlgoInit(lt.get(), CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16F, CUDA_R_16F, CUDA_R_32F,
+                                   CUDA_R_32F, ids[id], &base) != CUBLAS_STATUS_SUCCESS) {
+          continue;
+        }
+        std::vector<uint32_t> tiles = CapArray<uint32_t>(base, CUBLASLT_ALGO_CAP_TILE_IDS);
+        std::vector<uint32_t> stages = CapArray<uint32_t>(base, CUBLASLT_ALGO_CAP_STAGES_IDS);
+        if (tiles.empty()) tiles = {CUBLASLT_MATMUL_TILE_UNDEFINED};
+        stages.insert(stages.begin(), CUBLASLT_MATMUL_STAGES_UNDEFINED);
+        const bool splitk = CapValue<int32_t>(base, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) != 0;
+        const uint32_t schemes = CapValue<uint32_t>(base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
+        for (uint32_t tile : tiles) {
+          for (uint32_t stage : stages) {
+            for (int32_t split : {1, 2, 3, 4, 6, 8, 16}) {
+              if (split > 1 && !splitk) break;
+              for (uint32_t scheme : {0u, 1u, 2u, 4u}) {
+                if ((split == 1) != (scheme == 0) || (scheme && !(schemes & scheme))) continue;
+                for (uint16_t cluster : {uint16_t(0), uint16_t(2), uint16_t(3), uint16_t(5)}) {
+                  cublasLtMatmulAlgo_t algo = base;
+                  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
+                  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stage, sizeof(stage));
+                  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof(split));
+                  cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme));
+                  if (cluster != 0 &&
+                      cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                                           sizeof(cluster)) != CUBLAS_STATUS_SUCCESS) {
+                    continue;
+                  }
+                  cublasLtMatmulHeuristicResult_t r{};
+                  if (cublasLtMatmulAlgoCheck(lt.get(), op, a, b, c, c, &algo, &r) != CUBLAS_STATUS_SUCCESS) continue;
+                  if (r.workspaceSize > kWork || ++checked > 12000) continue;
+                  const double us = quick(algo);
+                  if (us > 0) {
+                    timed.push_back({algo, absl::StrCat("id ", ids[id], " tile ", tile, " stages ", stage, " splitk ",
+                                                        split, " scheme ", scheme, " cluster ", cluster),
+                                     us});
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+      cudaGetLastError();
+      std::sort(timed.begin(), timed.end(), [](const LtConfig& l, const LtConfig& r) { return l.us < r.us; });
+      // Re-time the 6 best in a graph.
+      double best = 1e30;
+      std::string best_name = "-";
+      for (size_t i = 0; i < std::min<size_t>(6, timed.size()); ++i) {
+        absl::StatusOr<double> us = TimeGraph(s, reps, [&]() -> absl::Status {
+          TAILSERVE_CUDA_RETURN_IF_ERROR(matmul(timed[i].algo));
+          return absl::OkStatus();
+        });
+        if (us.ok() && *us < best) best = *us, best_name = timed[i].name;
+      }
+      const double tbs = (2.0 * p.n * p.k + 2.0 * rows * p.k) / (best * 1e-6) / 1e12;
+      std::printf("| %s | %d | %.1f | %.1f | %.1f | %.0f%% | %zu | %s |\n", p.name, rows, *tuned, heur_best, best,
+                  100.0 * tbs * 1e12 / kCopyBandwidth, timed.size(), best_name.c_str());
+      std::fflush(stdout);
+      cublasLtMatrixLayoutDestroy(c), cublasLtMatrixLayoutDestroy(b), cublasLtMatrixLayoutDestroy(a);
+      cublasLtMatmulDescDestroy(op);
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace tailserve
 
@@ -202,6 +413,7 @@ int main(int argc, char** argv) {
   Shape m{4096, 14336, 32, 8, 128};
   std::string rows = "1,16,64", contexts = "512,2048", kv = "fp8_e4m3";
   int reps = 50;
+  bool gemm_search = false;
   app.add_option("--hidden", m.hidden, "hidden size");
   app.add_option("--ffn", m.ffn, "FFN (intermediate) size");
   app.add_option("--heads", m.heads, "query heads");
@@ -211,6 +423,7 @@ int main(int argc, char** argv) {
   app.add_option("--contexts", contexts, "attention context lengths, comma-separated");
   app.add_option("--kv", kv, "KV cache dtype: fp8_e4m3, fp8_e5m2, fp16");
   app.add_option("--reps", reps, "launches per timed graph");
+  app.add_flag("--gemm-search", gemm_search, "only: time cuBLASLt's whole configuration space per projection");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) {
@@ -224,7 +437,12 @@ int main(int argc, char** argv) {
   }
   std::printf("shape: hidden %d, ffn %d, heads %d/%d, head_dim %d; %d launches a timed graph\n\n", m.hidden, m.ffn,
               m.heads, m.kv_heads, m.head_dim, reps);
-  absl::Status st = BenchProjections(m, Ints(rows), reps, stream->get());
+  absl::Status st = gemm_search ? SearchGemm(m, Ints(rows), reps, stream->get())
+                                : BenchProjections(m, Ints(rows), reps, stream->get());
+  if (gemm_search) {
+    if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return st.ok() ? 0 : 1;
+  }
   if (st.ok()) st = BenchAttention(m, *dtype, Ints(rows), Ints(contexts), reps, stream->get());
   if (!st.ok()) {
     std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());

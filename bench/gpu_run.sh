@@ -2,7 +2,8 @@
 # One device run (see ../shared/gpu/README.md): GPU tests, kernel tests under compute-sanitizer,
 # then the decode/prefill benchmark on synthetic Llama-3.2-1B and Llama-3.1-8B checkpoints.
 # Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|soak|kernels]
-# (kernels: the projections and attention alone at the 8B shape, no checkpoint: seconds, for kernel work)
+# (kernels [args]: the projections and attention alone at the 8B shape, no checkpoint: seconds, for kernel work;
+# args go to tailserve-bench-kernels, e.g. --gemm-search)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -31,7 +32,8 @@ if [ "$MODE" = check ]; then
 fi
 if [ "$MODE" = kernels ]; then
   echo "== kernels alone, 8B shape"
-  $R tailserve-bench-kernels 2>&1 | tee "$OUT/kernels_8b.md"
+  shift
+  $R tailserve-bench-kernels "$@" 2>&1 | tee "$OUT/kernels_8b.md"
   exit 0
 fi
 echo "== checkpoints"

@@ -52,7 +52,7 @@ struct CudaEngine::Buffers {
   float* router_logits = nullptr;   // MoE [max_rows, experts]
   float* route_weights = nullptr;
   float* expert_out = nullptr;      // MoE [max_rows, h]
-  float* sumsq = nullptr;            // [2 layers + 1, max_rows]: Σ x² of the residual before each norm
+  float* sumsq = nullptr;            // [2 layers + 1]: Σ x² of the residual before each norm (batch 1)
   __half* final_xn = nullptr;  // [logit_rows, h]
   float* logits = nullptr;          // [logit_rows, vocab]
   void* cublas_workspace = nullptr;
@@ -92,6 +92,7 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   absl::StatusOr<int> per_sm = cuda::AttentionCtasPerSm({.heads = static_cast<int>(c.num_heads)}, kv_);
   if (!per_sm.ok()) return per_sm.status();
   attention_wave_ = *per_sm * sm_count_;
+  if (absl::StatusOr<int> gemv_wave = cuda::GemvWave(); !gemv_wave.ok()) return gemv_wave.status();
   absl::StatusOr<CudaStream> stream = MakeStream();
   if (!stream.ok()) return stream.status();
   stream_ = *std::move(stream);
@@ -270,7 +271,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                             256 + R * h * 4 + R * h * 2 + R * (qd + 2 * kvd) * 4 + R * qd * 2 + R * 2 * f * 4 +
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
-                            (2 * static_cast<size_t>(c.num_layers) + 1) * R * 4 + (32 << 20) + 64 * 256;
+                            (2 * static_cast<size_t>(c.num_layers) + 1) * 4 + (32 << 20) + 64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
   work_memory_ = *std::move(mem);
@@ -324,7 +325,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
     b.route_weights = a.Take<float>(R * E);
     b.expert_out = a.Take<float>(R * h);
   }
-  b.sumsq = a.Take<float>((2 * static_cast<size_t>(c.num_layers) + 1) * R);
+  b.sumsq = a.Take<float>(2 * static_cast<size_t>(c.num_layers) + 1);
   b.final_xn = a.Take<__half>(L * h);
   b.logits = a.Take<float>(L * c.vocab_size);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
@@ -401,8 +402,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
   // Gemv epilogues (see gemv.h), 7 kernels a layer instead of 10; a norm's input sum of squares is
   // accumulated by the Gemv that writes the residual. Larger batches go through cuBLAS.
   const bool fused = rows == 1 && c.num_experts == 0 && h % 8 == 0 && qd % 8 == 0 && f % 8 == 0;
-  auto sumsq = [&](size_t slot) { return b.sumsq + slot * static_cast<size_t>(max_rows_); };
-  if (fused) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.sumsq, 0, (2 * layers_.size() + 1) * max_rows_ * sizeof(float), s));
+  auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
+  if (fused) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.sumsq, 0, (2 * layers_.size() + 1) * sizeof(float), s));
   TRY("embed", cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, fused ? sumsq(0) : nullptr, s));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];

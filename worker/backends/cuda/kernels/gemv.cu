@@ -105,7 +105,8 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
 
 int Blocks(int pairs, int ks) { return (pairs + kWarps / ks - 1) / (kWarps / ks); }
 
-// CTAs of the Gemv the GPU holds at once (registers allow ~6 per SM), found once per process.
+}  // namespace
+
 absl::StatusOr<int> GemvWave() {
   static std::atomic<int> cached{0};
   if (const int wave = cached.load(std::memory_order_relaxed); wave > 0) return wave;
@@ -117,8 +118,6 @@ absl::StatusOr<int> GemvWave() {
   cached.store(wave, std::memory_order_relaxed);
   return wave;
 }
-
-}  // namespace
 
 absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
   if (a.k % 8 != 0 || (a.x == nullptr) == (a.x_f32 == nullptr) || (a.y == nullptr) == (a.swiglu_out == nullptr) ||

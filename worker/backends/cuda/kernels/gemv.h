@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace tailserve::cuda {
 
@@ -34,6 +35,10 @@ struct GemvArgs {
   float eps = 0.0f;
   float* out_sumsq = nullptr;        // [1] += Σ over the written y of y² (zeroed by the caller)
 };
+
+// CTAs of the Gemv the GPU holds at once (registers allow ~6 per SM), which sets its k split;
+// queried once per process. The engine asks at start, so no graph capture is the first to.
+absl::StatusOr<int> GemvWave();
 
 // Requires k % 8 == 0 (16-byte rows), one of x / x_f32, one of y / swiglu_out (with n even).
 absl::Status Gemv(const GemvArgs& args, cudaStream_t stream);

@@ -10,73 +10,77 @@ namespace tailserve::cuda {
 namespace {
 
 constexpr int kMaxPairsPerLane = 4;  // head_dim <= 256
+constexpr int kHeadsPerBlock = 4;
 
-// One block per row; each warp takes whole heads (q heads, then k heads, then v heads), each lane
-// the rotation pairs lane, lane + 32, ...
+// Grid (rows, heads / 4): a warp per head (q heads, then k heads, then v heads), each lane the
+// rotation pairs lane, lane + 32, ... One head a warp and blocks spread over the SMs, so a warp's
+// chain is one load of its head, its position and block-table entry (issued together), then the
+// writes: a block per row looping its warps over 48 heads had two such chains (5.3 us a layer).
 template <KvDtype D>
 __global__ void RopeWriteKvKernel(float* qkv, const float* bias, int heads, RowMeta meta, KvGeometry g,
                                   KvLayerView layer, const float* inv_freq, unsigned long long* clamps) {
   using Codec = KvCodec<D>;
-  const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int row = blockIdx.x, lane = threadIdx.x & 31;
+  const int head = blockIdx.y * kHeadsPerBlock + (threadIdx.x >> 5);
   const int hd = g.head_dim, half = hd / 2, kvh = g.kv_heads;
+  if (head >= heads + 2 * kvh) return;
   const int width = (heads + 2 * kvh) * hd;
   float* x = qkv + static_cast<int64_t>(row) * width;
-  const float pos = static_cast<float>(meta.pos[row]);
-  const int64_t slot = CacheSlot(BlockTableRow(meta, g, row), g.block_size, meta.pos[row]);
+  const int pos_i = meta.pos[row];
+  const float pos = static_cast<float>(pos_i);
+  const int64_t slot = head < heads ? 0 : CacheSlot(BlockTableRow(meta, g, row), g.block_size, pos_i);
   int clamped = 0;
-  for (int head = warp; head < heads + 2 * kvh; head += warps) {
-    const bool is_v = head >= heads + kvh;
-    float* v = x + head * hd;
-    const float* b = bias ? bias + head * hd : nullptr;
-    float lo[kMaxPairsPerLane], hi[kMaxPairsPerLane];
+  const bool is_v = head >= heads + kvh;
+  float* v = x + head * hd;
+  const float* b = bias ? bias + head * hd : nullptr;
+  float lo[kMaxPairsPerLane], hi[kMaxPairsPerLane];
+#pragma unroll
+  for (int j = 0; j < kMaxPairsPerLane; ++j) {
+    const int i = lane + 32 * j;
+    lo[j] = hi[j] = 0.0f;
+    if (i >= half) continue;
+    float a = v[i], c = v[i + half];
+    if (b) a += b[i], c += b[i + half];
+    if (!is_v) {  // rotate-half RoPE; the angle in fp32 as transformers computes it
+      float s, co;
+      sincosf(pos * inv_freq[i], &s, &co);
+      const float ra = a * co - c * s, rc = c * co + a * s;
+      a = ra, c = rc;
+    }
+    lo[j] = a, hi[j] = c;
+  }
+  if (head < heads) {  // q: back in place for attention
 #pragma unroll
     for (int j = 0; j < kMaxPairsPerLane; ++j) {
       const int i = lane + 32 * j;
-      lo[j] = hi[j] = 0.0f;
-      if (i >= half) continue;
-      float a = v[i], c = v[i + half];
-      if (b) a += b[i], c += b[i + half];
-      if (!is_v) {  // rotate-half RoPE; the angle in fp32 as transformers computes it
-        float s, co;
-        sincosf(pos * inv_freq[i], &s, &co);
-        const float ra = a * co - c * s, rc = c * co + a * s;
-        a = ra, c = rc;
-      }
-      lo[j] = a, hi[j] = c;
+      if (i < half) v[i] = lo[j], v[i + half] = hi[j];
     }
-    if (head < heads) {  // q: back in place for attention
+    return;
+  }
+  const int kv_head = is_v ? head - heads - kvh : head - heads;
+  float scale = 1.0f;
+  if (Codec::kScaled) {
+    float amax = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kMaxPairsPerLane; ++j) {
-        const int i = lane + 32 * j;
-        if (i < half) v[i] = lo[j], v[i + half] = hi[j];
-      }
-      continue;
-    }
-    const int kv_head = is_v ? head - heads - kvh : head - heads;
-    float scale = 1.0f;
-    if (Codec::kScaled) {
-      float amax = 0.0f;
+    for (int j = 0; j < kMaxPairsPerLane; ++j) amax = fmaxf(amax, fmaxf(fabsf(lo[j]), fabsf(hi[j])));
+    amax = WarpMax(amax);
+    // isfinite: an inf/NaN input gets a scale of 1 and is clamped (and counted) below.
+    if (amax > 0.0f && isfinite(amax)) scale = amax / Codec::kMax;
+    if (lane == 0) (is_v ? layer.v_scale : layer.k_scale)[slot * kvh + kv_head] = scale;
+  }
+  auto* dst = static_cast<typename Codec::Storage*>(is_v ? layer.v : layer.k) + (slot * kvh + kv_head) * hd;
+  const float inv_scale = 1.0f / scale;
 #pragma unroll
-      for (int j = 0; j < kMaxPairsPerLane; ++j) amax = fmaxf(amax, fmaxf(fabsf(lo[j]), fabsf(hi[j])));
-      amax = WarpMax(amax);
-      // isfinite: an inf/NaN input gets a scale of 1 and is clamped (and counted) below.
-      if (amax > 0.0f && isfinite(amax)) scale = amax / Codec::kMax;
-      if (lane == 0) (is_v ? layer.v_scale : layer.k_scale)[slot * kvh + kv_head] = scale;
-    }
-    auto* dst = static_cast<typename Codec::Storage*>(is_v ? layer.v : layer.k) + (slot * kvh + kv_head) * hd;
-    const float inv_scale = 1.0f / scale;
-#pragma unroll
-    for (int j = 0; j < kMaxPairsPerLane; ++j) {
-      const int i = lane + 32 * j;
-      if (i >= half) continue;
-      float a = lo[j] * inv_scale, c = hi[j] * inv_scale;
-      // With a per-head scale a finite value can pass kMax only by rounding: clamp it, but count
-      // only what really did not fit (non-finite input, or beyond fp16's range).
-      clamped += ClampFinite(&a, Codec::kMax) && !(Codec::kScaled && isfinite(lo[j]));
-      clamped += ClampFinite(&c, Codec::kMax) && !(Codec::kScaled && isfinite(hi[j]));
-      dst[i] = Codec::Encode(a);
-      dst[i + half] = Codec::Encode(c);
-    }
+  for (int j = 0; j < kMaxPairsPerLane; ++j) {
+    const int i = lane + 32 * j;
+    if (i >= half) continue;
+    float a = lo[j] * inv_scale, c = hi[j] * inv_scale;
+    // With a per-head scale a finite value can pass kMax only by rounding: clamp it, but count
+    // only what really did not fit (non-finite input, or beyond fp16's range).
+    clamped += ClampFinite(&a, Codec::kMax) && !(Codec::kScaled && isfinite(lo[j]));
+    clamped += ClampFinite(&c, Codec::kMax) && !(Codec::kScaled && isfinite(hi[j]));
+    dst[i] = Codec::Encode(a);
+    dst[i + half] = Codec::Encode(c);
   }
   if (clamped) atomicAdd(clamps, static_cast<unsigned long long>(clamped));
 }
@@ -98,17 +102,16 @@ absl::Status RopeWriteKv(float* qkv, const float* bias, int rows, int heads, con
     return absl::InvalidArgumentError("RopeWriteKv: head_dim must be even and at most 256");
   }
   if (rows == 0) return absl::OkStatus();
-  // A warp per head, all heads of a row at once (up to 32 warps).
-  const int threads = std::min(1024, 32 * (heads + 2 * g.kv_heads));
+  const dim3 grid(rows, (heads + 2 * g.kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock), block(32 * kHeadsPerBlock);
   switch (g.dtype) {
     case KvDtype::kFp8E4M3:
-      RopeWriteKvKernel<KvDtype::kFp8E4M3><<<rows, threads, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
+      RopeWriteKvKernel<KvDtype::kFp8E4M3><<<grid, block, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
       break;
     case KvDtype::kFp8E5M2:
-      RopeWriteKvKernel<KvDtype::kFp8E5M2><<<rows, threads, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
+      RopeWriteKvKernel<KvDtype::kFp8E5M2><<<grid, block, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
       break;
     case KvDtype::kFp16:
-      RopeWriteKvKernel<KvDtype::kFp16><<<rows, threads, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
+      RopeWriteKvKernel<KvDtype::kFp16><<<grid, block, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
       break;
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
