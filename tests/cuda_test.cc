@@ -81,7 +81,7 @@ TEST(CudaKernelTest, RmsNormMatchesCpuOnOddSizes) {
   const unsigned seed = 1234;
   std::mt19937 rng(seed);
   for (int rows : {1, 3, 19}) {
-    for (int hidden : {64, 200, 4096}) {
+    for (int hidden : {64, 200, 203, 4096}) {  // 203: the scalar path (not whole float4s)
       const auto x = Random(size_t(rows) * hidden, rng, 3.0f), w = Random(hidden, rng);
       Dev<float> dx(x), dw(w);
       Dev<__half> out(size_t(rows) * hidden);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <vector>
 
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/cuda_resources.h"
@@ -82,30 +81,12 @@ absl::Status GemmRunner::Tune(Plan& plan, const __half* x, const __half* w, floa
   cublasLtMatmulHeuristicResult_t results[8];
   int found = 0;
   if (absl::Status st = Candidates(plan, 8, results, &found); !st.ok()) return st;
-  // Each candidate also with the thread-block clusters the heuristic may not propose: a search of
-  // cuBLASLt's whole space (tailserve-bench-kernels --gemm-search) found its best 8B configurations
-  // among them (down at 64 rows: 34.0 -> 31.7 us with 1x1x1 clusters), nowhere else.
-  std::vector<cublasLtMatmulAlgo_t> algos;
-  for (int i = 0; i < found; ++i) {
-    algos.push_back(results[i].algo);
-    for (uint16_t cluster : {CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1}) {
-      cublasLtMatmulAlgo_t algo = results[i].algo;
-      cublasLtMatmulHeuristicResult_t check{};
-      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
-                                               sizeof(cluster)) == CUBLAS_STATUS_SUCCESS &&
-          cublasLtMatmulAlgoCheck(lt_.get(), plan.op, plan.a, plan.b, plan.c, plan.c, &algo, &check) ==
-              CUBLAS_STATUS_SUCCESS &&
-          check.workspaceSize <= workspace_bytes_) {
-        algos.push_back(algo);
-      }
-    }
-  }
   absl::StatusOr<CudaEvent> start = MakeEvent(), stop = MakeEvent();
   if (!start.ok()) return start.status();
   if (!stop.ok()) return stop.status();
   float best = std::numeric_limits<float>::infinity();
-  for (const cublasLtMatmulAlgo_t& algo : algos) {
-    auto run = [&] { return Matmul(plan, algo, x, w, beta, y); };
+  for (int i = 0; i < found; ++i) {
+    auto run = [&] { return Matmul(plan, results[i].algo, x, w, beta, y); };
     if (run() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that cannot run this shape
     constexpr int kReps = 5;
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(start->get(), stream_));
@@ -114,7 +95,7 @@ absl::Status GemmRunner::Tune(Plan& plan, const __half* x, const __half* w, floa
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop->get()));
     float ms = 0.0f;
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start->get(), stop->get()));
-    if (ms < best) best = ms, plan.algo = algo;
+    if (ms < best) best = ms, plan.algo = results[i].algo;
   }
   plan.tuned = true;
   ++tuned_;

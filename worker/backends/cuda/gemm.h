@@ -28,9 +28,8 @@ class GemmRunner {
   absl::Status Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y);
 
   // While on (never during graph capture), the first Run of a shape times up to 8 of cuBLASLt's
-  // candidate algorithms, each also with 1x1, 2x1 and 1x2 clusters, on that very call (same
-  // buffers; beta = 1 calls accumulate several times into y) and keeps the fastest for every
-  // later Run of the shape.
+  // candidate algorithms on that very call (same buffers; beta = 1 calls accumulate several
+  // times into y) and keeps the fastest for every later Run of the shape.
   void set_tuning(bool on) { tuning_ = on; }
   int tuned_shapes() const { return tuned_; }
 

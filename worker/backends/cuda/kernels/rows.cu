@@ -24,25 +24,59 @@ __global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidd
   if (threadIdx.x == 0) sumsq[r] = sum;
 }
 
+// One block per row. kVec (hidden % 4 == 0, at most 4 float4 a thread: see RmsNormRows): each
+// thread loads its float4s once and keeps them for the scaled write, where the scalar path reads
+// the row twice.
+template <bool kVec>
 __global__ void RmsNormKernel(const float* x, const int32_t* src, int hidden, const float* w, float eps,
                               __half* out) {
   __shared__ float shared[32];
   const int r = blockIdx.x;
   const float* xr = x + static_cast<int64_t>(src ? src[r] : r) * hidden;
-  float sum = 0;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) sum += xr[i] * xr[i];
-  sum = BlockSum(sum, shared);
-  const float inv = rsqrtf(sum / hidden + eps);
   __half* o = out + static_cast<int64_t>(r) * hidden;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = __float2half((w ? w[i] : 1.0f) * (xr[i] * inv));
+  if constexpr (kVec) {
+    constexpr int kMax = 4;
+    const int n4 = hidden / 4;
+    float4 v[kMax];
+    float sum = 0;
+#pragma unroll
+    for (int j = 0; j < kMax; ++j) {
+      const int i = threadIdx.x + j * blockDim.x;
+      v[j] = i < n4 ? reinterpret_cast<const float4*>(xr)[i] : make_float4(0, 0, 0, 0);
+      sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    const float inv = rsqrtf(BlockSum(sum, shared) / hidden + eps);
+#pragma unroll
+    for (int j = 0; j < kMax; ++j) {
+      const int i = threadIdx.x + j * blockDim.x;
+      if (i >= n4) break;
+      const float4 g = w ? reinterpret_cast<const float4*>(w)[i] : make_float4(1, 1, 1, 1);
+      const __half2 lo = __floats2half2_rn(g.x * (v[j].x * inv), g.y * (v[j].y * inv));
+      const __half2 hi = __floats2half2_rn(g.z * (v[j].z * inv), g.w * (v[j].w * inv));
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo), packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      reinterpret_cast<uint2*>(o)[i] = packed;
+    }
+  } else {
+    float sum = 0;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) sum += xr[i] * xr[i];
+    const float inv = rsqrtf(BlockSum(sum, shared) / hidden + eps);
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = __float2half((w ? w[i] : 1.0f) * (xr[i] * inv));
+  }
 }
 
+__device__ __forceinline__ float Silu(float g) { return g / (1.0f + expf(-g)); }
+
+// Gate and up interleave, so a float4 holds two outputs' inputs: one 16-byte load and one 4-byte
+// store per two outputs (each thread took one output with 4-byte loads: 3.9 us at batch 64).
 __global__ void SwiGluKernel(const float* gate_up, int64_t total, __half* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = gate_up[2 * i], u = gate_up[2 * i + 1];
-    out[i] = __float2half(g / (1.0f + expf(-g)) * u);
+  const int64_t pairs = total / 2;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  for (int64_t p = first; p < pairs; p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(gate_up)[p];
+    reinterpret_cast<__half2*>(out)[p] = __floats2half2_rn(Silu(v.x) * v.y, Silu(v.z) * v.w);
   }
+  if (first == 0 && total % 2) out[total - 1] = __float2half(Silu(gate_up[2 * total - 2]) * gate_up[2 * total - 1]);
 }
 
 __global__ void AddBiasKernel(float* x, int64_t total, int n, const float* bias) {
@@ -99,6 +133,8 @@ __global__ void MoeRouteKernel(const float* logits, int rows, int experts, int t
   for (int e = 0; e < experts; ++e) w[e] = (chosen >> e & 1) ? expf(l[e] - max) / total / kept : 0.0f;
 }
 
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 int GridFor(int64_t total, int threads) {
   return static_cast<int>(std::min<int64_t>((total + threads - 1) / threads, 65535));
 }
@@ -117,9 +153,14 @@ absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidde
                          __half* out, cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
   // Enough threads that each handles a few elements: a short dependency chain per row, since at
-  // decode there are only a few rows (blocks).
-  const int threads = std::clamp((hidden / 4 + 31) / 32 * 32, 32, 1024);
-  RmsNormKernel<<<rows, threads, 0, stream>>>(x, src, hidden, weight, eps, out);
+  // decode there are only a few rows (blocks). Two float4 a thread where the row is whole float4s.
+  if (hidden % 4 == 0 && hidden <= 4 * 4 * 1024 && Aligned16(x) && Aligned16(weight) && Aligned16(out)) {
+    const int threads = std::clamp((hidden / 8 + 31) / 32 * 32, 32, 1024);
+    RmsNormKernel<true><<<rows, threads, 0, stream>>>(x, src, hidden, weight, eps, out);
+  } else {
+    const int threads = std::clamp((hidden / 4 + 31) / 32 * 32, 32, 1024);
+    RmsNormKernel<false><<<rows, threads, 0, stream>>>(x, src, hidden, weight, eps, out);
+  }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -127,7 +168,8 @@ absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidde
 absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream) {
   const int64_t total = static_cast<int64_t>(rows) * ffn;
   if (total == 0) return absl::OkStatus();
-  SwiGluKernel<<<GridFor(total, 256), 256, 0, stream>>>(gate_up, total, out);
+  if (!Aligned16(gate_up) || !Aligned16(out)) return absl::InvalidArgumentError("SwiGlu: buffers 16-byte aligned");
+  SwiGluKernel<<<GridFor(std::max<int64_t>(total / 2, 1), 256), 256, 0, stream>>>(gate_up, total, out);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -23,6 +23,7 @@ absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidde
 
 // out[r, f] = fp16(silu(gate_up[r, 2f]) * gate_up[r, 2f + 1]): gate and up interleaved, as the
 // engine lays out its fused gate/up matrix (so a Gemv warp computes both halves of one output).
+// Both buffers 16-byte aligned (InvalidArgument otherwise).
 absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream);
 
 // x[r, :] += bias.
