@@ -392,6 +392,56 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaKvTest,
                                   "_g" + std::to_string(info.param.group);
                          });
 
+// One decode row over 8300 keys (519 blocks, scrambled): a single-split CTA streams 130 tiles a
+// warp, and 3 splits merge; the other attention tests stay under 48 keys.
+TEST(CudaKernelTest, DecodeAttentionOverALongContext) {
+  REQUIRE_GPU();
+  const unsigned seed = 4242;
+  std::mt19937 rng(seed);
+  const int kv_heads = 2, heads = 8, hd = 64, len = 8300, width = (heads + 2 * kv_heads) * hd;
+  PagedFixture f(1, len, kv_heads, hd, KvDtype::kFp16);
+  std::vector<int32_t> row_seq(len, 0), row_pos(len);
+  for (int p = 0; p < len; ++p) row_pos[p] = p;
+  const auto qkv = Random(size_t(len) * width, rng, 1.0f);
+  const std::vector<float> inv(hd / 2, 0.0f);  // angle 0: the cache holds qkv's k and v as they are
+  Dev<float> dqkv(qkv), dinv(inv);
+  Dev<int32_t> dseq(row_seq), dpos(row_pos), dtable(f.table);
+  Dev<unsigned long long> clamps(1);
+  CUDA_OK(cudaMemset(clamps.p, 0, 8));
+  ASSERT_TRUE(cuda::RopeWriteKv(dqkv.p, nullptr, len, heads, {dseq.p, dpos.p, dtable.p}, f.g, f.view(), dinv.p,
+                                clamps.p, nullptr).ok());
+  const float* q = qkv.data() + size_t(len - 1) * width;
+  std::vector<float> want(size_t(heads) * hd);
+  for (int h = 0; h < heads; ++h) {
+    const int kh = h / (heads / kv_heads);
+    std::vector<double> s(len);
+    for (int p = 0; p < len; ++p) {
+      const float* k = qkv.data() + size_t(p) * width + (heads + kh) * hd;
+      double dot = 0;
+      for (int d = 0; d < hd; ++d) dot += double(q[h * hd + d]) * k[d];
+      s[p] = dot / std::sqrt(double(hd));
+    }
+    const double m = *std::max_element(s.begin(), s.end());
+    double z = 0;
+    for (double& e : s) z += (e = std::exp(e - m));
+    for (int d = 0; d < hd; ++d) {
+      double a = 0;
+      for (int p = 0; p < len; ++p) a += s[p] / z * qkv[size_t(p) * width + (heads + kv_heads + kh) * hd + d];
+      want[size_t(h) * hd + d] = float(a);
+    }
+  }
+  Dev<int32_t> last_seq(std::vector<int32_t>{0}), last_pos(std::vector<int32_t>{len - 1});
+  for (int splits : {1, 3}) {
+    const cuda::AttentionShape shape{.rows = 1, .heads = heads, .q_stride = width, .splits = splits,
+                                     .scale = 1.0f / std::sqrt(float(hd))};
+    Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
+    Dev<__half> out(size_t(heads) * hd);
+    ASSERT_TRUE(cuda::PagedAttention(dqkv.p + size_t(len - 1) * width, shape, {last_seq.p, last_pos.p, dtable.p}, f.g,
+                                     f.view(), ws.p, out.p, nullptr).ok());
+    EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << "splits " << splits << " seed " << seed;
+  }
+}
+
 TEST(CudaKernelTest, KvWriteClampsNonFiniteValuesAndCountsThem) {
   REQUIRE_GPU();
   for (KvDtype dtype : {KvDtype::kFp8E4M3, KvDtype::kFp16}) {
