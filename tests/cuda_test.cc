@@ -392,6 +392,124 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaKvTest,
                                   "_g" + std::to_string(info.param.group);
                          });
 
+// Batch-1 decode with RoPE in the q/k/v Gemv: a warp's columns are i and i + head_dim / 2 of a head,
+// and the q and k heads leave rotated (after the bias); v heads only get the bias.
+TEST(CudaKernelTest, GemvRopeRotatesQAndKHeads) {
+  REQUIRE_GPU();
+  const unsigned seed = 79;
+  std::mt19937 rng(seed);
+  const int heads = 3, kv_heads = 1, k = 520;
+  for (int hd : {64, 128}) {
+    for (int pos : {0, 37, 5000}) {
+      const int n = (heads + 2 * kv_heads) * hd;
+      auto xf = Random(size_t(k), rng), wf = Random(size_t(n) * k, rng, 0.05f);
+      const auto bias = Random(size_t(n), rng);
+      std::vector<__half> wh(wf.size());
+      for (size_t i = 0; i < wf.size(); ++i) wh[i] = __float2half(wf[i]), wf[i] = __half2float(wh[i]);
+      std::vector<float> inv(hd / 2);
+      for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(500000.0f, 2.0f * i / hd);
+      float in_ss = 0.0f;
+      for (float v : xf) in_ss += v * v;
+      Dev<__half> dw(wh);
+      Dev<float> dx(xf), dy{size_t(n)}, dbias(bias), din(std::vector<float>{in_ss}), dinv(inv);
+      Dev<int32_t> dpos(std::vector<int32_t>{pos});
+      ASSERT_TRUE(cuda::Gemv({.x_f32 = dx.p, .k = k, .w = dw.p, .n = n, .y = dy.p, .bias = dbias.p, .in_sumsq = din.p,
+                              .eps = 1e-5f, .rope_head_dim = hd, .rope_cols = (heads + kv_heads) * hd,
+                              .rope_pos = dpos.p, .rope_inv_freq = dinv.p},
+                             nullptr)
+                      .ok());
+      std::vector<float> want(n);
+      const double norm = 1.0 / std::sqrt(in_ss / k + 1e-5f);
+      for (int c = 0; c < n; ++c) {
+        double d = 0;
+        for (int i = 0; i < k; ++i) d += double(xf[i]) * wf[size_t(c) * k + i];
+        want[c] = float(d * norm + bias[c]);
+      }
+      for (int h = 0; h < heads + kv_heads; ++h) CpuRope(want.data() + h * hd, hd, pos, inv);
+      EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "head_dim " << hd << " pos " << pos << " seed " << seed;
+    }
+  }
+}
+
+// Decode with new_kv (the batch-1 path): the rows' own K/V arrive rotated in the q rows while the
+// cache holds poison (NaN bytes and scales) at their slots. The attention must equal attention over
+// the cache RopeWriteKv wrote, and leave the cache holding what RopeWriteKv would have.
+TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
+  REQUIRE_GPU();
+  const KvCase kc = GetParam();
+  const int kv_heads = 2, heads = kc.group * kv_heads, hd = kc.head_dim;
+  const std::vector<int> lens = {1, 17, 40};
+  PagedFixture f(int(lens.size()), 48, kv_heads, hd, kc.dtype);
+  if (!cuda::AttentionTakesNewKv(f.g)) GTEST_SKIP() << "new_kv runs on the tensor-core (FP8) kernel only";
+  const unsigned seed = 199 + kc.head_dim;
+  std::mt19937 rng(seed);
+  std::vector<int32_t> row_seq, row_pos;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    for (int p = 0; p < lens[s]; ++p) row_seq.push_back(int32_t(s)), row_pos.push_back(p);
+  }
+  const int rows = int(row_seq.size()), width = (heads + 2 * kv_heads) * hd, seqs = int(lens.size());
+  const auto qkv = Random(size_t(rows) * width, rng, 2.0f);
+  std::vector<float> inv(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / hd);
+  Dev<float> dqkv(qkv), dinv(inv);
+  Dev<int32_t> dseq(row_seq), dpos(row_pos), dtable(f.table);
+  Dev<unsigned long long> clamps(1);
+  CUDA_OK(cudaMemset(clamps.p, 0, 8));
+  ASSERT_TRUE(cuda::RopeWriteKv(dqkv.p, nullptr, rows, heads, {dseq.p, dpos.p, dtable.p}, f.g, f.view(), dinv.p,
+                                clamps.p, nullptr).ok());
+  const auto rotated = dqkv.Get();
+  // Each sequence's last position as a decode row: q as RopeWriteKv left it, k and v as cached.
+  std::vector<float> last(size_t(seqs) * width);
+  std::vector<int32_t> last_seq(seqs), last_pos(seqs), slots(seqs);
+  Dev<float> head(hd);
+  for (int s = 0, r = -1; s < seqs; ++s) {
+    r += lens[s];
+    last_seq[s] = s, last_pos[s] = lens[s] - 1;
+    std::copy_n(rotated.data() + size_t(r) * width, heads * hd, last.data() + size_t(s) * width);
+    const int block = f.table[size_t(s) * f.g.max_blocks_per_seq + last_pos[s] / 16];
+    slots[s] = block * 16 + last_pos[s] % 16;
+    for (int kh = 0; kh < kv_heads; ++kh) {
+      for (int value = 0; value < 2; ++value) {
+        ASSERT_TRUE(cuda::ReadKvForTest(f.g, f.view(), value, block, last_pos[s] % 16, kh, head.p, nullptr).ok());
+        const auto h = head.Get();
+        std::copy(h.begin(), h.end(), last.data() + size_t(s) * width + (heads + value * kv_heads + kh) * hd);
+      }
+    }
+  }
+  Dev<float> dlast(last);
+  Dev<int32_t> dlast_seq(last_seq), dlast_pos(last_pos);
+  const RowMeta meta{dlast_seq.p, dlast_pos.p, dtable.p};
+  for (int splits : {1, 3, 32}) {
+    cuda::AttentionShape shape{.rows = seqs, .heads = heads, .q_stride = width, .splits = splits,
+                               .scale = 1.0f / std::sqrt(float(hd))};
+    Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
+    Dev<__half> cached(size_t(seqs) * heads * hd), fresh(cached.n);
+    ASSERT_TRUE(cuda::PagedAttention(dlast.p, shape, meta, f.g, f.view(), ws.p, cached.p, nullptr).ok());
+    for (int s = 0; s < seqs; ++s) {  // poison: NaN in both FP8 formats, NaN scales
+      CUDA_OK(cudaMemset(f.k.p + size_t(slots[s]) * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
+      CUDA_OK(cudaMemset(f.v.p + size_t(slots[s]) * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
+      CUDA_OK(cudaMemset(f.ks.p + size_t(slots[s]) * kv_heads, 0xff, size_t(kv_heads) * 4));
+      CUDA_OK(cudaMemset(f.vs.p + size_t(slots[s]) * kv_heads, 0xff, size_t(kv_heads) * 4));
+    }
+    shape.new_kv = true;
+    ASSERT_TRUE(cuda::PagedAttention(dlast.p, shape, meta, f.g, f.view(), ws.p, fresh.p, nullptr, clamps.p).ok());
+    const std::string what = std::string(KvDtypeName(kc.dtype)) + " splits " + std::to_string(splits) + " seed " +
+                             std::to_string(seed);
+    EXPECT_LE(RelL2(ToFloats(fresh.Get()), ToFloats(cached.Get())), 1e-3) << what;
+    for (int s = 0; s < seqs; ++s) {
+      for (int kh = 0; kh < kv_heads; ++kh) {
+        for (int value = 0; value < 2; ++value) {
+          const int block = slots[s] / 16;
+          ASSERT_TRUE(cuda::ReadKvForTest(f.g, f.view(), value, block, slots[s] % 16, kh, head.p, nullptr).ok());
+          const float* want = last.data() + size_t(s) * width + (heads + value * kv_heads + kh) * hd;
+          EXPECT_LE(RelL2(head.Get(), std::vector<float>(want, want + hd)), 1e-6) << what << " seq " << s;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(clamps.Get()[0], 0u);
+}
+
 // One decode row over 8300 keys (519 blocks, scrambled): a single-split CTA streams 130 tiles a
 // warp, and 3 splits merge; the other attention tests stay under 48 keys.
 TEST(CudaKernelTest, DecodeAttentionOverALongContext) {

@@ -279,6 +279,8 @@ absl::Status CheckShape(const AttentionShape& shape, const KvGeometry& g) {
 
 }  // namespace
 
+bool AttentionTakesNewKv(const KvGeometry& g) { return UsesMma(g); }
+
 int AttentionRowTiles(const AttentionShape& s, const KvGeometry& g) {
   const int group = s.heads / g.kv_heads;
   const int tile = s.runs && UsesMma(g) ? 16 / group : 1;
@@ -304,15 +306,19 @@ absl::StatusOr<int> AttentionCtasPerSm(const AttentionShape& shape, const KvGeom
 }
 
 absl::Status PagedAttention(const float* q, const AttentionShape& shape, const RowMeta& meta, const KvGeometry& g,
-                            const KvLayerView& layer, float* workspace, __half* out, cudaStream_t stream) {
+                            const KvLayerView& layer, float* workspace, __half* out, cudaStream_t stream,
+                            unsigned long long* clamps) {
   if (absl::Status s = CheckShape(shape, g); !s.ok()) return s;
+  if (shape.new_kv && (!UsesMma(g) || shape.runs || clamps == nullptr)) {
+    return absl::InvalidArgumentError("PagedAttention: new_kv needs the tensor-core kernel, decode rows and a clamp counter");
+  }
   if (shape.rows == 0) return absl::OkStatus();
   if (UsesMma(g)) {
     const dim3 grid(AttentionRowTiles(shape, g), g.kv_heads, shape.splits);
     WithMmaKernel(shape, g, [&](auto kernel) {
       kernel<<<grid, mma_attention::kWarps * 32, 0, stream>>>(q, shape.rows, shape.heads, shape.q_stride,
                                                               shape.sliding_window, shape.splits, shape.scale, meta,
-                                                              g, layer, workspace, out);
+                                                              g, layer, workspace, out, shape.new_kv, clamps);
     });
   } else {
     const dim3 grid(shape.rows, g.kv_heads, shape.splits);

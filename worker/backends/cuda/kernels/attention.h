@@ -27,7 +27,15 @@ struct AttentionShape {
   // Prefill: rows come in runs of consecutive positions of one sequence, so the tensor-core kernel
   // gives a CTA 16 / G rows that share each K/V tile (correct for any layout, fast for runs).
   bool runs = false;
+  // Decode only (AttentionTakesNewKv): each row's own position is not in the cache yet. Its K and
+  // V, rotated, follow the row's q heads (k heads, then v heads, fp32: the batch-1 q/k/v Gemv with
+  // RoPE leaves them so), and the CTA whose split holds that position encodes them into the cache
+  // as RopeWriteKv would, counting clamps in PagedAttention's `clamps`.
+  bool new_kv = false;
 };
+
+// Whether PagedAttention takes new_kv for this cache (the tensor-core kernel: FP8, head_dim 32/64/128).
+bool AttentionTakesNewKv(const KvGeometry& geometry);
 
 // Row tiles (CTAs per KV head and split) PagedAttention launches for this shape.
 int AttentionRowTiles(const AttentionShape& shape, const KvGeometry& geometry);
@@ -39,7 +47,9 @@ absl::StatusOr<int> AttentionCtasPerSm(const AttentionShape& shape, const KvGeom
 size_t AttentionWorkspaceFloats(const AttentionShape& shape, int head_dim);
 
 // q: fp32 rows (q heads first in each row, as RopeWriteKv leaves them); out: fp16 [rows, heads * head_dim].
+// clamps: the clamp counter, needed with shape.new_kv only.
 absl::Status PagedAttention(const float* q, const AttentionShape& shape, const RowMeta& meta, const KvGeometry& geometry,
-                            const KvLayerView& layer, float* workspace, __half* out, cudaStream_t stream);
+                            const KvLayerView& layer, float* workspace, __half* out, cudaStream_t stream,
+                            unsigned long long* clamps = nullptr);
 
 }  // namespace tailserve::cuda

@@ -20,6 +20,7 @@
 #include <cuda_fp8.h>
 #include <cuda_pipeline_primitives.h>
 
+#include "worker/backends/cuda/kernels/common.cuh"
 #include "worker/backends/cuda/kernels/kv_cache.h"
 #include "worker/backends/cuda/kernels/kv_codec.cuh"
 
@@ -74,10 +75,14 @@ struct Stage {
 // runs of consecutive positions of one sequence (a single run unless a sequence starts inside the
 // tile): a run's tokens share every K/V tile, mma row r = token r / G, head r % G, each row with its
 // own causal (and sliding-window) mask. Any row layout is correct; runs only make it fast.
+// new_kv (decode only): each row's own position is not cached yet; its K and V (rotated, fp32) sit
+// in the row after the q heads, as the batch-1 q/k/v Gemv leaves them, and the CTA whose split
+// holds that position encodes them into the cache (clamps counted) and into its tile.
 template <KvDtype D, int HD, bool kTiled>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
     AttentionMmaKernel(const float* q, int rows, int heads, int q_stride, int sliding_window, int splits, float scale,
-                       RowMeta meta, KvGeometry g, KvLayerView layer, float* partial, __half* out) {
+                       RowMeta meta, KvGeometry g, KvLayerView layer, float* partial, __half* out, bool new_kv,
+                       unsigned long long* clamps) {
   static_assert(HD == 32 || HD == 64 || HD == 128, "head_dim 32, 64 or 128 (the decode Vᵀ loads take HD / 8 bytes)");
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();
@@ -90,6 +95,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
   constexpr int kOTiles = kTiled ? kDimTiles : HD / 16, kSpan = HD / 8;
   constexpr int kHalves = kTiled ? 2 : 1;  // mma row halves in use: rows qg (and qg + 8)
   __shared__ Stage<HD> stages[kWarps][2];
+  __shared__ alignas(16) float fresh_s[2][kTiled ? 4 : HD];  // new_kv: the row's own K, V
 
   const int kv_head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -178,6 +184,16 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
 
     int t0 = begin + warp * kKeys;
     float scale_cur = 0.0f, scale_next = 0.0f;
+    // new_kv: the warp whose tile holds pos0 copies its K and V beside its first tile (same
+    // commit group) and, at that tile, encodes them (see below).
+    const bool writer = !kTiled && new_kv && begin <= pos0 && pos0 < end && warp == (pos0 - begin) / kKeys % kWarps;
+    if (writer) {
+      const float* fresh = q + static_cast<int64_t>(r0) * q_stride + (heads + kv_head) * HD;
+      for (int piece = lane; piece < HD / 2; piece += 32) {  // 16-byte pieces: HD / 4 of K, then of V
+        const int which = piece / (HD / 4), at = piece % (HD / 4) * 4;
+        __pipeline_memcpy_async(&fresh_s[which][at], fresh + which * kvh * HD + at, 16);
+      }
+    }
     if (t0 < end) issue(t0, 0, &scale_cur);  // first, so its DRAM latency overlaps q's loads
 
     // Q fragments (scaled into the exp2 domain); rows past the run are zero. a0/a2: row qg, dims
@@ -211,6 +227,40 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
       }
       __pipeline_wait_prior(1);
       __syncwarp();
+      if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {
+        // The tile's copy of pos0 is stale: encode K and V as RopeWriteKv would (scale = amax /
+        // max, clamps counted) into the cache and over this tile's rows from pos0 on (the rows
+        // past it are masked, but their V and scales must be finite), with their scales.
+        using Codec = KvCodec<D>;
+        const int key = pos0 - t0;
+        const int64_t slot = CacheSlot(blocks, g.block_size, pos0);
+        int clamped = 0;
+        float new_scale[2];  // K, V (the unrolled loop keeps both in registers)
+#pragma unroll
+        for (int which = 0; which < 2; ++which) {
+          constexpr int kPer = HD / 32;
+          float x[kPer], amax = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kPer; ++j) x[j] = fresh_s[which][lane + 32 * j], amax = fmaxf(amax, fabsf(x[j]));
+          amax = WarpMax(amax);
+          const float sc = amax > 0.0f && isfinite(amax) ? amax / Codec::kMax : 1.0f, inv = 1.0f / sc;
+          new_scale[which] = sc;
+          uint8_t* tile = which ? stages[warp][s].v : stages[warp][s].k;
+          uint8_t* cached = static_cast<uint8_t*>(which ? layer.v : layer.k) + (slot * kvh + kv_head) * HD;
+#pragma unroll
+          for (int j = 0; j < kPer; ++j) {
+            float e = x[j] * inv;
+            clamped += ClampFinite(&e, Codec::kMax) && !isfinite(x[j]);
+            const uint8_t byte = Codec::Encode(e).__x;
+            cached[lane + 32 * j] = byte;
+            for (int r = key; r < kKeys; ++r) tile[r * kRow + lane + 32 * j] = byte;
+          }
+          if (lane == 0) (which ? layer.v_scale : layer.k_scale)[slot * kvh + kv_head] = sc;
+        }
+        if ((lane & 15) >= key) scale_cur = lane < 16 ? new_scale[0] : new_scale[1];
+        if (clamped) atomicAdd(clamps, static_cast<unsigned long long>(clamped));
+        __syncwarp();
+      }
       const uint8_t* ks = stages[warp][s].k;
       const uint8_t* vs = stages[warp][s].v;
 

@@ -48,12 +48,17 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
   __shared__ float part_s[kWarps][2];
   __shared__ float sumsq_s[kWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % KS;
-  const int c0 = 2 * (blockIdx.x * (kWarps / KS) + warp / KS);
-  const bool has0 = c0 < a.n, has1 = c0 + 1 < a.n;
+  const int pair = blockIdx.x * (kWarps / KS) + warp / KS;
+  int c0 = 2 * pair, c1 = c0 + 1;
+  if (a.rope_head_dim > 0) {  // columns i and i + head_dim / 2 of one head
+    const int half = a.rope_head_dim / 2;
+    c0 = pair / half * a.rope_head_dim + pair % half, c1 = c0 + half;
+  }
+  const bool has0 = c0 < a.n, has1 = c1 < a.n;
   float acc0 = 0.0f, acc1 = 0.0f;
   if (has0) {
     const uint4* w0 = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(c0) * a.k);
-    const uint4* w1 = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(has1 ? c0 + 1 : c0) * a.k);
+    const uint4* w1 = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(has1 ? c1 : c0) * a.k);
     const int vecs = a.k / 8;
 #pragma unroll 2
     for (int v = slice * 32 + lane; v < vecs; v += 32 * KS) {
@@ -81,13 +86,18 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
       s0 *= inv, s1 *= inv;
     }
     if (a.swiglu_out != nullptr) {
-      a.swiglu_out[c0 / 2] = __float2half(s0 / (1.0f + expf(-s0)) * s1);
+      a.swiglu_out[pair] = __float2half(s0 / (1.0f + expf(-s0)) * s1);
     } else {
-      float* out = a.y + c0;
-      if (a.bias != nullptr) s0 += a.bias[c0], s1 += has1 ? a.bias[c0 + 1] : 0.0f;
-      if (a.beta != 0.0f) s0 += a.beta * out[0], s1 += has1 ? a.beta * out[1] : 0.0f;
-      out[0] = s0;
-      if (has1) out[1] = s1;
+      if (a.bias != nullptr) s0 += a.bias[c0], s1 += has1 ? a.bias[c1] : 0.0f;
+      if (a.beta != 0.0f) s0 += a.beta * a.y[c0], s1 += has1 ? a.beta * a.y[c1] : 0.0f;
+      if (a.rope_head_dim > 0 && c0 < a.rope_cols) {  // the angle in fp32, as transformers computes it
+        float sn, cs;
+        sincosf(static_cast<float>(*a.rope_pos) * a.rope_inv_freq[c0 % a.rope_head_dim], &sn, &cs);
+        const float r0 = s0 * cs - s1 * sn, r1 = s1 * cs + s0 * sn;
+        s0 = r0, s1 = r1;
+      }
+      a.y[c0] = s0;
+      if (has1) a.y[c1] = s1;
       sq = s0 * s0 + (has1 ? s1 * s1 : 0.0f);
     }
   }
@@ -123,6 +133,10 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
   if (a.k % 8 != 0 || (a.x == nullptr) == (a.x_f32 == nullptr) || (a.y == nullptr) == (a.swiglu_out == nullptr) ||
       (a.swiglu_out != nullptr && a.n % 2 != 0)) {
     return absl::InvalidArgumentError("Gemv: k a multiple of 8, one input, one output (SwiGLU: n even)");
+  }
+  if (a.rope_head_dim > 0 && (a.rope_head_dim % 2 != 0 || a.n % a.rope_head_dim != 0 || a.y == nullptr ||
+                              a.rope_pos == nullptr || a.rope_inv_freq == nullptr)) {
+    return absl::InvalidArgumentError("Gemv: RoPE needs y, an even head_dim dividing n, a position and frequencies");
   }
   // The k split: the largest whose grid fits in one wave of resident CTAs (every CTA streams from
   // the start, no tail wave), or where even no split overflows a wave, the finest (a short tail).

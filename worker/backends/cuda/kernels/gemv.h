@@ -14,6 +14,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
@@ -34,13 +36,21 @@ struct GemvArgs {
   const float* in_sumsq = nullptr;   // [1] Σ x²: s = 1 / sqrt(Σ x² / k + eps); absent: s = 1
   float eps = 0.0f;
   float* out_sumsq = nullptr;        // [1] += Σ over the written y of y² (zeroed by the caller)
+  // RoPE (the q/k/v projection; y only): with rope_head_dim > 0 a warp's two columns are i and
+  // i + head_dim / 2 of one head rather than neighbours, and below rope_cols (the q and k heads)
+  // they leave rotated by the angle *rope_pos · rope_inv_freq[i] (rotate-half, after the bias).
+  int rope_head_dim = 0;
+  int rope_cols = 0;
+  const int32_t* rope_pos = nullptr;
+  const float* rope_inv_freq = nullptr;  // [rope_head_dim / 2]
 };
 
 // CTAs of the Gemv the GPU holds at once (registers allow ~6 per SM), which sets its k split;
 // queried once per process. The engine asks at start, so no graph capture is the first to.
 absl::StatusOr<int> GemvWave();
 
-// Requires k % 8 == 0 (16-byte rows), one of x / x_f32, one of y / swiglu_out (with n even).
+// Requires k % 8 == 0 (16-byte rows), one of x / x_f32, one of y / swiglu_out (with n even); RoPE
+// needs y, an even head_dim dividing n, and rope_pos / rope_inv_freq.
 absl::Status Gemv(const GemvArgs& args, cudaStream_t stream);
 
 }  // namespace tailserve::cuda
