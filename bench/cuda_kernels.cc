@@ -45,6 +45,19 @@ absl::StatusOr<DeviceMemory> Filled(size_t bytes, int byte) {
   return m;
 }
 
+// As many copies of a weight matrix as keep timed launches reading DRAM (the engine's layers each
+// have their own weights; one copy would be served from the 50 MB L2 after the first launch).
+absl::StatusOr<std::vector<DeviceMemory>> WeightCopies(size_t w_bytes) {
+  const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / w_bytes + 1));
+  std::vector<DeviceMemory> w;
+  for (int c = 0; c < copies; ++c) {
+    absl::StatusOr<DeviceMemory> m = Filled(w_bytes, 0x3c);
+    if (!m.ok()) return m.status();
+    w.push_back(*std::move(m));
+  }
+  return w;
+}
+
 // Mean microseconds of `launch` over `reps` launches captured into one graph (after one warm replay).
 absl::StatusOr<double> TimeGraph(cudaStream_t s, int reps, const std::function<absl::Status()>& launch) {
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
@@ -98,16 +111,10 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
   if (!gemm.ok()) return gemm.status();
   std::printf("| projection | rows | n × k | kernel | µs | TB/s | of 4.26 TB/s |\n|---|---:|---|---|---:|---:|---:|\n");
   for (const Projection& p : projections) {
-    // As many weight copies as keep the timed launches reading DRAM (the engine's layers each have their own
-    // weights; one copy would be served from the 50 MB L2 after the first launch).
-    const size_t w_bytes = size_t(p.n) * p.k * 2;
-    const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / w_bytes + 1));
-    std::vector<DeviceMemory> w;
-    for (int c = 0; c < copies; ++c) {
-      absl::StatusOr<DeviceMemory> m = Filled(w_bytes, 0x3c);
-      if (!m.ok()) return m.status();
-      w.push_back(*std::move(m));
-    }
+    absl::StatusOr<std::vector<DeviceMemory>> copies_or = WeightCopies(size_t(p.n) * p.k * 2);
+    if (!copies_or.ok()) return copies_or.status();
+    const std::vector<DeviceMemory>& w = *copies_or;
+    const int copies = int(w.size());
     for (int rows : rows_list) {
       const bool gemv = rows == 1;
       int launches = 0;  // picks the weight copy
@@ -255,14 +262,10 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
   std::printf("\n| projection | rows | tuned (GemmRunner) µs | heuristic best of 100 µs | search best µs | of 4.26 TB/s | configs timed | best config |\n"
               "|---|---:|---:|---:|---:|---:|---:|---|\n");
   for (const P& p : projections) {
-    const size_t w_bytes = size_t(p.n) * p.k * 2;
-    const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / w_bytes + 1));
-    std::vector<DeviceMemory> w;
-    for (int c = 0; c < copies; ++c) {
-      absl::StatusOr<DeviceMemory> mem = Filled(w_bytes, 0x3c);
-      if (!mem.ok()) return mem.status();
-      w.push_back(*std::move(mem));
-    }
+    absl::StatusOr<std::vector<DeviceMemory>> copies_or = WeightCopies(size_t(p.n) * p.k * 2);
+    if (!copies_or.ok()) return copies_or.status();
+    const std::vector<DeviceMemory>& w = *copies_or;
+    const int copies = int(w.size());
     for (int rows : rows_list) {
       if (rows == 1) continue;
       const float beta = p.residual ? 1.0f : 0.0f, alpha = 1.0f;

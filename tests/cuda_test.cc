@@ -264,6 +264,19 @@ void CpuRope(float* x, int hd, int pos, const std::vector<float>& inv) {
   }
 }
 
+// Writes every row (sequence row_seq[r], position row_pos[r]) of qkv into f's cache through
+// RopeWriteKv (no bias); returns qkv with its q heads rotated, as attention reads them.
+std::vector<float> CacheRows(PagedFixture& f, const int32_t* dtable, const std::vector<float>& qkv,
+                             const std::vector<int32_t>& row_seq, const std::vector<int32_t>& row_pos, int heads,
+                             const std::vector<float>& inv, unsigned long long* clamps) {
+  Dev<float> dqkv(qkv), dinv(inv);
+  Dev<int32_t> dseq(row_seq), dpos(row_pos);
+  EXPECT_TRUE(cuda::RopeWriteKv(dqkv.p, nullptr, int(row_seq.size()), heads, {dseq.p, dpos.p, dtable}, f.g, f.view(),
+                                dinv.p, clamps, nullptr)
+                  .ok());
+  return dqkv.Get();
+}
+
 struct KvCase {
   int head_dim;
   KvDtype dtype;
@@ -451,13 +464,10 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
   const auto qkv = Random(size_t(rows) * width, rng, 2.0f);
   std::vector<float> inv(hd / 2);
   for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / hd);
-  Dev<float> dqkv(qkv), dinv(inv);
-  Dev<int32_t> dseq(row_seq), dpos(row_pos), dtable(f.table);
+  Dev<int32_t> dtable(f.table);
   Dev<unsigned long long> clamps(1);
   CUDA_OK(cudaMemset(clamps.p, 0, 8));
-  ASSERT_TRUE(cuda::RopeWriteKv(dqkv.p, nullptr, rows, heads, {dseq.p, dpos.p, dtable.p}, f.g, f.view(), dinv.p,
-                                clamps.p, nullptr).ok());
-  const auto rotated = dqkv.Get();
+  const auto rotated = CacheRows(f, dtable.p, qkv, row_seq, row_pos, heads, inv, clamps.p);
   // Each sequence's last position as a decode row: q as RopeWriteKv left it, k and v as cached.
   std::vector<float> last(size_t(seqs) * width);
   std::vector<int32_t> last_seq(seqs), last_pos(seqs), slots(seqs);
@@ -522,12 +532,10 @@ TEST(CudaKernelTest, DecodeAttentionOverALongContext) {
   for (int p = 0; p < len; ++p) row_pos[p] = p;
   const auto qkv = Random(size_t(len) * width, rng, 1.0f);
   const std::vector<float> inv(hd / 2, 0.0f);  // angle 0: the cache holds qkv's k and v as they are
-  Dev<float> dqkv(qkv), dinv(inv);
-  Dev<int32_t> dseq(row_seq), dpos(row_pos), dtable(f.table);
+  Dev<int32_t> dtable(f.table);
   Dev<unsigned long long> clamps(1);
   CUDA_OK(cudaMemset(clamps.p, 0, 8));
-  ASSERT_TRUE(cuda::RopeWriteKv(dqkv.p, nullptr, len, heads, {dseq.p, dpos.p, dtable.p}, f.g, f.view(), dinv.p,
-                                clamps.p, nullptr).ok());
+  Dev<float> dqkv(CacheRows(f, dtable.p, qkv, row_seq, row_pos, heads, inv, clamps.p));  // inv 0: q as it was
   const float* q = qkv.data() + size_t(len - 1) * width;
   std::vector<float> want(size_t(heads) * hd);
   for (int h = 0; h < heads; ++h) {
