@@ -406,6 +406,9 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
   // attention CTA holding the new position writes its K/V to the cache, so there is no RoPE kernel
   // (3.4 us a layer on the 8B shape, for one token).
   shape.new_kv = fused && decode && cuda::AttentionTakesNewKv(kv_);
+  // After RoPE or the q/k/v Gemv on the engine's own stream; not when profiling, where an event
+  // sits between the two and each op is timed alone.
+  shape.overlap_previous = profile_ == nullptr;
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
   if (fused) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.sumsq, 0, (2 * layers_.size() + 1) * sizeof(float), s));
   TRY("embed", cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, fused ? sumsq(0) : nullptr, s));

@@ -315,11 +315,18 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
   if (shape.rows == 0) return absl::OkStatus();
   if (UsesMma(g)) {
     const dim3 grid(AttentionRowTiles(shape, g), g.kv_heads, shape.splits);
+    cudaLaunchAttribute overlap{};
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid, config.blockDim = dim3(mma_attention::kWarps * 32), config.stream = stream;
+    config.attrs = &overlap, config.numAttrs = shape.overlap_previous ? 1 : 0;
+    cudaError_t launched = cudaSuccess;
     WithMmaKernel(shape, g, [&](auto kernel) {
-      kernel<<<grid, mma_attention::kWarps * 32, 0, stream>>>(q, shape.rows, shape.heads, shape.q_stride,
-                                                              shape.sliding_window, shape.splits, shape.scale, meta,
-                                                              g, layer, workspace, out, shape.new_kv, clamps);
+      launched = cudaLaunchKernelEx(&config, kernel, q, shape.rows, shape.heads, shape.q_stride, shape.sliding_window,
+                                    shape.splits, shape.scale, meta, g, layer, workspace, out, shape.new_kv, clamps);
     });
+    TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   } else {
     const dim3 grid(shape.rows, g.kv_heads, shape.splits);
     WithSplitKernel(shape.heads / g.kv_heads, g.dtype,

@@ -32,6 +32,10 @@ struct AttentionShape {
   // RoPE leaves them so), and the CTA whose split holds that position encodes them into the cache
   // as RopeWriteKv would, counting clamps in PagedAttention's `clamps`.
   bool new_kv = false;
+  // Launch the tensor-core kernel with programmatic stream serialization: its prologue and, when
+  // decoding, its first tile of previously cached keys overlap the kernel before it (RoPE or the
+  // batch-1 q/k/v Gemv, which trigger their dependents early). Needs a non-default stream.
+  bool overlap_previous = false;
 };
 
 // Whether PagedAttention takes new_kv for this cache (the tensor-core kernel: FP8, head_dim 32/64/128).

@@ -184,8 +184,14 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
 
     int t0 = begin + warp * kKeys;
     float scale_cur = 0.0f, scale_next = 0.0f;
-    // new_kv: the warp whose tile holds pos0 copies its K and V beside its first tile (same
-    // commit group) and, at that tile, encodes them (see below).
+    // Launched programmatically, this prologue and (decoding) a first tile of keys cached in
+    // earlier steps overlap the previous kernel; q, the new position's K/V and (new_kv) its stash
+    // are that kernel's, so they wait. Prefill tiles hold this step's keys: they wait too.
+    const bool early = !kTiled && t0 < end && t0 + kKeys <= pos0;
+    if (early) issue(t0, 0, &scale_cur);
+    GridDependencyWait();
+    // new_kv: the warp whose tile holds pos0 copies its K and V beside (or after) its first tile
+    // and, at that tile, encodes them (see below).
     const bool writer = !kTiled && new_kv && begin <= pos0 && pos0 < end && warp == (pos0 - begin) / kKeys % kWarps;
     if (writer) {
       const float* fresh = q + static_cast<int64_t>(r0) * q_stride + (heads + kv_head) * HD;
@@ -194,7 +200,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
         __pipeline_memcpy_async(&fresh_s[which][at], fresh + which * kvh * HD + at, 16);
       }
     }
-    if (t0 < end) issue(t0, 0, &scale_cur);  // first, so its DRAM latency overlaps q's loads
+    if (!early && t0 < end) issue(t0, 0, &scale_cur);  // before q, so its DRAM latency overlaps q's loads
 
     // Q fragments (scaled into the exp2 domain); rows past the run are zero. a0/a2: row qg, dims
     // 2qc.. and 2qc + 8..; a1/a3: the same for row qg + 8 (always zero when decoding).

@@ -30,4 +30,19 @@ __device__ __forceinline__ float BlockMax(float v, float* shared32) {
   return BlockReduce<WarpMax>(v, shared32, -INFINITY);
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with programmatic stream
+// serialization may start once every CTA of the previous kernel has called TriggerDependents, and
+// must GridDependencyWait before it reads what that kernel writes. Launched normally, both are
+// no-ops.
+__device__ __forceinline__ void TriggerDependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void GridDependencyWait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 }  // namespace tailserve::cuda

@@ -47,6 +47,7 @@ template <int KS>
 __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
   __shared__ float part_s[kWarps][2];
   __shared__ float sumsq_s[kWarps];
+  TriggerDependents();  // the grid is one wave: a programmatic follower fills SMs as CTAs finish
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % KS;
   const int pair = blockIdx.x * (kWarps / KS) + warp / KS;
   int c0 = 2 * pair, c1 = c0 + 1;

@@ -20,6 +20,7 @@ template <KvDtype D>
 __global__ void RopeWriteKvKernel(float* qkv, const float* bias, int heads, RowMeta meta, KvGeometry g,
                                   KvLayerView layer, const float* inv_freq, unsigned long long* clamps) {
   using Codec = KvCodec<D>;
+  TriggerDependents();  // the attention that follows may start its prologue (see PagedAttention)
   const int row = blockIdx.x, lane = threadIdx.x & 31;
   const int head = blockIdx.y * kHeadsPerBlock + (threadIdx.x >> 5);
   const int hd = g.head_dim, half = hd / 2, kvh = g.kv_heads;
