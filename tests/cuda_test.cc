@@ -2,10 +2,12 @@
 // what HuggingFace transformers computes for the reference checkpoints. Without a CUDA device
 // every test skips, saying so.
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <algorithm>
 #include <random>
 #include <utility>
@@ -451,8 +453,9 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
   REQUIRE_GPU();
   const KvCase kc = GetParam();
   const int kv_heads = 2, heads = kc.group * kv_heads, hd = kc.head_dim;
-  const std::vector<int> lens = {1, 17, 40};
-  PagedFixture f(int(lens.size()), 48, kv_heads, hd, kc.dtype);
+  // 200: the writing warp's first tile loads before the wait and its stash lands in a later group.
+  const std::vector<int> lens = {1, 17, 40, 200};
+  PagedFixture f(int(lens.size()), 200, kv_heads, hd, kc.dtype);
   if (!cuda::AttentionTakesNewKv(f.g)) GTEST_SKIP() << "new_kv runs on the tensor-core (FP8) kernel only";
   const unsigned seed = 199 + kc.head_dim;
   std::mt19937 rng(seed);
@@ -489,9 +492,9 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
   Dev<float> dlast(last);
   Dev<int32_t> dlast_seq(last_seq), dlast_pos(last_pos);
   const RowMeta meta{dlast_seq.p, dlast_pos.p, dtable.p};
-  for (int splits : {1, 3, 32}) {
-    cuda::AttentionShape shape{.rows = seqs, .heads = heads, .q_stride = width, .splits = splits,
-                               .scale = 1.0f / std::sqrt(float(hd))};
+  for (auto [splits, window] : {std::pair{1, 0}, {3, 0}, {32, 0}, {1, 37}, {3, 37}}) {
+    cuda::AttentionShape shape{.rows = seqs, .heads = heads, .q_stride = width, .sliding_window = window,
+                               .splits = splits, .scale = 1.0f / std::sqrt(float(hd))};
     Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
     Dev<__half> cached(size_t(seqs) * heads * hd), fresh(cached.n);
     ASSERT_TRUE(cuda::PagedAttention(dlast.p, shape, meta, f.g, f.view(), ws.p, cached.p, nullptr).ok());
@@ -503,8 +506,8 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
     }
     shape.new_kv = true;
     ASSERT_TRUE(cuda::PagedAttention(dlast.p, shape, meta, f.g, f.view(), ws.p, fresh.p, nullptr, clamps.p).ok());
-    const std::string what = std::string(KvDtypeName(kc.dtype)) + " splits " + std::to_string(splits) + " seed " +
-                             std::to_string(seed);
+    const std::string what = std::string(KvDtypeName(kc.dtype)) + " splits " + std::to_string(splits) + " window " +
+                             std::to_string(window) + " seed " + std::to_string(seed);
     EXPECT_LE(RelL2(ToFloats(fresh.Get()), ToFloats(cached.Get())), 1e-3) << what;
     for (int s = 0; s < seqs; ++s) {
       for (int kh = 0; kh < kv_heads; ++kh) {
@@ -520,51 +523,86 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
   EXPECT_EQ(clamps.Get()[0], 0u);
 }
 
-// One decode row over 8300 keys (519 blocks, scrambled): a single-split CTA streams 130 tiles a
-// warp, and 3 splits merge; the other attention tests stay under 48 keys.
+// What f's cache holds for positions [0, len) of sequence row 0: [len][kv_heads][head_dim] floats
+// (fp16, or E4M3 times its scale), K or V.
+std::vector<float> CachedRows(PagedFixture& f, bool value, int len) {
+  const std::vector<char> bytes = (value ? f.v : f.k).Get();
+  const std::vector<float> scales = (value ? f.vs : f.ks).Get();
+  const int kvh = f.g.kv_heads, hd = f.g.head_dim;
+  std::vector<float> out(size_t(len) * kvh * hd);
+  for (int p = 0; p < len; ++p) {
+    const size_t slot = size_t(f.table[p / 16]) * 16 + p % 16;
+    for (int kh = 0; kh < kvh; ++kh) {
+      for (int d = 0; d < hd; ++d) {
+        const size_t at = (slot * kvh + kh) * hd + d;
+        float x;
+        if (f.g.dtype == KvDtype::kFp16) {
+          __half h;
+          std::memcpy(&h, bytes.data() + 2 * at, 2);
+          x = __half2float(h);
+        } else {
+          __nv_fp8_e4m3 e;
+          e.__x = static_cast<__nv_fp8_storage_t>(bytes[at]);
+          x = float(e) * scales[slot * kvh + kh];
+        }
+        out[(size_t(p) * kvh + kh) * hd + d] = x;
+      }
+    }
+  }
+  return out;
+}
+
+// One decode row over 8300 keys (519 scrambled blocks): on the tensor cores (E4M3) a single-split
+// CTA streams 130 tiles a warp, and the CUDA-core kernel (fp16) as many passes; 3 splits merge.
+// The other attention tests stay under 48 keys.
 TEST(CudaKernelTest, DecodeAttentionOverALongContext) {
   REQUIRE_GPU();
   const unsigned seed = 4242;
-  std::mt19937 rng(seed);
   const int kv_heads = 2, heads = 8, hd = 64, len = 8300, width = (heads + 2 * kv_heads) * hd;
-  PagedFixture f(1, len, kv_heads, hd, KvDtype::kFp16);
-  std::vector<int32_t> row_seq(len, 0), row_pos(len);
-  for (int p = 0; p < len; ++p) row_pos[p] = p;
-  const auto qkv = Random(size_t(len) * width, rng, 1.0f);
-  const std::vector<float> inv(hd / 2, 0.0f);  // angle 0: the cache holds qkv's k and v as they are
-  Dev<int32_t> dtable(f.table);
-  Dev<unsigned long long> clamps(1);
-  CUDA_OK(cudaMemset(clamps.p, 0, 8));
-  Dev<float> dqkv(CacheRows(f, dtable.p, qkv, row_seq, row_pos, heads, inv, clamps.p));  // inv 0: q as it was
-  const float* q = qkv.data() + size_t(len - 1) * width;
-  std::vector<float> want(size_t(heads) * hd);
-  for (int h = 0; h < heads; ++h) {
-    const int kh = h / (heads / kv_heads);
-    std::vector<double> s(len);
-    for (int p = 0; p < len; ++p) {
-      const float* k = qkv.data() + size_t(p) * width + (heads + kh) * hd;
-      double dot = 0;
-      for (int d = 0; d < hd; ++d) dot += double(q[h * hd + d]) * k[d];
-      s[p] = dot / std::sqrt(double(hd));
+  for (KvDtype dtype : {KvDtype::kFp16, KvDtype::kFp8E4M3}) {
+    std::mt19937 rng(seed);
+    PagedFixture f(1, len, kv_heads, hd, dtype);
+    std::vector<int32_t> row_seq(len, 0), row_pos(len);
+    for (int p = 0; p < len; ++p) row_pos[p] = p;
+    const auto qkv = Random(size_t(len) * width, rng, 1.0f);
+    const std::vector<float> inv(hd / 2, 0.0f);  // angle 0: q and the cached k as qkv holds them
+    Dev<int32_t> dtable(f.table);
+    Dev<unsigned long long> clamps(1);
+    CUDA_OK(cudaMemset(clamps.p, 0, 8));
+    Dev<float> dqkv(CacheRows(f, dtable.p, qkv, row_seq, row_pos, heads, inv, clamps.p));
+    const auto keys = CachedRows(f, false, len), values = CachedRows(f, true, len);
+    const float* q = qkv.data() + size_t(len - 1) * width;
+    std::vector<float> want(size_t(heads) * hd);
+    for (int h = 0; h < heads; ++h) {
+      const int kh = h / (heads / kv_heads);
+      std::vector<double> s(len);
+      for (int p = 0; p < len; ++p) {
+        const float* k = keys.data() + (size_t(p) * kv_heads + kh) * hd;
+        double dot = 0;
+        for (int d = 0; d < hd; ++d) dot += double(q[h * hd + d]) * k[d];
+        s[p] = dot / std::sqrt(double(hd));
+      }
+      const double m = *std::max_element(s.begin(), s.end());
+      double z = 0;
+      for (double& e : s) z += (e = std::exp(e - m));
+      for (int d = 0; d < hd; ++d) {
+        double a = 0;
+        for (int p = 0; p < len; ++p) a += s[p] / z * values[(size_t(p) * kv_heads + kh) * hd + d];
+        want[size_t(h) * hd + d] = float(a);
+      }
     }
-    const double m = *std::max_element(s.begin(), s.end());
-    double z = 0;
-    for (double& e : s) z += (e = std::exp(e - m));
-    for (int d = 0; d < hd; ++d) {
-      double a = 0;
-      for (int p = 0; p < len; ++p) a += s[p] / z * qkv[size_t(p) * width + (heads + kv_heads + kh) * hd + d];
-      want[size_t(h) * hd + d] = float(a);
+    Dev<int32_t> last_seq(std::vector<int32_t>{0}), last_pos(std::vector<int32_t>{len - 1});
+    for (int splits : {1, 3}) {
+      const cuda::AttentionShape shape{.rows = 1, .heads = heads, .q_stride = width, .splits = splits,
+                                       .scale = 1.0f / std::sqrt(float(hd))};
+      Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
+      Dev<__half> out(size_t(heads) * hd);
+      ASSERT_TRUE(cuda::PagedAttention(dqkv.p + size_t(len - 1) * width, shape, {last_seq.p, last_pos.p, dtable.p},
+                                       f.g, f.view(), ws.p, out.p, nullptr)
+                      .ok());
+      EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3)
+          << KvDtypeName(dtype) << " splits " << splits << " seed " << seed;
     }
-  }
-  Dev<int32_t> last_seq(std::vector<int32_t>{0}), last_pos(std::vector<int32_t>{len - 1});
-  for (int splits : {1, 3}) {
-    const cuda::AttentionShape shape{.rows = 1, .heads = heads, .q_stride = width, .splits = splits,
-                                     .scale = 1.0f / std::sqrt(float(hd))};
-    Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
-    Dev<__half> out(size_t(heads) * hd);
-    ASSERT_TRUE(cuda::PagedAttention(dqkv.p + size_t(len - 1) * width, shape, {last_seq.p, last_pos.p, dtable.p}, f.g,
-                                     f.view(), ws.p, out.p, nullptr).ok());
-    EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << "splits " << splits << " seed " << seed;
   }
 }
 

@@ -27,14 +27,16 @@ struct AttentionShape {
   // Prefill: rows come in runs of consecutive positions of one sequence, so the tensor-core kernel
   // gives a CTA 16 / G rows that share each K/V tile (correct for any layout, fast for runs).
   bool runs = false;
-  // Decode only (AttentionTakesNewKv): each row's own position is not in the cache yet. Its K and
-  // V, rotated, follow the row's q heads (k heads, then v heads, fp32: the batch-1 q/k/v Gemv with
-  // RoPE leaves them so), and the CTA whose split holds that position encodes them into the cache
-  // as RopeWriteKv would, counting clamps in PagedAttention's `clamps`.
+  // Decode only (AttentionTakesNewKv), rows of distinct sequences: each row's own position is not
+  // in the cache yet. Its K and V, rotated, follow the row's q heads (k heads, then v heads, fp32:
+  // the batch-1 q/k/v Gemv with RoPE leaves them so), and the CTA whose split holds that position
+  // encodes them into the cache as RopeWriteKv would, counting clamps in PagedAttention's `clamps`.
   bool new_kv = false;
   // Launch the tensor-core kernel with programmatic stream serialization: its prologue and, when
   // decoding, its first tile of previously cached keys overlap the kernel before it (RoPE or the
-  // batch-1 q/k/v Gemv, which trigger their dependents early). Needs a non-default stream.
+  // batch-1 q/k/v Gemv, which trigger their dependents early). The previous kernel must not read
+  // `out` or the workspace (a CTA with no keys writes them before it waits). Needs a non-default
+  // stream.
   bool overlap_previous = false;
 };
 

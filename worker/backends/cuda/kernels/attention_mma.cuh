@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
     auto final_at = [&](int r) {
       return out + (static_cast<int64_t>(r0 + r / group) * heads + kv_head * group + r % group) * HD;
     };
-    if (begin >= end) {
+    if (begin >= end) {  // writes before GridDependencyWait: the previous kernel must not read out / partial
       if (splits == 1) {
         for (int i = threadIdx.x; i < mma_rows * HD; i += blockDim.x) final_at(i / HD)[i % HD] = __float2half(0.0f);
         continue;

@@ -47,7 +47,7 @@ template <int KS>
 __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
   __shared__ float part_s[kWarps][2];
   __shared__ float sumsq_s[kWarps];
-  TriggerDependents();  // the grid is one wave: a programmatic follower fills SMs as CTAs finish
+  TriggerDependents();  // a programmatic follower (attention after q/k/v) fills SMs as CTAs finish
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % KS;
   const int pair = blockIdx.x * (kWarps / KS) + warp / KS;
   int c0 = 2 * pair, c1 = c0 + 1;
@@ -135,9 +135,11 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
       (a.swiglu_out != nullptr && a.n % 2 != 0)) {
     return absl::InvalidArgumentError("Gemv: k a multiple of 8, one input, one output (SwiGLU: n even)");
   }
-  if (a.rope_head_dim > 0 && (a.rope_head_dim % 2 != 0 || a.n % a.rope_head_dim != 0 || a.y == nullptr ||
-                              a.rope_pos == nullptr || a.rope_inv_freq == nullptr)) {
-    return absl::InvalidArgumentError("Gemv: RoPE needs y, an even head_dim dividing n, a position and frequencies");
+  if (a.rope_head_dim > 0 &&
+      (a.rope_head_dim % 2 != 0 || a.n % a.rope_head_dim != 0 || a.rope_cols % a.rope_head_dim != 0 ||
+       a.rope_cols > a.n || a.y == nullptr || a.rope_pos == nullptr || a.rope_inv_freq == nullptr)) {
+    return absl::InvalidArgumentError(
+        "Gemv: RoPE needs y, an even head_dim dividing n and rope_cols <= n, a position and frequencies");
   }
   // The k split: the largest whose grid fits in one wave of resident CTAs (every CTA streams from
   // the start, no tail wave), or where even no split overflows a wave, the finest (a short tail).
