@@ -8,7 +8,8 @@
 //   1/rms (from a sum of squares its producer accumulated) scales the output, since W·(x·s) = s·(W·x);
 // - bias, and the residual add (beta = 1);
 // - the sum of squares of what it writes, for the next norm;
-// - SwiGLU, when W's rows interleave gate and up (row 2i gate i, row 2i + 1 up i).
+// - SwiGLU, when W's rows interleave gate and up (row 2i gate i, row 2i + 1 up i);
+// - RoPE of the q and k heads (decode's q/k/v projection; the attention then writes the new K/V).
 // Two or more rows go to cuBLASLt: every extra row re-reads x per W vector from L1, and at 8 rows
 // the 8B step took 15.0 ms here against 4.9 through cuBLASLt (bench/CUDA_NOTES.md).
 #include <cuda_fp16.h>
@@ -50,7 +51,7 @@ struct GemvArgs {
 absl::StatusOr<int> GemvWave();
 
 // Requires k % 8 == 0 (16-byte rows), one of x / x_f32, one of y / swiglu_out (with n even); RoPE
-// needs y, an even head_dim dividing n, and rope_pos / rope_inv_freq.
+// needs y, an even head_dim dividing n and rope_cols (at most n), and rope_pos / rope_inv_freq.
 absl::Status Gemv(const GemvArgs& args, cudaStream_t stream);
 
 }  // namespace tailserve::cuda
