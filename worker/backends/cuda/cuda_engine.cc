@@ -414,13 +414,13 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
   TRY("embed", cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, fused ? sumsq(0) : nullptr, s));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
-    if (shape.new_kv) {
-      TRY("gemm_qkv", cuda::Gemv({.x_f32 = b.x, .k = h, .w = L.w_qkv, .n = qkvw, .y = b.qkv, .bias = L.b_qkv,
-                                  .in_sumsq = sumsq(2 * l), .eps = eps, .rope_head_dim = kv_.head_dim,
-                                  .rope_cols = qd + kvd, .rope_pos = b.pos, .rope_inv_freq = inv_freq_}, s));
-    } else if (fused) {
-      TRY("gemm_qkv", cuda::Gemv({.x_f32 = b.x, .k = h, .w = L.w_qkv, .n = qkvw, .y = b.qkv,
-                                  .in_sumsq = sumsq(2 * l), .eps = eps}, s));
+    if (fused) {
+      cuda::GemvArgs qkv{.x_f32 = b.x, .k = h, .w = L.w_qkv, .n = qkvw, .y = b.qkv, .in_sumsq = sumsq(2 * l), .eps = eps};
+      if (shape.new_kv) {  // the bias and RoPE, which RopeWriteKv applies otherwise
+        qkv.bias = L.b_qkv, qkv.rope_head_dim = kv_.head_dim, qkv.rope_cols = qd + kvd, qkv.rope_pos = b.pos;
+        qkv.rope_inv_freq = inv_freq_;
+      }
+      TRY("gemm_qkv", cuda::Gemv(qkv, s));
     } else {
       TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, nullptr, eps, b.xn, s));  // weight folded into w_qkv
       TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));

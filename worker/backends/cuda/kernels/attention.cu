@@ -11,6 +11,11 @@ namespace tailserve::cuda {
 namespace {
 
 constexpr int kThreads = 128;
+#ifdef TAILSERVE_NO_PROGRAMMATIC_LAUNCH  // see CMakeLists.txt: the kernels' wait may be compiled out
+constexpr bool kProgrammaticLaunch = false;
+#else
+constexpr bool kProgrammaticLaunch = true;
+#endif
 constexpr int kTile = 128;      // keys per softmax pass
 constexpr int kMaxGroup = 8;    // query heads per KV head
 constexpr int kMaxHeadDim = 256;
@@ -320,11 +325,7 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
     overlap.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config{};
     config.gridDim = grid, config.blockDim = dim3(mma_attention::kWarps * 32), config.stream = stream;
-#ifdef TAILSERVE_NO_PROGRAMMATIC_LAUNCH  // see CMakeLists.txt: the kernel's wait may be compiled out
-    config.attrs = &overlap, config.numAttrs = 0;
-#else
-    config.attrs = &overlap, config.numAttrs = shape.overlap_previous ? 1 : 0;
-#endif
+    config.attrs = &overlap, config.numAttrs = kProgrammaticLaunch && shape.overlap_previous ? 1 : 0;
     cudaError_t launched = cudaSuccess;
     WithMmaKernel(shape, g, [&](auto kernel) {
       launched = cudaLaunchKernelEx(&config, kernel, q, shape.rows, shape.heads, shape.q_stride, shape.sliding_window,

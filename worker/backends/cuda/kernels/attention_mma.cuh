@@ -248,16 +248,13 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
           float x[kPer], amax = 0.0f;
 #pragma unroll
           for (int j = 0; j < kPer; ++j) x[j] = fresh_s[which][lane + 32 * j], amax = fmaxf(amax, fabsf(x[j]));
-          amax = WarpMax(amax);
-          const float sc = amax > 0.0f && isfinite(amax) ? amax / Codec::kMax : 1.0f, inv = 1.0f / sc;
+          const float sc = HeadScale<Codec>(WarpMax(amax)), inv = 1.0f / sc;
           new_scale[which] = sc;
           uint8_t* tile = which ? stages[warp][s].v : stages[warp][s].k;
           uint8_t* cached = static_cast<uint8_t*>(which ? layer.v : layer.k) + (slot * kvh + kv_head) * HD;
 #pragma unroll
           for (int j = 0; j < kPer; ++j) {
-            float e = x[j] * inv;
-            clamped += ClampFinite(&e, Codec::kMax) && !isfinite(x[j]);
-            const uint8_t byte = Codec::Encode(e).__x;
+            const uint8_t byte = EncodeCounted<Codec>(x[j], inv, &clamped).__x;
             cached[lane + 32 * j] = byte;
             for (int r = key; r < kKeys; ++r) tile[r * kRow + lane + 32 * j] = byte;
           }

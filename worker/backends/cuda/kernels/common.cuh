@@ -30,6 +30,8 @@ __device__ __forceinline__ float BlockMax(float v, float* shared32) {
   return BlockReduce<WarpMax>(v, shared32, -INFINITY);
 }
 
+__device__ __forceinline__ float Silu(float g) { return g / (1.0f + expf(-g)); }
+
 // Programmatic dependent launch (sm_90): a kernel launched with programmatic stream
 // serialization may start once every CTA of the previous kernel has called TriggerDependents, and
 // must GridDependencyWait before it reads what that kernel writes. Launched normally, both are

@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
       s0 *= inv, s1 *= inv;
     }
     if (a.swiglu_out != nullptr) {
-      a.swiglu_out[pair] = __float2half(s0 / (1.0f + expf(-s0)) * s1);
+      a.swiglu_out[pair] = __float2half(Silu(s0) * s1);
     } else {
       if (a.bias != nullptr) s0 += a.bias[c0], s1 += has1 ? a.bias[c1] : 0.0f;
       if (a.beta != 0.0f) s0 += a.beta * a.y[c0], s1 += has1 ? a.beta * a.y[c1] : 0.0f;

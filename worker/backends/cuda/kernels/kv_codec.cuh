@@ -66,4 +66,22 @@ __device__ __forceinline__ bool ClampFinite(float* v, float max) {
   return false;
 }
 
+// The scale of one token's head whose largest magnitude (over the head) is amax: amax maps to the
+// format's largest value. 1 for unscaled formats, an all-zero head, or a non-finite amax (whose
+// values EncodeCounted then clamps and counts).
+template <typename Codec>
+__device__ __forceinline__ float HeadScale(float amax) {
+  return Codec::kScaled && amax > 0.0f && isfinite(amax) ? amax / Codec::kMax : 1.0f;
+}
+
+// x · inv_scale in the cache format, clamped, never inf/NaN. With a per-head scale a finite value
+// can pass kMax only by rounding: clamped, but counted (*clamped += 1) only when it really did not
+// fit (a non-finite input, or beyond an unscaled format's range).
+template <typename Codec>
+__device__ __forceinline__ typename Codec::Storage EncodeCounted(float x, float inv_scale, int* clamped) {
+  float e = x * inv_scale;
+  *clamped += ClampFinite(&e, Codec::kMax) && !(Codec::kScaled && isfinite(x));
+  return Codec::Encode(e);
+}
+
 }  // namespace tailserve::cuda

@@ -64,9 +64,7 @@ __global__ void RopeWriteKvKernel(float* qkv, const float* bias, int heads, RowM
     float amax = 0.0f;
 #pragma unroll
     for (int j = 0; j < kMaxPairsPerLane; ++j) amax = fmaxf(amax, fmaxf(fabsf(lo[j]), fabsf(hi[j])));
-    amax = WarpMax(amax);
-    // isfinite: an inf/NaN input gets a scale of 1 and is clamped (and counted) below.
-    if (amax > 0.0f && isfinite(amax)) scale = amax / Codec::kMax;
+    scale = HeadScale<Codec>(WarpMax(amax));
     if (lane == 0) (is_v ? layer.v_scale : layer.k_scale)[slot * kvh + kv_head] = scale;
   }
   auto* dst = static_cast<typename Codec::Storage*>(is_v ? layer.v : layer.k) + (slot * kvh + kv_head) * hd;
@@ -75,13 +73,8 @@ __global__ void RopeWriteKvKernel(float* qkv, const float* bias, int heads, RowM
   for (int j = 0; j < kMaxPairsPerLane; ++j) {
     const int i = lane + 32 * j;
     if (i >= half) continue;
-    float a = lo[j] * inv_scale, c = hi[j] * inv_scale;
-    // With a per-head scale a finite value can pass kMax only by rounding: clamp it, but count
-    // only what really did not fit (non-finite input, or beyond fp16's range).
-    clamped += ClampFinite(&a, Codec::kMax) && !(Codec::kScaled && isfinite(lo[j]));
-    clamped += ClampFinite(&c, Codec::kMax) && !(Codec::kScaled && isfinite(hi[j]));
-    dst[i] = Codec::Encode(a);
-    dst[i + half] = Codec::Encode(c);
+    dst[i] = EncodeCounted<Codec>(lo[j], inv_scale, &clamped);
+    dst[i + half] = EncodeCounted<Codec>(hi[j], inv_scale, &clamped);
   }
   if (clamped) atomicAdd(clamps, static_cast<unsigned long long>(clamped));
 }
