@@ -17,6 +17,7 @@
 #include "tests/test_paths.h"
 #include "worker/backends/cpu/cpu_engine.h"
 #include "worker/backends/cuda/cuda_engine.h"
+#include "worker/backends/cuda/cuda_resources.h"
 #include "worker/backends/cuda/device_info.h"
 #include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/kernels/attention.h"
@@ -157,6 +158,43 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
         EXPECT_LE(RelL2(dout.Get(), want_ss), 1e-5) << what;
       }
     }
+  }
+}
+
+// A Gemv launched programmatically starts while its predecessor runs and must still read that
+// predecessor's output: here a 100 MB gate/up Gemv writes the activations (reset to NaN before
+// each round) that the overlapped down Gemv reads, ten times over.
+TEST(CudaKernelTest, OverlappedGemvWaitsForItsPredecessor) {
+  REQUIRE_GPU();
+  const unsigned seed = 79;
+  std::mt19937 rng(seed);
+  const int k = 4096, f = 6144, n = 333;
+  auto xf = Random(size_t(k), rng), w1f = Random(size_t(2 * f) * k, rng, 0.02f), w2f = Random(size_t(n) * f, rng, 0.05f);
+  const auto y0 = Random(size_t(n), rng);
+  auto half = [](const std::vector<float>& v) {
+    std::vector<__half> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = __float2half(v[i]);
+    return h;
+  };
+  Dev<__half> dx(half(xf)), dw1(half(w1f)), dw2(half(w2f)), dact{size_t(f)};
+  Dev<float> dy(y0);
+  absl::StatusOr<CudaStream> stream = MakeStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  for (int round = 0; round < 10; ++round) {
+    dy.Put(y0);
+    ASSERT_EQ(cudaMemsetAsync(dact.p, 0xff, size_t(f) * sizeof(__half), stream->get()), cudaSuccess);  // NaN
+    ASSERT_TRUE(cuda::Gemv({.x = dx.p, .k = k, .w = dw1.p, .n = 2 * f, .swiglu_out = dact.p}, stream->get()).ok());
+    ASSERT_TRUE(cuda::Gemv({.x = dact.p, .k = f, .w = dw2.p, .n = n, .y = dy.p, .beta = 1.0f, .overlap_previous = true},
+                           stream->get()).ok());
+    ASSERT_EQ(cudaStreamSynchronize(stream->get()), cudaSuccess);
+    const std::vector<float> act = ToFloats(dact.Get());
+    std::vector<float> want(n);
+    for (int c = 0; c < n; ++c) {
+      double d = y0[c];
+      for (int i = 0; i < f; ++i) d += double(act[i]) * __half2float(__float2half(w2f[size_t(c) * f + i]));
+      want[c] = float(d);
+    }
+    EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "round " << round << " seed " << seed;
   }
 }
 

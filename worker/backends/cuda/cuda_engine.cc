@@ -406,8 +406,9 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
   // attention CTA holding the new position writes its K/V to the cache, so there is no RoPE kernel
   // (3.4 us a layer on the 8B shape, for one token).
   shape.new_kv = fused && decode && cuda::AttentionTakesNewKv(kv_);
-  // After RoPE or the q/k/v Gemv on the engine's own stream; not when profiling, where an event
-  // sits between the two and each op is timed alone.
+  // The attention after RoPE or the q/k/v Gemv, and at batch 1 every Gemv after its predecessor,
+  // start programmatically on the engine's own stream (common.cuh); not when profiling, where an
+  // event sits between two ops and each is timed alone.
   shape.overlap_previous = profile_ == nullptr;
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
   if (fused) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.sumsq, 0, (2 * layers_.size() + 1) * sizeof(float), s));
@@ -415,7 +416,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     if (fused) {
-      cuda::GemvArgs qkv{.x_f32 = b.x, .k = h, .w = L.w_qkv, .n = qkvw, .y = b.qkv, .in_sumsq = sumsq(2 * l), .eps = eps};
+      cuda::GemvArgs qkv{.x_f32 = b.x, .k = h, .w = L.w_qkv, .n = qkvw, .y = b.qkv, .in_sumsq = sumsq(2 * l), .eps = eps,
+                         .overlap_previous = shape.overlap_previous};
       if (shape.new_kv) {  // the bias and RoPE, which RopeWriteKv applies otherwise
         qkv.bias = L.b_qkv, qkv.rope_head_dim = kv_.head_dim, qkv.rope_cols = qd + kvd, qkv.rope_pos = b.pos;
         qkv.rope_inv_freq = inv_freq_;
@@ -432,11 +434,11 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
     TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
     if (fused) {
       TRY("gemm_o", cuda::Gemv({.x = b.attn, .k = qd, .w = L.w_o, .n = h, .y = b.x, .beta = 1.0f,
-                                .bias = L.b_o, .out_sumsq = sumsq(2 * l + 1)}, s));
-      TRY("gemm_gate_up", cuda::Gemv({.x_f32 = b.x, .k = h, .w = L.w_gate_up, .n = 2 * f,
-                                      .swiglu_out = b.act, .in_sumsq = sumsq(2 * l + 1), .eps = eps}, s));
+                                .bias = L.b_o, .out_sumsq = sumsq(2 * l + 1), .overlap_previous = shape.overlap_previous}, s));
+      TRY("gemm_gate_up", cuda::Gemv({.x_f32 = b.x, .k = h, .w = L.w_gate_up, .n = 2 * f, .swiglu_out = b.act,
+                                      .in_sumsq = sumsq(2 * l + 1), .eps = eps, .overlap_previous = shape.overlap_previous}, s));
       TRY("gemm_down", cuda::Gemv({.x = b.act, .k = f, .w = L.w_down, .n = h, .y = b.x, .beta = 1.0f,
-                                   .out_sumsq = sumsq(2 * l + 2)}, s));
+                                   .out_sumsq = sumsq(2 * l + 2), .overlap_previous = shape.overlap_previous}, s));
       continue;
     }
     TRY("gemm_o", gemm_->Run(b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM

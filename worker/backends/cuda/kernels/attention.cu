@@ -11,11 +11,6 @@ namespace tailserve::cuda {
 namespace {
 
 constexpr int kThreads = 128;
-#ifdef TAILSERVE_NO_PROGRAMMATIC_LAUNCH  // see CMakeLists.txt: the kernels' wait may be compiled out
-constexpr bool kProgrammaticLaunch = false;
-#else
-constexpr bool kProgrammaticLaunch = true;
-#endif
 constexpr int kTile = 128;      // keys per softmax pass
 constexpr int kMaxGroup = 8;    // query heads per KV head
 constexpr int kMaxHeadDim = 256;
@@ -201,6 +196,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
 
 // Merges the splits of one (row, head): out = Σ acc_s e^(m_s − M) / Σ l_s e^(m_s − M).
 __global__ void AttentionCombineKernel(const float* partial, int heads, int splits, int hd, __half* out) {
+  TriggerDependents();  // launched in stream order: the batch-1 o Gemv after it may launch now
   const int row = blockIdx.x, head = blockIdx.y;
   const float* p = partial + (static_cast<int64_t>(row) * heads + head) * splits * (hd + 2);
   float m = -INFINITY;
@@ -320,16 +316,11 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
   if (shape.rows == 0) return absl::OkStatus();
   if (UsesMma(g)) {
     const dim3 grid(AttentionRowTiles(shape, g), g.kv_heads, shape.splits);
-    cudaLaunchAttribute overlap{};
-    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid, config.blockDim = dim3(mma_attention::kWarps * 32), config.stream = stream;
-    config.attrs = &overlap, config.numAttrs = kProgrammaticLaunch && shape.overlap_previous ? 1 : 0;
     cudaError_t launched = cudaSuccess;
     WithMmaKernel(shape, g, [&](auto kernel) {
-      launched = cudaLaunchKernelEx(&config, kernel, q, shape.rows, shape.heads, shape.q_stride, shape.sliding_window,
-                                    shape.splits, shape.scale, meta, g, layer, workspace, out, shape.new_kv, clamps);
+      launched = LaunchMaybeOverlapped(shape.overlap_previous, grid, dim3(mma_attention::kWarps * 32), stream, kernel, q,
+                                       shape.rows, shape.heads, shape.q_stride, shape.sliding_window, shape.splits,
+                                       shape.scale, meta, g, layer, workspace, out, shape.new_kv, clamps);
     });
     TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   } else {

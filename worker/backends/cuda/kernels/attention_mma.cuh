@@ -190,6 +190,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
     const bool early = !kTiled && t0 < end && t0 + kKeys <= pos0;
     if (early) issue(t0, 0, &scale_cur);
     GridDependencyWait();
+    TriggerDependents();  // the batch-1 o Gemv after it may launch (common.cuh)
     // new_kv: the warp whose tile holds pos0 copies its K and V beside (or after) its first tile
     // and, at that tile, encodes them (see below).
     const bool writer = !kTiled && new_kv && begin <= pos0 && pos0 < end && warp == (pos0 - begin) / kKeys % kWarps;

@@ -1,6 +1,7 @@
 #pragma once
 // Device helpers shared by the kernels: warp and block reductions.
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 namespace tailserve::cuda {
 
@@ -35,7 +36,9 @@ __device__ __forceinline__ float Silu(float g) { return g / (1.0f + expf(-g)); }
 // Programmatic dependent launch (sm_90): a kernel launched with programmatic stream
 // serialization may start once every CTA of the previous kernel has called TriggerDependents, and
 // must GridDependencyWait before it reads what that kernel writes. Launched normally, both are
-// no-ops.
+// no-ops. A kernel that waits triggers only after its wait: a follower that starts early then
+// overlaps this kernel alone, never the one before it, so what a follower does before its own
+// wait (prefetching weights, attention's empty-split writes) can only race with its predecessor.
 __device__ __forceinline__ void TriggerDependents() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -45,6 +48,26 @@ __device__ __forceinline__ void GridDependencyWait() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+#ifdef TAILSERVE_NO_PROGRAMMATIC_LAUNCH  // see CMakeLists.txt: the kernels' wait may be compiled out
+inline constexpr bool kProgrammaticLaunch = false;
+#else
+inline constexpr bool kProgrammaticLaunch = true;
+#endif
+
+// kernel<<<grid, block, 0, stream>>>(args...), with programmatic stream serialization when
+// `overlap` (the stream must not be the legacy default one).
+template <typename... Params, typename... Args>
+cudaError_t LaunchMaybeOverlapped(bool overlap, dim3 grid, dim3 block, cudaStream_t stream, void (*kernel)(Params...),
+                                  Args... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid, config.blockDim = block, config.stream = stream;
+  config.attrs = &attr, config.numAttrs = kProgrammaticLaunch && overlap ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
 }  // namespace tailserve::cuda

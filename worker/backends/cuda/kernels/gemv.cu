@@ -47,7 +47,6 @@ template <int KS>
 __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
   __shared__ float part_s[kWarps][2];
   __shared__ float sumsq_s[kWarps];
-  TriggerDependents();  // a programmatic follower (attention after q/k/v) fills SMs as CTAs finish
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % KS;
   const int pair = blockIdx.x * (kWarps / KS) + warp / KS;
   int c0 = 2 * pair, c1 = c0 + 1;
@@ -56,6 +55,11 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
     c0 = pair / half * a.rope_head_dim + pair % half, c1 = c0 + half;
   }
   const bool has0 = c0 < a.n, has1 = c1 < a.n;
+  // Launched programmatically (overlap_previous), the CTAs are resident when the previous kernel
+  // ends: ~0.3 µs a kernel boundary at batch 1 (8B: 4.18 → 4.14 ms). Prefetching W into L2 before
+  // the wait did not help (bench/CUDA_NOTES.md).
+  GridDependencyWait();
+  TriggerDependents();  // a programmatic follower fills SMs as CTAs finish
   float acc0 = 0.0f, acc1 = 0.0f;
   if (has0) {
     const uint4* w0 = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(c0) * a.k);
@@ -152,12 +156,15 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
     if (Blocks(pairs, k) <= *wave || Blocks(pairs, 1) > *wave) ks = k;
   }
   const dim3 block(kWarps * 32);
+  const int blocks = Blocks(pairs, ks);
+  cudaError_t launched;
   switch (ks) {
-    case 1: GemvKernel<1><<<Blocks(pairs, 1), block, 0, stream>>>(a); break;
-    case 2: GemvKernel<2><<<Blocks(pairs, 2), block, 0, stream>>>(a); break;
-    case 4: GemvKernel<4><<<Blocks(pairs, 4), block, 0, stream>>>(a); break;
-    default: GemvKernel<8><<<Blocks(pairs, 8), block, 0, stream>>>(a); break;
+    case 1: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, stream, GemvKernel<1>, a); break;
+    case 2: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, stream, GemvKernel<2>, a); break;
+    case 4: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, stream, GemvKernel<4>, a); break;
+    default: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, stream, GemvKernel<8>, a); break;
   }
+  TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

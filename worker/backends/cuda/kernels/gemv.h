@@ -44,6 +44,9 @@ struct GemvArgs {
   int rope_cols = 0;
   const int32_t* rope_pos = nullptr;
   const float* rope_inv_freq = nullptr;  // [rope_head_dim / 2]
+  // Launched with programmatic stream serialization (on a non-default stream): CTAs start while
+  // the previous kernel finishes and wait for it before reading anything.
+  bool overlap_previous = false;
 };
 
 // CTAs of the Gemv the GPU holds at once (registers allow ~6 per SM), which sets its k split;
