@@ -38,7 +38,7 @@ __device__ __forceinline__ float Silu(float g) { return g / (1.0f + expf(-g)); }
 // must GridDependencyWait before it reads what that kernel writes. Launched normally, both are
 // no-ops. A kernel that waits triggers only after its wait: a follower that starts early then
 // overlaps this kernel alone, never the one before it, so what a follower does before its own
-// wait (prefetching weights, attention's empty-split writes) can only race with its predecessor.
+// wait (the attention's first tile and empty-split writes) can only race with its predecessor.
 __device__ __forceinline__ void TriggerDependents() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
