@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -88,19 +89,33 @@ struct Shape {
   int hidden, ffn, heads, kv_heads, head_dim;
 };
 
-absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list, int reps, cudaStream_t s) {
-  struct Projection {
-    const char* name;
-    int n, k;
-    bool f32_in, residual, swiglu;
-  };
+// A decode layer's projection at the shape: W is n × k; at batch 1 the Gemv reads the fp32 residual
+// (f32_in, normed in its epilogue), adds into y (residual) or applies SwiGLU (swiglu).
+struct Projection {
+  const char* name;
+  int n, k;
+  bool f32_in, residual, swiglu;
+};
+
+std::vector<Projection> Projections(const Shape& m) {
   const int qd = m.heads * m.head_dim, kvd = m.kv_heads * m.head_dim;
-  const std::vector<Projection> projections = {{"qkv", qd + 2 * kvd, m.hidden, true, false, false},
-                                               {"o", m.hidden, qd, false, true, false},
-                                               {"gate_up", 2 * m.ffn, m.hidden, true, false, true},
-                                               {"down", m.hidden, m.ffn, false, true, false}};
+  return {{"qkv", qd + 2 * kvd, m.hidden, true, false, false},
+          {"o", m.hidden, qd, false, true, false},
+          {"gate_up", 2 * m.ffn, m.hidden, true, false, true},
+          {"down", m.hidden, m.ffn, false, true, false}};
+}
+
+// The largest k and n of the projections (sizes of the shared X and Y buffers).
+std::pair<int, int> MaxKN(const std::vector<Projection>& projections) {
+  int max_k = 0, max_n = 0;
+  for (const Projection& p : projections) max_k = std::max(max_k, p.k), max_n = std::max(max_n, p.n);
+  return {max_k, max_n};
+}
+
+absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list, int reps, cudaStream_t s) {
+  const std::vector<Projection> projections = Projections(m);
   const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
-  const int max_k = std::max({m.hidden, qd, m.ffn}), max_n = std::max({qd + 2 * kvd, m.hidden, 2 * m.ffn});
+  const auto [max_k, max_n] = MaxKN(projections);
   auto x16 = Filled(size_t(max_rows) * max_k * 2, 0x2c), x32 = Filled(size_t(max_rows) * max_k * 4, 0x3c);
   auto y = Filled(size_t(max_rows) * max_n * 4, 0), act = Filled(size_t(max_rows) * max_n * 2, 0);
   auto sums = Filled(size_t(max_rows) * 4, 0x3c), work = DeviceAlloc(32 << 20);
@@ -230,18 +245,9 @@ T CapValue(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t a
 // tile × stages × split-K × cluster) is from the pick GemmRunner's tuning makes among the
 // heuristic's 8 first candidates, on the decode projections at `rows` > 1.
 absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int reps, cudaStream_t s) {
-  const int qd = m.heads * m.head_dim, kvd = m.kv_heads * m.head_dim;
-  struct P {
-    const char* name;
-    int n, k;
-    bool residual;
-  };
-  const std::vector<P> projections = {{"qkv", qd + 2 * kvd, m.hidden, false},
-                                      {"o", m.hidden, qd, true},
-                                      {"gate_up", 2 * m.ffn, m.hidden, false},
-                                      {"down", m.hidden, m.ffn, true}};
+  const std::vector<Projection> projections = Projections(m);
   const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
-  const int max_k = std::max({m.hidden, qd, m.ffn}), max_n = std::max({qd + 2 * kvd, m.hidden, 2 * m.ffn});
+  const auto [max_k, max_n] = MaxKN(projections);
   constexpr size_t kWork = 64 << 20;
   auto x16 = Filled(size_t(max_rows) * max_k * 2, 0x2c), y = Filled(size_t(max_rows) * max_n * 4, 0);
   auto work = DeviceAlloc(kWork);
@@ -261,7 +267,7 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
   if (!stop.ok()) return stop.status();
   std::printf("\n| projection | rows | tuned (GemmRunner) µs | heuristic best of 100 µs | search best µs | of 4.26 TB/s | configs timed | best config |\n"
               "|---|---:|---:|---:|---:|---:|---:|---|\n");
-  for (const P& p : projections) {
+  for (const Projection& p : projections) {
     absl::StatusOr<std::vector<DeviceMemory>> copies_or = WeightCopies(size_t(p.n) * p.k * 2);
     if (!copies_or.ok()) return copies_or.status();
     const std::vector<DeviceMemory>& w = *copies_or;
@@ -320,12 +326,8 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
         const double us = quick(heur[i].algo);
         if (us > 0) timed.push_back({heur[i].algo, absl::StrCat("heuristic #", i), us}), heur_best = std::min(heur_best, us);
       }
-      // (2) every algorithm id × tile × stages × split-K {1,2,3,4,6,8,16} × cluster {auto,1,2x1,1x2} that passes AlgoCheck.
-      std::vector<int> ids(256);
-      int n_ids = 0;
-      cublasLtMatmulAlgoGetIds(lt.get(), CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16F, CUDA_R_16F, CUDA_R_32F, CUDA_R_32F,
-                               256, ids.data(), &n_ids);
-      // Only the algorithms the heuristic proposes (others time out the search without winning).
+      // (2) each algorithm id the heuristic proposes (the others time out the search without winning)
+      // × tile × stages × split-K {1,2,3,4,6,8,16} × cluster {auto,1,2x1,1x2} that passes AlgoCheck.
       std::vector<int> heur_ids;
       for (int i = 0; i < found; ++i) {
         int32_t id = 0;
@@ -336,13 +338,11 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
       std::string id_list;
       for (int id : heur_ids) absl::StrAppend(&id_list, id_list.empty() ? "" : ",", id);
       std::fprintf(stderr, "%s rows %d: heuristic algorithm ids %s\n", p.name, rows, id_list.c_str());
-      n_ids = 0;
-      for (int id : heur_ids) ids[n_ids++] = id;
       int checked = 0;
-      for (int id = 0; id < n_ids; ++id) {
+      for (int id : heur_ids) {
         cublasLtMatmulAlgo_t base;
         if (cublasLtMatmulAlgoInit(lt.get(), CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16F, CUDA_R_16F, CUDA_R_32F,
-                                   CUDA_R_32F, ids[id], &base) != CUBLAS_STATUS_SUCCESS) {
+                                   CUDA_R_32F, id, &base) != CUBLAS_STATUS_SUCCESS) {
           continue;
         }
         std::vector<uint32_t> tiles = CapArray<uint32_t>(base, CUBLASLT_ALGO_CAP_TILE_IDS);
@@ -373,7 +373,7 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
                   if (r.workspaceSize > kWork || ++checked > 12000) continue;
                   const double us = quick(algo);
                   if (us > 0) {
-                    timed.push_back({algo, absl::StrCat("id ", ids[id], " tile ", tile, " stages ", stage, " splitk ",
+                    timed.push_back({algo, absl::StrCat("id ", id, " tile ", tile, " stages ", stage, " splitk ",
                                                         split, " scheme ", scheme, " cluster ", cluster),
                                      us});
                   }
