@@ -126,13 +126,6 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
       for (int i = 0; i < k; ++i) in_ss += xf[i] * xf[i];
       Dev<__half> dx(xh), dw(wh), dact(size_t(n) / 2);
       Dev<float> dxf(xf), dy(y0), dbias(bias), din(std::vector<float>{in_ss}), dout(std::vector<float>{0.0f});
-      cuda::GemvArgs a{.k = k, .w = dw.p, .n = n};
-      if (normed) a.x_f32 = dxf.p, a.in_sumsq = din.p, a.eps = eps;
-      else a.x = dx.p;
-      if (swiglu) a.swiglu_out = dact.p;
-      else a.y = dy.p;
-      if (residual) a.beta = 1.0f, a.bias = dbias.p, a.out_sumsq = dout.p;
-      ASSERT_TRUE(cuda::Gemv(a, nullptr).ok());
       std::vector<float> want(y0.size()), want_act(size_t(n) / 2), want_ss{0.0f};
       const double inv = normed ? 1.0 / std::sqrt(in_ss / k + eps) : 1.0;
       for (int c = 0; c < n; ++c) {
@@ -147,15 +140,26 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
         const double g = want[2 * c], u = want[2 * c + 1];
         want_act[c] = float(g / (1 + std::exp(-g)) * u);
       }
-      const std::string what = "n " + std::to_string(n) + " k " + std::to_string(k) + " mode " +
-                               std::to_string(mode) + " seed " + std::to_string(seed);
-      if (swiglu) {
-        EXPECT_LE(RelL2(ToFloats(dact.Get()), want_act), 2e-3) << what;  // fp16 output
-      } else {
-        EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << what;
-      }
-      if (residual) {
-        EXPECT_LE(RelL2(dout.Get(), want_ss), 1e-5) << what;
+      for (bool preload : {false, true}) {  // W's first loads through shared memory, or none
+        dy.Put(y0), dout.Put({0.0f});
+        cuda::GemvArgs a{.k = k, .w = dw.p, .n = n, .preload_w = preload};
+        if (normed) a.x_f32 = dxf.p, a.in_sumsq = din.p, a.eps = eps;
+        else a.x = dx.p;
+        if (swiglu) a.swiglu_out = dact.p;
+        else a.y = dy.p;
+        if (residual) a.beta = 1.0f, a.bias = dbias.p, a.out_sumsq = dout.p;
+        ASSERT_TRUE(cuda::Gemv(a, nullptr).ok());
+        const std::string what = "n " + std::to_string(n) + " k " + std::to_string(k) + " mode " +
+                                 std::to_string(mode) + " preload " + std::to_string(preload) + " seed " +
+                                 std::to_string(seed);
+        if (swiglu) {
+          EXPECT_LE(RelL2(ToFloats(dact.Get()), want_act), 2e-3) << what;  // fp16 output
+        } else {
+          EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << what;
+        }
+        if (residual) {
+          EXPECT_LE(RelL2(dout.Get(), want_ss), 1e-5) << what;
+        }
       }
     }
   }
@@ -163,7 +167,8 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
 
 // A Gemv launched programmatically starts while its predecessor runs and must still read that
 // predecessor's output: here a 100 MB gate/up Gemv writes the activations (reset to NaN before
-// each round) that the overlapped down Gemv reads, ten times over.
+// each round) that the overlapped down Gemv reads, ten times over (odd rounds copy W into shared
+// memory before the wait).
 TEST(CudaKernelTest, OverlappedGemvWaitsForItsPredecessor) {
   REQUIRE_GPU();
   const unsigned seed = 79;
@@ -184,7 +189,8 @@ TEST(CudaKernelTest, OverlappedGemvWaitsForItsPredecessor) {
     dy.Put(y0);
     ASSERT_EQ(cudaMemsetAsync(dact.p, 0xff, size_t(f) * sizeof(__half), stream->get()), cudaSuccess);  // NaN
     ASSERT_TRUE(cuda::Gemv({.x = dx.p, .k = k, .w = dw1.p, .n = 2 * f, .swiglu_out = dact.p}, stream->get()).ok());
-    ASSERT_TRUE(cuda::Gemv({.x = dact.p, .k = f, .w = dw2.p, .n = n, .y = dy.p, .beta = 1.0f, .overlap_previous = true},
+    ASSERT_TRUE(cuda::Gemv({.x = dact.p, .k = f, .w = dw2.p, .n = n, .y = dy.p, .beta = 1.0f, .overlap_previous = true,
+                            .preload_w = round % 2 == 1},
                            stream->get()).ok());
     ASSERT_EQ(cudaStreamSynchronize(stream->get()), cudaSuccess);
     const std::vector<float> act = ToFloats(dact.Get());

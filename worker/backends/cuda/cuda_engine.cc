@@ -433,8 +433,10 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
     }
     TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
     if (fused) {
-      TRY("gemm_o", cuda::Gemv({.x = b.attn, .k = qd, .w = L.w_o, .n = h, .y = b.x, .beta = 1.0f,
-                                .bias = L.b_o, .out_sumsq = sumsq(2 * l + 1), .overlap_previous = shape.overlap_previous}, s));
+      // o's CTAs start while the attention runs (the combine lets them) and copy W meanwhile.
+      TRY("gemm_o", cuda::Gemv({.x = b.attn, .k = qd, .w = L.w_o, .n = h, .y = b.x, .beta = 1.0f, .bias = L.b_o,
+                                .out_sumsq = sumsq(2 * l + 1), .overlap_previous = shape.overlap_previous,
+                                .preload_w = shape.overlap_previous}, s));
       TRY("gemm_gate_up", cuda::Gemv({.x_f32 = b.x, .k = h, .w = L.w_gate_up, .n = 2 * f, .swiglu_out = b.act,
                                       .in_sumsq = sumsq(2 * l + 1), .eps = eps, .overlap_previous = shape.overlap_previous}, s));
       TRY("gemm_down", cuda::Gemv({.x = b.act, .k = f, .w = L.w_down, .n = h, .y = b.x, .beta = 1.0f,

@@ -195,8 +195,12 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
 }
 
 // Merges the splits of one (row, head): out = Σ acc_s e^(m_s − M) / Σ l_s e^(m_s − M).
+// The one kernel that triggers its follower before its own wait: it does nothing before the wait,
+// and its follower (the batch-1 o Gemv) reads only weights before its own, so the o Gemv's CTAs
+// copy W into shared memory while the attention runs (DRAM is idle then at batch 1).
 __global__ void AttentionCombineKernel(const float* partial, int heads, int splits, int hd, __half* out) {
-  TriggerDependents();  // launched in stream order: the batch-1 o Gemv after it may launch now
+  TriggerDependents();
+  GridDependencyWait();
   const int row = blockIdx.x, head = blockIdx.y;
   const float* p = partial + (static_cast<int64_t>(row) * heads + head) * splits * (hd + 2);
   float m = -INFINITY;
@@ -318,7 +322,7 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
     const dim3 grid(AttentionRowTiles(shape, g), g.kv_heads, shape.splits);
     cudaError_t launched = cudaSuccess;
     WithMmaKernel(shape, g, [&](auto kernel) {
-      launched = LaunchMaybeOverlapped(shape.overlap_previous, grid, dim3(mma_attention::kWarps * 32), stream, kernel, q,
+      launched = LaunchMaybeOverlapped(shape.overlap_previous, grid, dim3(mma_attention::kWarps * 32), 0, stream, kernel, q,
                                        shape.rows, shape.heads, shape.q_stride, shape.sliding_window, shape.splits,
                                        shape.scale, meta, g, layer, workspace, out, shape.new_kv, clamps);
     });
@@ -330,8 +334,9 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   if (UsesMma(g) && shape.splits == 1) return absl::OkStatus();  // the kernel wrote `out` itself
-  AttentionCombineKernel<<<dim3(shape.rows, shape.heads), 128, 0, stream>>>(workspace, shape.heads, shape.splits,
-                                                                            g.head_dim, out);
+  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(shape.overlap_previous, dim3(shape.rows, shape.heads), dim3(128), 0,
+                                                       stream, AttentionCombineKernel, static_cast<const float*>(workspace),
+                                                       shape.heads, shape.splits, g.head_dim, out));
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -35,8 +35,9 @@ struct AttentionShape {
   // Launch the tensor-core kernel with programmatic stream serialization: its prologue and, when
   // decoding, its first tile of previously cached keys overlap the kernel before it (RoPE or the
   // batch-1 q/k/v Gemv, which trigger their dependents early). The previous kernel must not read
-  // `out` or the workspace (a CTA with no keys writes them before it waits). Needs a non-default
-  // stream.
+  // `out` or the workspace (a CTA with no keys writes them before it waits). The split combine
+  // (more than one split) follows it the same way and lets its own follower start at once, so the
+  // batch-1 o Gemv loads weights while the attention runs. Needs a non-default stream.
   bool overlap_previous = false;
 };
 

@@ -39,6 +39,7 @@ __device__ __forceinline__ float Silu(float g) { return g / (1.0f + expf(-g)); }
 // no-ops. A kernel that waits triggers only after its wait: a follower that starts early then
 // overlaps this kernel alone, never the one before it, so what a follower does before its own
 // wait (the attention's first tile and empty-split writes) can only race with its predecessor.
+// The split combine is the exception (attention.cu says why).
 __device__ __forceinline__ void TriggerDependents() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -56,16 +57,16 @@ inline constexpr bool kProgrammaticLaunch = false;
 inline constexpr bool kProgrammaticLaunch = true;
 #endif
 
-// kernel<<<grid, block, 0, stream>>>(args...), with programmatic stream serialization when
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when
 // `overlap` (the stream must not be the legacy default one).
 template <typename... Params, typename... Args>
-cudaError_t LaunchMaybeOverlapped(bool overlap, dim3 grid, dim3 block, cudaStream_t stream, void (*kernel)(Params...),
-                                  Args... args) {
+cudaError_t LaunchMaybeOverlapped(bool overlap, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                  void (*kernel)(Params...), Args... args) {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = grid, config.blockDim = block, config.stream = stream;
+  config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream;
   config.attrs = &attr, config.numAttrs = kProgrammaticLaunch && overlap ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, args...);
 }

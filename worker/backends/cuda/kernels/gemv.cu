@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 
+#include <cuda_pipeline_primitives.h>
+
 #include "absl/status/statusor.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/common.cuh"
@@ -40,11 +42,21 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float (&xf)[8]) {
   return s;
 }
 
+// Shared memory a CTA may fill with W before its wait (GemvWave holds: 6 CTAs an SM still fit).
+// Measured with the 8B o Gemv preloading (batch-1 step, one process each): none 4.13 ms, 8 KB
+// 4.11, 16 KB 4.07, 32 KB 4.56. Our reading of the last (not confirmed): the shared-memory
+// carveout the SMs take for 33 KB CTAs stays while the chained Gemvs after o run, and shrinks
+// their L1.
+constexpr int kMaxPreloadBytes = 16 << 10;
+constexpr int kPreloadStepBytes = kWarps * 2 * 32 * 16;  // one step: every lane's two 16-byte W loads
+
 // A block's 8 warps take 8 / KS column pairs; the KS warps of a pair split its k range
 // (interleaved 16-byte vectors) and meet in shared memory. Both columns of a pair share each load
-// of x, and a lane keeps two W loads in flight per step.
+// of x, and a lane keeps two W loads in flight per step. The first `preload` steps of W are copied
+// into shared memory before the wait (each lane reads back only its own copies: no barrier).
 template <int KS>
-__global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
+__global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a, int preload) {
+  extern __shared__ uint4 preload_s[];  // [warp][step][column of the pair][lane]
   __shared__ float part_s[kWarps][2];
   __shared__ float sumsq_s[kWarps];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % KS;
@@ -55,18 +67,34 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a) {
     c0 = pair / half * a.rope_head_dim + pair % half, c1 = c0 + half;
   }
   const bool has0 = c0 < a.n, has1 = c1 < a.n;
+  const uint4* w0 = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(has0 ? c0 : 0) * a.k);
+  const uint4* w1 = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(has1 ? c1 : has0 ? c0 : 0) * a.k);
+  const int vecs = a.k / 8, first = slice * 32 + lane;
+  uint4* mine = preload_s + warp * preload * 64 + lane;  // step j, column i at mine[64 j + 32 i]
+  int preloaded = 0;
+  if (has0) {  // W is never written: safe to read before the wait
+    for (int v = first; preloaded < preload && v < vecs; ++preloaded, v += 32 * KS) {
+      __pipeline_memcpy_async(mine + 64 * preloaded, w0 + v, 16);
+      __pipeline_memcpy_async(mine + 64 * preloaded + 32, w1 + v, 16);
+    }
+    __pipeline_commit();
+  }
   // Launched programmatically (overlap_previous), the CTAs are resident when the previous kernel
   // ends: ~0.3 µs a kernel boundary at batch 1 (8B: 4.18 → 4.14 ms). Prefetching W into L2 before
-  // the wait did not help (bench/CUDA_NOTES.md).
+  // the wait did not help (bench/CUDA_NOTES.md); shared memory cannot be evicted.
   GridDependencyWait();
   TriggerDependents();  // a programmatic follower fills SMs as CTAs finish
   float acc0 = 0.0f, acc1 = 0.0f;
   if (has0) {
-    const uint4* w0 = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(c0) * a.k);
-    const uint4* w1 = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(has1 ? c1 : c0) * a.k);
-    const int vecs = a.k / 8;
+    __pipeline_wait_prior(0);
+    for (int j = 0; j < preloaded; ++j) {
+      float xf[8];
+      LoadX(a, first + j * 32 * KS, xf);
+      acc0 += Dot8(mine[64 * j], xf);
+      acc1 += Dot8(mine[64 * j + 32], xf);
+    }
 #pragma unroll 2
-    for (int v = slice * 32 + lane; v < vecs; v += 32 * KS) {
+    for (int v = first + preloaded * 32 * KS; v < vecs; v += 32 * KS) {
       const uint4 wv0 = w0[v], wv1 = w1[v];
       float xf[8];
       LoadX(a, v, xf);
@@ -157,12 +185,15 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
   }
   const dim3 block(kWarps * 32);
   const int blocks = Blocks(pairs, ks);
+  const int steps = (vecs + 32 * ks - 1) / (32 * ks);  // W loads a lane makes
+  const int preload = a.preload_w ? std::min(steps, kMaxPreloadBytes / kPreloadStepBytes) : 0;
+  const size_t smem = static_cast<size_t>(preload) * kPreloadStepBytes;
   cudaError_t launched;
   switch (ks) {
-    case 1: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, stream, GemvKernel<1>, a); break;
-    case 2: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, stream, GemvKernel<2>, a); break;
-    case 4: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, stream, GemvKernel<4>, a); break;
-    default: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, stream, GemvKernel<8>, a); break;
+    case 1: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, smem, stream, GemvKernel<1>, a, preload); break;
+    case 2: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, smem, stream, GemvKernel<2>, a, preload); break;
+    case 4: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, smem, stream, GemvKernel<4>, a, preload); break;
+    default: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, smem, stream, GemvKernel<8>, a, preload); break;
   }
   TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
