@@ -44,9 +44,8 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float (&xf)[8]) {
 
 // Shared memory a CTA may fill with W before its wait (GemvWave holds: 6 CTAs an SM still fit).
 // Measured with the 8B o Gemv preloading (batch-1 step, one process each): none 4.13 ms, 8 KB
-// 4.11, 16 KB 4.07, 32 KB 4.56. Our reading of the last (not confirmed): the shared-memory
-// carveout the SMs take for 33 KB CTAs stays while the chained Gemvs after o run, and shrinks
-// their L1.
+// 4.11, 16 KB 4.07, 32 KB 4.56. Why 32 KB is slower is open; not L1 (W loaded past L1 did the
+// same: bench/CUDA_NOTES.md).
 constexpr int kMaxPreloadBytes = 16 << 10;
 constexpr int kPreloadStepBytes = kWarps * 2 * 32 * 16;  // one step: every lane's two 16-byte W loads
 
