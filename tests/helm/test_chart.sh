@@ -29,5 +29,25 @@ PY
   yamllint -c "$SRC/.yamllint" "$OUT/$variant.yaml" || status=1
   grep -q "grpcurl -plaintext" "$OUT/$variant.notes" || { echo "FAIL: $variant NOTES.txt has no grpcurl example"; status=1; }
 done
+# The chart's default config is the project's (ladb_config.yaml), but for where the image keeps
+# the predictor and the worker list the chart fills in.
+python3 - "$SRC/helm/tailserve/values.yaml" "$SRC/ladb_config.yaml" <<'PY' || status=1
+import sys, yaml
+chart = yaml.safe_load(open(sys.argv[1]))["config"]
+shipped = yaml.safe_load(open(sys.argv[2]))
+for c in (chart, shipped):
+    c["predictor"].pop("model_path", None)
+    c["router"].pop("workers", None)
+def diff(a, b, at=""):
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            yield from diff(x, y, f"{at}{k}.")
+        elif x != y:
+            yield f"{at}{k}: {x} (chart) != {y} (ladb_config.yaml)"
+wrong = list(diff(chart, shipped))
+if wrong:
+    sys.exit("FAIL: values.yaml config differs from ladb_config.yaml: " + "; ".join(wrong))
+PY
 yamllint -c "$SRC/.yamllint" "$SRC/helm/tailserve/values.yaml" "$SRC/helm/tailserve/Chart.yaml" "$SRC"/tests/helm/*.yaml || status=1
 exit $status
