@@ -62,6 +62,13 @@ std::vector<float> Random(size_t n, std::mt19937& rng, float scale = 1.0f) {
   return v;
 }
 
+// Rounds v to fp16 in place (so a CPU reference uses the values the GPU reads); returns them as fp16.
+std::vector<__half> RoundToHalf(std::vector<float>& v) {
+  std::vector<__half> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = __float2half(v[i]), v[i] = __half2float(h[i]);
+  return h;
+}
+
 double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -117,11 +124,8 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
       const int n = swiglu ? n_odd + 1 : n_odd;
       auto xf = Random(size_t(k), rng), wf = Random(size_t(n) * k, rng, 0.05f), y0 = Random(size_t(n), rng);
       const auto bias = Random(size_t(n), rng);
-      std::vector<__half> xh(xf.size()), wh(wf.size());
-      for (size_t i = 0; i < wf.size(); ++i) wh[i] = __float2half(wf[i]), wf[i] = __half2float(wh[i]);
-      if (!normed) {
-        for (size_t i = 0; i < xf.size(); ++i) xh[i] = __float2half(xf[i]), xf[i] = __half2float(xh[i]);
-      }
+      const std::vector<__half> wh = RoundToHalf(wf);
+      const std::vector<__half> xh = normed ? std::vector<__half>(xf.size()) : RoundToHalf(xf);  // normed: fp32 x
       float in_ss = 0.0f;
       for (int i = 0; i < k; ++i) in_ss += xf[i] * xf[i];
       Dev<__half> dx(xh), dw(wh), dact(size_t(n) / 2);
@@ -176,12 +180,7 @@ TEST(CudaKernelTest, OverlappedGemvWaitsForItsPredecessor) {
   const int k = 4096, f = 6144, n = 333;
   auto xf = Random(size_t(k), rng), w1f = Random(size_t(2 * f) * k, rng, 0.02f), w2f = Random(size_t(n) * f, rng, 0.05f);
   const auto y0 = Random(size_t(n), rng);
-  auto half = [](const std::vector<float>& v) {
-    std::vector<__half> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = __float2half(v[i]);
-    return h;
-  };
-  Dev<__half> dx(half(xf)), dw1(half(w1f)), dw2(half(w2f)), dact{size_t(f)};
+  Dev<__half> dx(RoundToHalf(xf)), dw1(RoundToHalf(w1f)), dw2(RoundToHalf(w2f)), dact{size_t(f)};
   Dev<float> dy(y0);
   absl::StatusOr<CudaStream> stream = MakeStream();
   ASSERT_TRUE(stream.ok()) << stream.status();
@@ -197,7 +196,7 @@ TEST(CudaKernelTest, OverlappedGemvWaitsForItsPredecessor) {
     std::vector<float> want(n);
     for (int c = 0; c < n; ++c) {
       double d = y0[c];
-      for (int i = 0; i < f; ++i) d += double(act[i]) * __half2float(__float2half(w2f[size_t(c) * f + i]));
+      for (int i = 0; i < f; ++i) d += double(act[i]) * w2f[size_t(c) * f + i];
       want[c] = float(d);
     }
     EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "round " << round << " seed " << seed;
@@ -220,10 +219,7 @@ TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
       for (float beta : {0.0f, 1.0f}) {
         const int k = 200, n = 77;
         auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * k, rng, 0.05f), y0 = Random(size_t(rows) * n, rng);
-        std::vector<__half> xh(xf.size()), wh(wf.size());
-        for (size_t i = 0; i < xf.size(); ++i) xh[i] = __float2half(xf[i]), xf[i] = __half2float(xh[i]);
-        for (size_t i = 0; i < wf.size(); ++i) wh[i] = __float2half(wf[i]), wf[i] = __half2float(wh[i]);
-        Dev<__half> dx(xh), dw(wh);
+        Dev<__half> dx(RoundToHalf(xf)), dw(RoundToHalf(wf));
         Dev<float> dy(y0);
         ASSERT_TRUE((*runner)->Run(dx.p, rows, k, dw.p, n, beta, dy.p).ok());
         if (tuning && beta != 0.0f) {  // timed runs accumulated: run again on a fresh y
@@ -463,8 +459,7 @@ TEST(CudaKernelTest, GemvRopeRotatesQAndKHeads) {
       const int n = (heads + 2 * kv_heads) * hd;
       auto xf = Random(size_t(k), rng), wf = Random(size_t(n) * k, rng, 0.05f);
       const auto bias = Random(size_t(n), rng);
-      std::vector<__half> wh(wf.size());
-      for (size_t i = 0; i < wf.size(); ++i) wh[i] = __float2half(wf[i]), wf[i] = __half2float(wh[i]);
+      const std::vector<__half> wh = RoundToHalf(wf);
       std::vector<float> inv(hd / 2);
       for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(500000.0f, 2.0f * i / hd);
       float in_ss = 0.0f;
