@@ -42,19 +42,24 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float (&xf)[8]) {
   return s;
 }
 
-// Shared memory a CTA may fill with W before its wait (GemvWave holds: 6 CTAs an SM still fit).
-// Measured with the 8B o Gemv preloading (batch-1 step, one process each): none 4.13 ms, 8 KB
-// 4.11, 16 KB 4.07, 32 KB 4.56. Why 32 KB is slower is open; not L1 (W loaded past L1 did the
-// same: bench/CUDA_NOTES.md).
-constexpr int kMaxPreloadBytes = 16 << 10;
+// Shared memory a CTA may fill with W before its wait. Measured with the 8B o Gemv preloading
+// (batch-1 step, one process each): none 4.13 ms, 8 KB 4.11, 16 KB 4.07, 32 KB 4.55 with the
+// driver's shared-memory configuration, 4.02 with the one kPreloadCtasPerSm sets.
+constexpr int kMaxPreloadBytes = 32 << 10;
+// Preloading CTAs an SM's shared-memory configuration is sized for. The configuration stays with
+// the SM while the kernels after o start there programmatically, and what it takes from L1 slows
+// them: configured for 6 CTAs of 33 KB (196 KB, the driver's choice) the step took 4.57 ms, at
+// 164 KB 4.06, at 132 KB (4 CTAs) 4.02; at 228 KB for every Gemv, even with no preload, 4.71.
+constexpr int kPreloadCtasPerSm = 4;
 constexpr int kPreloadStepBytes = kWarps * 2 * 32 * 16;  // one step: every lane's two 16-byte W loads
 
 // A block's 8 warps take 8 / KS column pairs; the KS warps of a pair split its k range
 // (interleaved 16-byte vectors) and meet in shared memory. Both columns of a pair share each load
 // of x, and a lane keeps two W loads in flight per step. The first `preload` steps of W are copied
 // into shared memory before the wait (each lane reads back only its own copies: no barrier).
-template <int KS>
+template <int KS, bool kPreload>
 __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a, int preload) {
+  if constexpr (!kPreload) preload = 0;
   extern __shared__ uint4 preload_s[];  // [warp][step][column of the pair][lane]
   __shared__ float part_s[kWarps][2];
   __shared__ float sumsq_s[kWarps];
@@ -152,10 +157,21 @@ int Blocks(int pairs, int ks) { return (pairs + kWarps / ks - 1) / (kWarps / ks)
 absl::StatusOr<int> GemvWave() {
   static std::atomic<int> cached{0};
   if (const int wave = cached.load(std::memory_order_relaxed); wave > 0) return wave;
-  int device = 0, sms = 0, per_sm = 0;
+  int device = 0, sms = 0, per_sm = 0, smem_per_sm = 0;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvKernel<2>, kWarps * 32, 0));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  // A preference just under kPreloadCtasPerSm CTAs' shared memory, which the driver rounds up to
+  // a configuration the SM has (57% of 228 KB: 132 KB on the H100/H200).
+  const int carveout =
+      std::clamp(100 * kPreloadCtasPerSm * (kMaxPreloadBytes + 512) / std::max(smem_per_sm, 1), 0, 100);
+  for (auto kernel : {GemvKernel<1, true>, GemvKernel<2, true>, GemvKernel<4, true>, GemvKernel<8, true>}) {
+    TAILSERVE_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
+  }
+  TAILSERVE_CUDA_RETURN_IF_ERROR(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvKernel<2, false>, kWarps * 32, 0));
   const int wave = std::max(1, sms * per_sm);
   cached.store(wave, std::memory_order_relaxed);
   return wave;
@@ -187,12 +203,17 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
   const int steps = (vecs + 32 * ks - 1) / (32 * ks);  // W loads a lane makes
   const int preload = a.preload_w ? std::min(steps, kMaxPreloadBytes / kPreloadStepBytes) : 0;
   const size_t smem = static_cast<size_t>(preload) * kPreloadStepBytes;
+  using Kernel = void (*)(GemvArgs, int);
+  auto launch = [&](Kernel preloading, Kernel plain) {
+    return LaunchMaybeOverlapped(a.overlap_previous, blocks, block, smem, stream, preload > 0 ? preloading : plain, a,
+                                 preload);
+  };
   cudaError_t launched;
   switch (ks) {
-    case 1: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, smem, stream, GemvKernel<1>, a, preload); break;
-    case 2: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, smem, stream, GemvKernel<2>, a, preload); break;
-    case 4: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, smem, stream, GemvKernel<4>, a, preload); break;
-    default: launched = LaunchMaybeOverlapped(a.overlap_previous, blocks, block, smem, stream, GemvKernel<8>, a, preload); break;
+    case 1: launched = launch(GemvKernel<1, true>, GemvKernel<1, false>); break;
+    case 2: launched = launch(GemvKernel<2, true>, GemvKernel<2, false>); break;
+    case 4: launched = launch(GemvKernel<4, true>, GemvKernel<4, false>); break;
+    default: launched = launch(GemvKernel<8, true>, GemvKernel<8, false>); break;
   }
   TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();

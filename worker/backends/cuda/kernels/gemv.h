@@ -47,13 +47,14 @@ struct GemvArgs {
   // Launched with programmatic stream serialization (on a non-default stream): CTAs start while
   // the previous kernel finishes and wait for it before reading anything.
   bool overlap_previous = false;
-  // Copy each lane's first W loads (up to 16 KB a CTA) into shared memory before that wait: worth
+  // Copy each lane's first W loads (up to 32 KB a CTA) into shared memory before that wait: worth
   // it where the previous kernel leaves DRAM idle (the attention before the batch-1 o Gemv).
   bool preload_w = false;
 };
 
 // CTAs of the Gemv the GPU holds at once (registers allow ~6 per SM), which sets its k split;
-// queried once per process. The engine asks at start, so no graph capture is the first to.
+// queried once per process, when the preloading kernels' shared-memory carveout is also set. The
+// engine asks at start, so no graph capture is the first to.
 absl::StatusOr<int> GemvWave();
 
 // Requires k % 8 == 0 (16-byte rows), one of x / x_f32, one of y / swiglu_out (with n even); RoPE
