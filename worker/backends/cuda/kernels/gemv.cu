@@ -46,10 +46,10 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float (&xf)[8]) {
 // (batch-1 step, one process each): none 4.13 ms, 8 KB 4.11, 16 KB 4.07, 32 KB 4.55 with the
 // driver's shared-memory configuration, 4.02 with the one kPreloadCtasPerSm sets.
 constexpr int kMaxPreloadBytes = 32 << 10;
-// Preloading CTAs an SM's shared-memory configuration is sized for. The configuration stays with
-// the SM while the kernels after o start there programmatically, and what it takes from L1 slows
-// them: configured for 6 CTAs of 33 KB (196 KB, the driver's choice) the step took 4.57 ms, at
-// 164 KB 4.06, at 132 KB (4 CTAs) 4.02; at 228 KB for every Gemv, even with no preload, 4.71.
+// Preloading CTAs an SM's shared-memory configuration is sized for. A large configuration slows
+// the kernels chained after o on the SM (less L1, or SMs draining to change it back: not told
+// apart): configured for 6 CTAs of 33 KB (196 KB, the driver's choice) the step took 4.57 ms, at
+// 164 KB 4.06, at 132 KB (4 CTAs) 4.02; 228 KB for every Gemv, even with no preload, 4.71.
 constexpr int kPreloadCtasPerSm = 4;
 constexpr int kPreloadStepBytes = kWarps * 2 * 32 * 16;  // one step: every lane's two 16-byte W loads
 
