@@ -49,7 +49,7 @@ constexpr int kMaxPreloadBytes = 32 << 10;
 // Preloading CTAs an SM's shared-memory configuration is sized for. A large configuration slows
 // the kernels chained after o on the SM (less L1, or SMs draining to change it back: not told
 // apart): configured for 6 CTAs of 33 KB (196 KB, the driver's choice) the step took 4.57 ms, at
-// 164 KB 4.06, at 132 KB (4 CTAs) 4.02; 228 KB for every Gemv, even with no preload, 4.71.
+// 164 KB 4.06, at 132 KB 4.02; 228 KB for every Gemv, even with no preload, 4.71.
 constexpr int kPreloadCtasPerSm = 4;
 constexpr int kPreloadStepBytes = kWarps * 2 * 32 * 16;  // one step: every lane's two 16-byte W loads
 
