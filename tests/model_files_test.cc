@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <set>
 
 #include "common/model/checkpoint.h"
@@ -310,6 +311,13 @@ TEST(SamplingTest, GreedyTopKTopPAndSeeds) {
     seen.insert(SampleToken(logits, p, 7, &scratch));
   }
   EXPECT_EQ(seen, (std::set<int32_t>{1}));
+  // A temperature so small that logit / temperature overflows still picks the best token, and a
+  // NaN temperature (a raw request the router never sends) means greedy.
+  for (float temperature : {1e-40f, 1e-30f, std::numeric_limits<float>::quiet_NaN()}) {
+    for (uint64_t seed = 0; seed < 20; ++seed) {
+      EXPECT_EQ(SampleToken(logits, {.temperature = temperature, .seed = seed}, 7, &scratch), 1) << temperature;
+    }
+  }
   // Frequencies follow the softmax at temperature 1 (ids 1 and 2: e^0.1 : 1), within sampling noise.
   Sampling t{.temperature = 1, .top_k = 2};
   int ones = 0;

@@ -20,12 +20,12 @@ int32_t Argmax(std::span<const float> logits) {
 
 int32_t SampleToken(std::span<const float> logits, const Sampling& s, int64_t position,
                     std::vector<std::pair<float, int32_t>>* scratch) {
-  if (s.temperature <= 0 || s.top_k == 1) return Argmax(logits);
+  if (!(s.temperature > 0) || s.top_k == 1) return Argmax(logits);  // NaN: greedy, like the GPU sampler
   auto& cand = *scratch;
   cand.clear();
   cand.reserve(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
-    if (std::isfinite(logits[i])) cand.emplace_back(logits[i] / s.temperature, static_cast<int32_t>(i));
+    if (std::isfinite(logits[i])) cand.emplace_back(logits[i], static_cast<int32_t>(i));
   }
   if (cand.empty()) return Argmax(logits);
   auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
@@ -37,11 +37,13 @@ int32_t SampleToken(std::span<const float> logits, const Sampling& s, int64_t po
   } else {
     std::sort(cand.begin(), cand.end(), by_logit);
   }
-  // Softmax over the survivors (sorted, largest first).
-  const float max = cand.front().first;
+  // Softmax at the temperature over the survivors (sorted, largest first). The max comes off
+  // before the division: a tiny temperature then gives the best token weight 1 and the rest 0,
+  // where logit / temperature would overflow to inf and inf - inf to NaN.
+  const double max = cand.front().first;
   double total = 0;
   for (auto& c : cand) {
-    c.first = std::exp(c.first - max);
+    c.first = static_cast<float>(std::exp((c.first - max) / s.temperature));
     total += c.first;
   }
   if (s.top_p < 1) {
