@@ -228,6 +228,7 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     sim.Double("step_per_kv_token_ns", &w.sim.step_per_kv_token_ns, 0, 1e9);
     sim.Double("step_per_prefill_token_ms", &w.sim.step_per_prefill_token_ms, 0, 60'000);
     sim.Int("vocab_size", &w.sim.vocab_size, 2, 10'000'000);
+    sim.Int("fail_after_steps", &w.sim.fail_after_steps, 0, 2'000'000'000);
   }
 }
 

@@ -71,6 +71,9 @@ struct SimBackendConfig {
   double step_per_kv_token_ns = 20.8;    // c
   double step_per_prefill_token_ms = 0.032;  // p
   int vocab_size = 256;
+  // Fault injection, for failover tests: every step after this many fails as a device fault
+  // would (0: never).
+  int fail_after_steps = 0;
 };
 
 struct WorkerConfig {

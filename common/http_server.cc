@@ -7,19 +7,26 @@
 
 namespace tailserve {
 
-ObservabilityServer::ObservabilityServer(const Registry& registry, std::function<absl::Status()> ready)
-    : registry_(registry), ready_(std::move(ready)), server_(std::make_unique<httplib::Server>()) {
+namespace {
+
+void Answer(const std::function<absl::Status()>& probe, const char* ok, const char* not_ok, httplib::Response& res) {
+  const absl::Status s = probe ? probe() : absl::OkStatus();
+  res.status = s.ok() ? 200 : 503;
+  res.set_content(s.ok() ? absl::StrCat(ok, "\n") : absl::StrCat(not_ok, ": ", s.message(), "\n"), "text/plain");
+}
+
+}  // namespace
+
+ObservabilityServer::ObservabilityServer(const Registry& registry, Probes probes)
+    : registry_(registry), probes_(std::move(probes)), server_(std::make_unique<httplib::Server>()) {
   server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(registry_.Serialize(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  server_->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("ok\n", "text/plain");
+  server_->Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
+    Answer(probes_.live, "ok", "not live", res);
   });
   server_->Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
-    const absl::Status s = ready_();
-    res.status = s.ok() ? 200 : 503;
-    res.set_content(s.ok() ? std::string("ready\n") : absl::StrCat("not ready: ", s.message(), "\n"),
-                    "text/plain");
+    Answer(probes_.ready, "ready", "not ready", res);
   });
 }
 

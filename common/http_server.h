@@ -15,10 +15,17 @@ namespace tailserve {
 
 class Registry;
 
+// What the probes answer: OK, or the reason (served as 503). `ready` (/readyz): the process should
+// receive traffic. `live` (/healthz): the process can still serve at all; when it says no, an
+// orchestrator restarts it. Empty: always OK.
+struct Probes {
+  std::function<absl::Status()> ready;
+  std::function<absl::Status()> live;
+};
+
 class ObservabilityServer {
  public:
-  // `ready` returns OK when the process should receive traffic, else the reason (served as 503).
-  ObservabilityServer(const Registry& registry, std::function<absl::Status()> ready);
+  ObservabilityServer(const Registry& registry, Probes probes);
   ~ObservabilityServer();
 
   // Binds host:port (0 picks a free port) and serves on a background thread. Returns the port.
@@ -27,7 +34,7 @@ class ObservabilityServer {
 
  private:
   const Registry& registry_;
-  std::function<absl::Status()> ready_;
+  Probes probes_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
 };

@@ -84,7 +84,7 @@ int WaitForTermination() {
 
 absl::StatusOr<Servers> StartServers(const std::string& host, int grpc_port, int http_port,
                                      const std::vector<grpc::Service*>& services, const Registry& registry,
-                                     std::function<absl::Status()> ready, const std::string& ports_file) {
+                                     Probes probes, const std::string& ports_file) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -96,7 +96,7 @@ absl::StatusOr<Servers> StartServers(const std::string& host, int grpc_port, int
     return absl::UnavailableError(absl::StrCat("cannot listen for gRPC on ", host, ":", grpc_port));
   }
   out.SetServing(false);
-  out.http = std::make_unique<ObservabilityServer>(registry, std::move(ready));
+  out.http = std::make_unique<ObservabilityServer>(registry, std::move(probes));
   absl::StatusOr<int> bound = out.http->Start(host, http_port);
   if (!bound.ok()) return bound.status();
   out.http_port = *bound;

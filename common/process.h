@@ -55,6 +55,6 @@ struct Servers {
 // Port 0 picks a free port; the bound ports are written to `ports_file` when it is not empty.
 absl::StatusOr<Servers> StartServers(const std::string& host, int grpc_port, int http_port,
                                      const std::vector<grpc::Service*>& services, const Registry& registry,
-                                     std::function<absl::Status()> ready, const std::string& ports_file);
+                                     Probes probes, const std::string& ports_file);
 
 }  // namespace tailserve

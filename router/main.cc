@@ -71,7 +71,10 @@ int Main(int argc, char** argv) {
   GenerationService service(core, config->router, *tokenizer, metrics);
   absl::StatusOr<Servers> servers = StartServers(
       config->router.listen_host, config->router.grpc_port, config->router.http_port, {&service}, registry,
-      [&]() -> absl::Status { return core.ready() ? absl::OkStatus() : absl::UnavailableError("no healthy worker"); },
+      {.ready = [&]() -> absl::Status {
+         return core.ready() ? absl::OkStatus() : absl::UnavailableError("no healthy worker");
+       },
+       .live = {}},  // alive while it answers: the router holds no device
       common.ports_file);
   if (!servers.ok()) {
     spdlog::critical("{}", std::string(servers.status().message()));

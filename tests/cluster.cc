@@ -15,6 +15,7 @@ Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {
   char tmpl[] = "/tmp/tailserve-test-XXXXXX";
   dir_ = ::mkdtemp(tmpl);
   workers_.resize(options_.workers);
+  worker_extra_args_.resize(options_.workers);
   worker_grpc_.resize(options_.workers);
   worker_http_.resize(options_.workers);
 }
@@ -34,6 +35,7 @@ absl::Status Cluster::StartWorker(size_t i) {
   std::vector<std::string> argv = {std::string(TAILSERVE_BIN_DIR) + "/tailserve-worker", "--grpc-port", "0",
                                    "--http-port", "0", "--listen-host", "127.0.0.1", "--ports-file", ports};
   argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
+  argv.insert(argv.end(), worker_extra_args_[i].begin(), worker_extra_args_[i].end());
   workers_[i] = std::make_unique<Subprocess>();
   if (absl::Status s = workers_[i]->Start(argv, absl::StrCat(dir_, "/worker", i, ".log")); !s.ok()) return s;
   absl::StatusOr<int> g = WaitForPort(ports, "grpc_port", std::chrono::seconds(15));

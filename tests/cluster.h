@@ -23,6 +23,8 @@ class Cluster {
   // Starts workers, then the router, and waits until every worker is in rotation.
   absl::Status Start();
   absl::Status StartWorker(size_t i);
+  // More flags for worker i alone, after ClusterOptions::worker_args (call before Start).
+  void AddWorkerArgs(size_t i, std::vector<std::string> args) { worker_extra_args_[i] = std::move(args); }
   // Waits until the router's tailserve_router_workers_healthy gauge equals n.
   absl::Status WaitHealthyWorkers(int n, int timeout_ms = 15000);
 
@@ -38,6 +40,7 @@ class Cluster {
   ClusterOptions options_;
   std::string dir_;
   std::vector<std::unique_ptr<Subprocess>> workers_;
+  std::vector<std::vector<std::string>> worker_extra_args_;
   std::unique_ptr<Subprocess> router_;
   std::vector<int> worker_grpc_, worker_http_;
   int router_grpc_ = 0, router_http_ = 0;

@@ -181,6 +181,46 @@ TEST(ClusterTest, KillingAWorkerMidRunLosesNoRequest) {
   EXPECT_EQ(MetricValue(metrics, "tailserve_router_workers_healthy"), 1);
 }
 
+// A worker whose engine fails (a device fault) hands its sequences back and leaves rotation: the
+// router continues them on the other worker, so no client sees the fault; the failed worker says
+// not ready and not live (Kubernetes restarts it) and gRPC health NOT_SERVING.
+TEST(ClusterTest, FailedEngineHandsItsSequencesToAnotherWorker) {
+  Cluster cluster({2, kFastSim, {}});
+  // The warm-up takes 4 steps; the 41st step fails, with streams under way on this worker.
+  cluster.AddWorkerArgs(0, {"--set", "worker.sim.fail_after_steps=40"});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = GenerationStub(cluster.router_target());
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int i = 0; i < 40; ++i) streams.push_back(std::make_unique<Stream>(stub.get(), Request(80, 700 + i)));
+  for (int i = 0; i < 40; ++i) {
+    const grpc::Status s = streams[i]->Wait();
+    ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
+    EXPECT_EQ(streams[i]->tokens(), ExpectedSimTokens(700 + i, 80)) << i;  // nothing lost or repeated
+  }
+  ASSERT_TRUE(cluster.WaitHealthyWorkers(1).ok());
+  std::string body;
+  EXPECT_EQ(HttpGet(cluster.worker_http(0), "/readyz", &body), 503);
+  EXPECT_EQ(body, "not ready: sim: injected device fault (worker.sim.fail_after_steps)\n");
+  EXPECT_EQ(HttpGet(cluster.worker_http(0), "/healthz", &body), 503);
+  EXPECT_EQ(body, "not live: sim: injected device fault (worker.sim.fail_after_steps)\n");
+  EXPECT_EQ(HttpGet(cluster.worker_http(1), "/healthz"), 200);
+  HttpGet(cluster.worker_http(0), "/metrics", &body);
+  EXPECT_EQ(MetricValue(body, "tailserve_worker_ready"), 0);
+  EXPECT_GT(MetricValue(body, "tailserve_worker_sequences_total{reason=\"error\"}"), 0);
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(cluster.worker_target(0), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_TRUE(health->Check(&ctx, {}, &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  HttpGet(cluster.router_http(), "/metrics", &body);
+  EXPECT_GT(MetricValue(body, "tailserve_router_redispatches_total{reason=\"worker_failure\"}"), 0);
+  // New traffic runs on the healthy worker.
+  Stream after(stub.get(), Request(20, 9));
+  ASSERT_TRUE(after.Wait().ok());
+  EXPECT_EQ(after.tokens(), ExpectedSimTokens(9, 20));
+}
+
 TEST(ClusterTest, StoppedWorkerLeavesRotationAndComesBack) {
   Cluster cluster({2, kFastSim, {"--set", "router.health_check_timeout_ms=200"}});
   ASSERT_TRUE(cluster.Start().ok());

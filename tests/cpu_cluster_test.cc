@@ -99,7 +99,9 @@ TEST_F(CpuClusterTest, TextPromptStreamsDecodedTextAndSeedsRepeat) {
   for (int32_t t : tokens) want += (*tokenizer)->IsSpecial(t) ? "" : reference.Add(t);
   want += reference.Flush();
   EXPECT_EQ(text, want);
-  if (ValidUtf8(want_bytes)) EXPECT_EQ(text, want_bytes);
+  if (ValidUtf8(want_bytes)) {
+    EXPECT_EQ(text, want_bytes);
+  }
 
   const auto again = run(42);
   EXPECT_EQ(again.first, tokens) << "same seed, different tokens";

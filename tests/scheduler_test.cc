@@ -230,9 +230,14 @@ class ModelLikeEngine final : public Engine {
   int32_t vocab_size() const override { return sim_.vocab_size(); }
   int32_t max_context() const override { return context_; }
   std::vector<int32_t> eos_token_ids() const override { return eos_; }
-  absl::Status Step(std::span<const StepSequence> b, std::vector<int32_t>* next) override { return sim_.Step(b, next); }
-  // A KV cache of `capacity` tokens (0: unlimited).
+  absl::Status Step(std::span<const StepSequence> b, std::vector<int32_t>* next) override {
+    if (fail_from_step >= 0 && steps_++ >= fail_from_step) return absl::InternalError("device fault: illegal address");
+    return sim_.Step(b, next);
+  }
+  // A KV cache of `capacity` tokens (0: unlimited), like the CUDA engine's: a sequence longer than
+  // the whole cache is invalid, one that does not fit now must wait.
   absl::Status Reserve(uint64_t id, int64_t tokens) override {
+    if (capacity > 0 && tokens > capacity) return absl::InvalidArgumentError("longer than the whole KV cache");
     if (capacity > 0 && held_ + tokens > capacity) return absl::ResourceExhaustedError("KV cache: no room");
     reserved_[id] = tokens;
     held_ += tokens;
@@ -242,9 +247,12 @@ class ModelLikeEngine final : public Engine {
     sim_.Release(id);
     if (auto it = reserved_.find(id); it != reserved_.end()) held_ -= it->second, reserved_.erase(it);
   }
+  int64_t held() const { return held_; }
   int64_t capacity = 0;
+  int fail_from_step = -1;  // steps from this one on fail (-1: none)
 
  private:
+  int steps_ = 0;
   std::map<uint64_t, int64_t> reserved_;
   int64_t held_ = 0;
   SimEngine sim_;
@@ -318,6 +326,57 @@ TEST(SchedulerModelTest, KvReservationTurnsAwayWhatDoesNotFitUntilRoomIsFreed) {
   auto third = std::make_shared<Sink>();
   scheduler.Submit(third, c);  // the first batch's room is back
   EXPECT_TRUE(third->WaitFinish().ok());
+  // Longer than the whole cache: no worker of this kind can run it, so not RESOURCE_EXHAUSTED
+  // (which a router retries) but INVALID_ARGUMENT.
+  auto never = std::make_shared<Sink>();
+  v1::Batch d;
+  *d.add_sequences() = Seq(4, 40);
+  scheduler.Submit(never, d);
+  EXPECT_EQ(never->WaitFinish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(metrics.batches.Labels({"invalid"}).Value(), 1);
+  scheduler.Stop();
+}
+
+TEST(SchedulerModelTest, FailedEngineStepHandsSequencesBackAndTurnsNewBatchesAway) {
+  ModelLikeEngine engine({}, /*context=*/1000);
+  engine.fail_from_step = 2;  // the prefill and one decode step run, the third step fails
+  Registry registry;
+  WorkerMetrics metrics(registry, 60);
+  Scheduler scheduler(engine, 4, metrics);
+  auto sink = std::make_shared<Sink>();
+  std::promise<std::pair<absl::Status, size_t>> failed;  // the error, and the sink's events by then
+  scheduler.OnEngineFailure([&](const absl::Status& s) { failed.set_value({s, sink->messages().size()}); });
+  scheduler.Start();
+  EXPECT_TRUE(scheduler.EngineHealth().ok());
+
+  v1::Batch b;
+  *b.add_sequences() = Seq(1, 10);
+  *b.add_sequences() = Seq(2, 10);
+  scheduler.Submit(sink, b);
+  // Handed back as at shutdown: the stream ends UNAVAILABLE after the tokens of the steps that
+  // ran, which a router re-dispatches from.
+  const grpc::Status ended = sink->WaitFinish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(ended.error_message(), "engine failed: device fault: illegal address");
+  auto out = Collect(*sink);
+  for (uint64_t id : {1, 2}) {
+    EXPECT_EQ(out[id].state, v1::FINISH_STATE_RUNNING) << id;
+    EXPECT_EQ(out[id].tokens.size(), 2u) << id;
+  }
+  auto [status, events_before] = failed.get_future().get();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(events_before, 2u);
+  EXPECT_EQ(scheduler.EngineHealth().message(), "device fault: illegal address");
+  EXPECT_EQ(engine.held(), 0);  // the failed sequences' KV is released
+
+  // New work is turned away with UNAVAILABLE, which a router re-dispatches to another worker.
+  auto later = std::make_shared<Sink>();
+  scheduler.Submit(later, b);
+  const grpc::Status s = later->WaitFinish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(s.error_message(), "engine failed: device fault: illegal address");
+  EXPECT_EQ(metrics.batches.Labels({"rejected_engine_failed"}).Value(), 1);
+  EXPECT_TRUE(later->messages().empty());
   scheduler.Stop();
 }
 

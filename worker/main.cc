@@ -110,20 +110,30 @@ int Main(int argc, char** argv) {
   }
   Engine& engine = **loaded;
   Scheduler scheduler(engine, wc.slots, metrics);
-  scheduler.Start();
 
   std::atomic<bool> ready{false};
   WorkerService service(scheduler, engine, ready);
   absl::StatusOr<Servers> servers = StartServers(
       wc.listen_host, wc.grpc_port, wc.http_port, {&service}, registry,
-      [&]() -> absl::Status {
-        return ready ? absl::OkStatus() : absl::UnavailableError("engine warm-up generation has not completed");
-      },
+      {.ready = [&]() -> absl::Status {
+         if (absl::Status failed = scheduler.EngineHealth(); !failed.ok()) return failed;
+         return ready ? absl::OkStatus() : absl::UnavailableError("engine warm-up generation has not completed");
+       },
+       // A failed engine step is a device fault (a sticky CUDA error stays until the process
+       // ends): not live, so Kubernetes restarts the worker.
+       .live = [&] { return scheduler.EngineHealth(); }},
       common.ports_file);
   if (!servers.ok()) {
     spdlog::critical("{}", std::string(servers.status().message()));
     return 1;
   }
+  // Out of rotation at once: the router's Status poll sees ready false, gRPC health NOT_SERVING.
+  scheduler.OnEngineFailure([&](const absl::Status&) {
+    ready = false;
+    metrics.ready.Set(0);
+    servers->SetServing(false);
+  });
+  scheduler.Start();
   spdlog::info("worker listening: grpc {}:{} http {}:{} backend={} slots={}", wc.listen_host, servers->grpc_port,
                wc.listen_host, servers->http_port, engine.backend(), wc.slots);
 

@@ -76,6 +76,15 @@ void Scheduler::Cancel(std::vector<uint64_t> ids, std::function<void(int)> done)
   });
 }
 
+void Scheduler::OnEngineFailure(std::function<void(const absl::Status&)> handler) {
+  on_engine_failure_ = std::move(handler);
+}
+
+absl::Status Scheduler::EngineHealth() const {
+  std::lock_guard lock(snapshot_mu_);
+  return engine_failure_;
+}
+
 SchedulerSnapshot Scheduler::Snapshot() const {
   std::lock_guard lock(snapshot_mu_);
   return snapshot_;
@@ -120,6 +129,11 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
     sink->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is shutting down"));
     return;
   }
+  if (absl::Status failure = EngineHealth(); !failure.ok()) {
+    metrics_.batches.Labels({"rejected_engine_failed"}).Inc();
+    sink->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("engine failed: ", failure.message())));
+    return;
+  }
   if (absl::Status s = Validate(batch); !s.ok()) {
     metrics_.batches.Labels({"invalid"}).Inc();
     sink->Finish(ToGrpcStatus(s));
@@ -138,7 +152,8 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
     const int64_t length = std::min<int64_t>(int64_t{s.prompt_token_ids_size()} + s.max_tokens(), engine_.max_context());
     if (absl::Status r = engine_.Reserve(s.sequence_id(), length); !r.ok()) {
       for (int j = 0; j < i; ++j) engine_.Release(batch.sequences(j).sequence_id());
-      metrics_.batches.Labels({"rejected_kv"}).Inc();
+      // INVALID_ARGUMENT: longer than the whole cache holds, so no worker of this kind runs it.
+      metrics_.batches.Labels({r.code() == absl::StatusCode::kInvalidArgument ? "invalid" : "rejected_kv"}).Inc();
       sink->Finish(ToGrpcStatus(r));
       return;
     }
@@ -193,6 +208,20 @@ void Scheduler::RunStep() {
   metrics_.step_batch_size.Observe(static_cast<double>(running_.size()));
   metrics_.prefill_tokens.Inc(static_cast<double>(prefill));
   if (const std::optional<EngineStats> stats = engine_.stats()) metrics_.Publish(*stats);
+  if (!status.ok()) {
+    // A device fault, not a request's (requests are validated at admission): every running
+    // sequence goes back, as at shutdown, for a router to continue on another worker from the
+    // tokens it has, and new work is turned away from now on.
+    spdlog::critical("engine step failed, handing back {} sequences and turning new work away: {}", running_.size(),
+                     status.ToString());
+    {
+      std::lock_guard lock(snapshot_mu_);
+      engine_failure_ = status;
+    }
+    if (on_engine_failure_) on_engine_failure_(status);
+    HandBackAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("engine failed: ", status.message())), "error");
+    return;
+  }
 
   std::map<BatchSink*, v1::TokenEvent> events;
   std::vector<std::pair<size_t, const char*>> retire;
@@ -201,12 +230,6 @@ void Scheduler::RunStep() {
     v1::TokenEvent& ev = events[s.sink.get()];
     auto* se = ev.add_sequences();
     se->set_sequence_id(s.id);
-    if (!status.ok()) {
-      se->set_state(v1::FINISH_STATE_ERROR);
-      se->set_error(std::string(status.message()));
-      retire.emplace_back(i, "error");
-      continue;
-    }
     const int32_t token = next[i];
     s.tokens.push_back(token);
     s.computed = static_cast<int32_t>(s.tokens.size()) - 1;
@@ -225,7 +248,6 @@ void Scheduler::RunStep() {
       retire.emplace_back(i, "budget");
     }
   }
-  if (!status.ok()) spdlog::error("engine step failed: {}", status.ToString());
   const int free_after = slots_ - static_cast<int>(running_.size() - retire.size());
   for (auto& [sink, ev] : events) {
     ev.set_simulated(engine_.simulated());
@@ -240,6 +262,14 @@ void Scheduler::RunStep() {
     }
   }
   for (size_t k = retire.size(); k-- > 0;) Retire(retire[k].first, retire[k].second);
+}
+
+void Scheduler::HandBackAll(const grpc::Status& status, const char* reason) {
+  for (size_t i = running_.size(); i-- > 0;) {
+    // Finish first: the router re-dispatches sequences of a stream that ends UNAVAILABLE.
+    running_[i].sink->Finish(status);
+    Retire(i, reason);
+  }
 }
 
 void Scheduler::PublishCounts() {
@@ -266,11 +296,7 @@ void Scheduler::Loop() {
     auto cmds = running_.empty() ? commands_.TakeAll(std::nullopt) : commands_.TryTakeAll();
     for (auto& c : cmds) c();
     if (stopping_) {
-      for (size_t i = running_.size(); i-- > 0;) {
-        // Finish first: the router re-dispatches sequences of a stream that ends UNAVAILABLE.
-        running_[i].sink->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is shutting down"));
-        Retire(i, "cancelled");
-      }
+      HandBackAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is shutting down"), "cancelled");
       PublishSnapshot();
       return;
     }

@@ -3,12 +3,14 @@
 // cancellations and shutdown reach it as posted commands; it runs continuous batching (a finished
 // sequence frees its slot at once, admitted sequences join the next step).
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/clock.h"
 #include "common/command_queue.h"
 #include "common/server_stream.h"
@@ -47,6 +49,15 @@ class Scheduler {
 
   SchedulerSnapshot Snapshot() const;
 
+  // A failed engine step (a device fault: requests are validated before they reach the engine)
+  // hands the running sequences back (their streams end UNAVAILABLE, as at shutdown, so a router
+  // continues them on another worker), and from then on batches are turned away with UNAVAILABLE.
+  // `handler` is called once, on the scheduler thread, before those streams end. Set it before
+  // Start.
+  void OnEngineFailure(std::function<void(const absl::Status&)> handler);
+  // OK until an engine step fails, then that step's error (any thread).
+  absl::Status EngineHealth() const;
+
  private:
   struct Slot {
     uint64_t id = 0;
@@ -67,6 +78,8 @@ class Scheduler {
   void RunStep();
   // Removes the slot and, when its sink has no sequences left, finishes the sink.
   void Retire(size_t index, const char* reason);
+  // Ends every running sequence's stream with `status` (UNAVAILABLE: a router runs them elsewhere).
+  void HandBackAll(const grpc::Status& status, const char* reason);
   // Slot counts (cheap) / counts plus step-time quantiles (sorts the window).
   void PublishCounts();
   void PublishSnapshot();
@@ -79,6 +92,7 @@ class Scheduler {
   CommandQueue commands_;
   std::thread thread_;
   bool stopping_ = false;
+  std::function<void(const absl::Status&)> on_engine_failure_;
 
   // Owned by the scheduler thread.
   std::vector<Slot> running_;
@@ -86,6 +100,7 @@ class Scheduler {
 
   mutable std::mutex snapshot_mu_;
   SchedulerSnapshot snapshot_;
+  absl::Status engine_failure_;  // guarded by snapshot_mu_
 };
 
 }  // namespace tailserve

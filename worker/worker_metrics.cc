@@ -19,7 +19,7 @@ WorkerMetrics::WorkerMetrics(Registry& r, double window_seconds)
                           .Get()),
       prefill_tokens(r.AddCounter("tailserve_worker_prefill_tokens_total", "Tokens prefilled (prompts and re-dispatched output).").Get()),
       generated_tokens(r.AddCounter("tailserve_worker_generated_tokens_total", "Tokens generated.").Get()),
-      batches(r.AddCounter("tailserve_worker_batches_total", "Execute calls by outcome (admitted, rejected_full, invalid).",
+      batches(r.AddCounter("tailserve_worker_batches_total", "Execute calls by outcome (admitted, rejected_full, rejected_kv, rejected_engine_failed, invalid).",
                            {"outcome"})),
       sequences(r.AddCounter("tailserve_worker_sequences_total",
                              "Sequences that left their slot, by reason (stop, length, budget, cancelled, error).",

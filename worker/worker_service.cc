@@ -32,7 +32,7 @@ grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx
   const SchedulerSnapshot s = scheduler_.Snapshot();
   resp->set_model_id(engine_.model_id());
   resp->set_backend(engine_.backend());
-  resp->set_ready(ready_.load());
+  resp->set_ready(ready_.load() && scheduler_.EngineHealth().ok());
   resp->set_total_slots(s.total_slots);
   resp->set_free_slots(s.free_slots);
   resp->set_running_sequences(s.running);

@@ -15,6 +15,9 @@ SimEngine::SimEngine(SimBackendConfig config, std::string model_id, const Clock&
 }
 
 absl::Status SimEngine::Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) {
+  if (config_.fail_after_steps > 0 && ++steps_ > config_.fail_after_steps) {
+    return absl::InternalError("sim: injected device fault (worker.sim.fail_after_steps)");
+  }
   const SteadyTime start = clock_.Now();
   int64_t kv_tokens = 0, prefill_tokens = 0;
   next->resize(batch.size());

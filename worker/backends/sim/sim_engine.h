@@ -35,6 +35,7 @@ class SimEngine final : public Engine {
   const std::string model_id_;
   const Clock& clock_;
   SleepFn sleep_until_;
+  int64_t steps_ = 0;
 };
 
 }  // namespace tailserve
