@@ -10,6 +10,7 @@
 #include <cstring>
 #include <algorithm>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "common/model/safetensors.h"
@@ -859,12 +860,53 @@ TEST(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   for (int i = 0; i < 19; ++i) EXPECT_EQ(run({i}, 5000)[0], together[i]) << "sequence " << i;
   const auto st = (*engine)->stats();
   EXPECT_EQ(st->kv_blocks_free, st->kv_blocks_total);  // everything released
-  // Admission reserves whole sequences: what does not fit is refused, a release gives room back.
-  EXPECT_EQ((*engine)->Reserve(1, (st->kv_blocks_total + 1) * 16).code(), absl::StatusCode::kResourceExhausted);
+  // Admission reserves whole sequences. Longer than the whole cache: INVALID_ARGUMENT (a router
+  // would retry RESOURCE_EXHAUSTED forever); more than is free now: RESOURCE_EXHAUSTED until a
+  // release gives the room back.
+  const int64_t total = st->kv_blocks_total;
+  EXPECT_EQ((*engine)->Reserve(1, (total + 1) * 16).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE((*engine)->Reserve(2, 100).ok());
-  EXPECT_EQ((*engine)->stats()->kv_blocks_free, st->kv_blocks_total - 7);  // ceil(100 / 16)
+  EXPECT_EQ((*engine)->stats()->kv_blocks_free, total - 7);  // ceil(100 / 16)
+  EXPECT_EQ((*engine)->Reserve(3, total * 16).code(), absl::StatusCode::kResourceExhausted);
   (*engine)->Release(2);
-  EXPECT_EQ((*engine)->stats()->kv_blocks_free, st->kv_blocks_total);
+  EXPECT_EQ((*engine)->stats()->kv_blocks_free, total);
+  EXPECT_TRUE((*engine)->Reserve(3, total * 16).ok());
+  (*engine)->Release(3);
+  EXPECT_EQ((*engine)->stats()->kv_blocks_free, total);
+}
+
+// The worker loads the engine on its main thread and steps it on the scheduler's, and the current
+// CUDA device is per thread: an engine on device 1 must make it current itself.
+TEST(CudaEngineBatchTest, StepsFromAnotherThreadOnTheSecondGpu) {
+  REQUIRE_GPU();
+  TAILSERVE_REQUIRE_SHARED();
+  if (ListCudaDevices()->size() < 2) GTEST_SKIP() << "needs two CUDA devices: the engine on device 1, stepped from a thread on device 0";
+  auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
+                                 {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05, .device = 1});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  Sampling greedy;
+  auto generate = [&](uint64_t id) {
+    std::vector<int32_t> toks = {5, 17, 300, 42};
+    for (int step = 0; step < 6; ++step) {
+      StepSequence s{id, &toks, 4, static_cast<int32_t>(toks.size()) - (step == 0 ? 4 : 1), &greedy};
+      std::vector<int32_t> next;
+      if (absl::Status st = (*engine)->Step({&s, 1}, &next); !st.ok()) {
+        ADD_FAILURE() << st;
+        break;
+      }
+      toks.push_back(next[0]);
+    }
+    (*engine)->Release(id);
+    return toks;
+  };
+  std::vector<int32_t> elsewhere;
+  std::thread other([&] {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    elsewhere = generate(1);
+  });
+  other.join();
+  EXPECT_EQ(elsewhere, generate(2));  // and the same tokens as on the loading thread
+  EXPECT_EQ(elsewhere.size(), 10u);
 }
 
 }  // namespace

@@ -501,6 +501,7 @@ int CudaEngine::SplitsFor(int tiles) const {
 
 absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaEngine::ProfileDecode(int rows) {
   if (rows > max_bucket_) return absl::InvalidArgumentError("ProfileDecode: more rows than the largest bucket");
+  if (absl::Status s = UseDevice(); !s.ok()) return s;
   cudaStream_t s = stream_.get();
   Profile profile;
   profile.events.resize(64 + 8 * layers_.size() * (1 + 4 * std::max<size_t>(1, config_.num_experts)));
@@ -574,18 +575,21 @@ absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* prof
   return CudaGraphExec(exec);
 }
 
-CudaEngine::SeqState& CudaEngine::StateFor(uint64_t id, absl::Status* error) {
-  auto [it, inserted] = seqs_.try_emplace(id);
-  if (inserted) {
-    if (free_table_rows_.empty()) {
-      *error = absl::ResourceExhaustedError(absl::StrCat("cuda: more than ", options_.max_sequences,
-                                                         " sequences hold KV cache at once"));
-      return it->second;
-    }
-    it->second.table_row = free_table_rows_.back();
-    free_table_rows_.pop_back();
+absl::StatusOr<CudaEngine::SeqState*> CudaEngine::StateFor(uint64_t id) {
+  if (auto it = seqs_.find(id); it != seqs_.end()) return &it->second;
+  if (free_table_rows_.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda: more than ", options_.max_sequences, " sequences hold KV cache at once"));
   }
-  return it->second;
+  SeqState& st = seqs_[id];
+  st.table_row = free_table_rows_.back();
+  free_table_rows_.pop_back();
+  return &st;
+}
+
+absl::Status CudaEngine::UseDevice() const {
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  return absl::OkStatus();
 }
 
 absl::Status CudaEngine::EnsureBlocks(SeqState& s, int64_t positions) {
@@ -625,15 +629,19 @@ absl::Status CudaEngine::UploadInputs() {
 
 absl::Status CudaEngine::Reserve(uint64_t id, int64_t max_tokens) {
   const int64_t need = (max_tokens + kv_.block_size - 1) / kv_.block_size;
+  if (need > num_blocks_ - 1) {  // block 0 is never handed out
+    return absl::InvalidArgumentError(absl::StrCat("KV cache: ", max_tokens, " tokens need ", need,
+                                                   " blocks, more than the whole cache holds (", num_blocks_ - 1,
+                                                   "); lower max_tokens"));
+  }
   if (need > static_cast<int64_t>(free_blocks_.size()) - reserved_blocks_) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache: ", need, " blocks needed, ",
                                                      static_cast<int64_t>(free_blocks_.size()) - reserved_blocks_,
                                                      " free"));
   }
-  absl::Status error;
-  SeqState& st = StateFor(id, &error);
-  if (!error.ok()) return error;
-  st.reserved += need;
+  absl::StatusOr<SeqState*> st = StateFor(id);
+  if (!st.ok()) return st.status();
+  (*st)->reserved += need;
   reserved_blocks_ += need;
   return absl::OkStatus();
 }
@@ -661,9 +669,9 @@ absl::Status CudaEngine::Prefill(std::span<const StepSequence> batch) {
     return absl::OkStatus();
   };
   for (const StepSequence& seq : batch) {
-    absl::Status error;
-    SeqState& st = StateFor(seq.id, &error);
-    if (!error.ok()) return error;
+    absl::StatusOr<SeqState*> state = StateFor(seq.id);
+    if (!state.ok()) return state.status();
+    SeqState& st = **state;
     const int64_t n = static_cast<int64_t>(seq.tokens->size());
     st.cached = std::min<int64_t>(st.cached, seq.computed);
     if (absl::Status s = EnsureBlocks(st, n); !s.ok()) return s;
@@ -726,6 +734,7 @@ absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t
 }
 
 absl::Status CudaEngine::Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) {
+  if (absl::Status s = UseDevice(); !s.ok()) return s;
   for (const StepSequence& s : batch) {
     if (static_cast<int64_t>(s.tokens->size()) > max_context_) {
       return absl::OutOfRangeError(absl::StrCat("sequence ", s.id, ": ", s.tokens->size(),
@@ -746,11 +755,20 @@ absl::Status CudaEngine::ForwardAllLogits(std::span<const int32_t> tokens, std::
   if (n > logit_rows_ || n > max_rows_) {
     return absl::InvalidArgumentError(absl::StrCat("ForwardAllLogits: ", n, " tokens; at most ", logit_rows_));
   }
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= config_.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("ForwardAllLogits: token id ", t, " outside the vocabulary"));
+    }
+  }
+  if (absl::Status s = UseDevice(); !s.ok()) return s;
   const uint64_t id = ~0ull - 1;
-  absl::Status error;
-  SeqState& st = StateFor(id, &error);
-  if (!error.ok()) return error;
-  if (absl::Status s = EnsureBlocks(st, n); !s.ok()) return s;
+  absl::StatusOr<SeqState*> state = StateFor(id);
+  if (!state.ok()) return state.status();
+  SeqState& st = **state;
+  if (absl::Status s = EnsureBlocks(st, n); !s.ok()) {
+    Release(id);
+    return s;
+  }
   Buffers& b = *buf_;
   for (int i = 0; i < n; ++i) {
     b.h_tokens[i] = tokens[i];

@@ -101,7 +101,12 @@ class CudaEngine final : public Engine {
   // Attention splits for `tiles` row tiles: enough CTAs to fill the GPU, no more.
   int SplitsFor(int tiles) const;
   absl::Status EnsureBlocks(SeqState& s, int64_t positions);
-  SeqState& StateFor(uint64_t id, absl::Status* error);
+  // The sequence's state, created with a block-table row on first use (RESOURCE_EXHAUSTED when
+  // every row is taken; nothing is left behind then).
+  absl::StatusOr<SeqState*> StateFor(uint64_t id);
+  // The device this engine runs on, made current on the calling thread: the scheduler's thread
+  // steps the engine, not the one that loaded it, and the current device is per thread.
+  absl::Status UseDevice() const;
   // Copies the step inputs (and block-table rows changed since the last upload) to the device.
   absl::Status UploadInputs();
   absl::Status Prefill(std::span<const StepSequence> batch);
