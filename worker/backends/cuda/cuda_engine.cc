@@ -394,7 +394,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
     if (absl::Status s_ = (expr); !s_.ok()) return s_;                                           \
     if (profile_ && profile_->names.size() < profile_->events.size()) {                          \
       TAILSERVE_CUDA_RETURN_IF_ERROR(                                                            \
-          cudaEventRecordWithFlags(profile_->events[profile_->names.size()], s, cudaEventRecordExternal)); \
+          cudaEventRecordWithFlags(profile_->events[profile_->names.size()].get(), s, cudaEventRecordExternal)); \
       profile_->names.push_back(what);                                                           \
     }                                                                                            \
   } while (0)
@@ -504,26 +504,23 @@ absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaEngine::ProfileD
   if (absl::Status s = UseDevice(); !s.ok()) return s;
   cudaStream_t s = stream_.get();
   Profile profile;
-  profile.events.resize(64 + 8 * layers_.size() * (1 + 4 * std::max<size_t>(1, config_.num_experts)));
-  for (cudaEvent_t& e : profile.events) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
-  auto destroy = [&] {
-    for (cudaEvent_t e : profile.events) cudaEventDestroy(e);
-  };
-  absl::StatusOr<CudaGraphExec> graph = CaptureForward(rows, &profile);
-  if (!graph.ok()) {
-    destroy();
-    return graph.status();
+  const size_t events = 64 + 8 * layers_.size() * (1 + 4 * std::max<size_t>(1, config_.num_experts));
+  for (size_t i = 0; i < events; ++i) {
+    absl::StatusOr<CudaEvent> e = MakeEvent();
+    if (!e.ok()) return e.status();
+    profile.events.push_back(*std::move(e));
   }
+  absl::StatusOr<CudaGraphExec> graph = CaptureForward(rows, &profile);
+  if (!graph.ok()) return graph.status();
   for (int rep = 0; rep < 2; ++rep) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph->get(), s));  // the second is timed
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
   std::vector<std::pair<std::string, double>> out;
   for (size_t i = 1; i < profile.names.size(); ++i) {
     float ms = 0;
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, profile.events[i - 1], profile.events[i]));
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, profile.events[i - 1].get(), profile.events[i].get()));
     auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == profile.names[i]; });
     if (it == out.end()) out.emplace_back(profile.names[i], ms); else it->second += ms;
   }
-  destroy();
   return out;
 }
 
@@ -559,7 +556,7 @@ absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* prof
   absl::Status st;
   if (profile) {
     // External records become graph nodes whose timestamps can be read after the replay.
-    const cudaError_t e = cudaEventRecordWithFlags(profile->events[0], s, cudaEventRecordExternal);
+    const cudaError_t e = cudaEventRecordWithFlags(profile->events[0].get(), s, cudaEventRecordExternal);
     if (e != cudaSuccess) st = absl::InternalError(absl::StrCat("cudaEventRecordWithFlags: ", cudaGetErrorString(e)));
     profile->names.push_back("start");
   }
@@ -567,9 +564,9 @@ absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* prof
   if (st.ok()) st = Forward(rows, rows, true);
   profile_ = nullptr;
   const cudaError_t end = cudaStreamEndCapture(s, &graph);  // always, so the stream leaves capture mode
+  CudaGraph owned(end == cudaSuccess ? graph : nullptr);
   if (!st.ok()) return st;
   TAILSERVE_CUDA_RETURN_IF_ERROR(end);
-  CudaGraph owned(graph);
   cudaGraphExec_t exec;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
   return CudaGraphExec(exec);

@@ -147,7 +147,7 @@ class CudaEngine final : public Engine {
   int attention_wave_ = 396;  // decode attention CTAs the GPU holds at once
   // Set only inside ProfileDecode: Forward records the next event of `events` after each op.
   struct Profile {
-    std::vector<cudaEvent_t> events;
+    std::vector<CudaEvent> events;
     std::vector<const char*> names;
   };
   Profile* profile_ = nullptr;
