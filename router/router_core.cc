@@ -4,10 +4,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 
 namespace tailserve {
+
+uint64_t FirstSequenceKey() {
+  std::random_device rd;
+  const uint64_t prefix = (uint64_t{rd()} & 0x7fffffffu) | 1u;  // nonzero, below the warm-up's ~0
+  return prefix << 32 | 1u;
+}
 
 RouterCore::RouterCore(const Config& config, std::vector<std::string> worker_addresses,
                        std::vector<std::unique_ptr<WorkerClient>> workers, std::unique_ptr<Batcher> batcher,
@@ -310,14 +317,14 @@ void RouterCore::PollWorkers() {
   }
 }
 
-void RouterCore::Dispatch() {
+bool RouterCore::Dispatch() {
   const SteadyTime now = clock_.Now();
-  while (true) {
+  for (bool any = false;; any = true) {
     const std::optional<size_t> w = pool_.Pick();
-    if (!w) return;
+    if (!w) return any;
     BatchReason reason;
     const std::vector<uint64_t> ids = batcher_->Next(now, static_cast<size_t>(pool_.Free(*w)), &reason);
-    if (ids.empty()) return;
+    if (ids.empty()) return any;
     const uint64_t batch_id = next_batch_++;
     v1::Batch batch;
     batch.set_batch_id(absl::StrCat(batch_id));
@@ -380,9 +387,13 @@ void RouterCore::UpdateGauges() {
 
 void RouterCore::Loop() {
   next_poll_ = clock_.Now();
+  bool dispatched = true;
   while (!stopping_) {
     std::optional<SteadyTime> wake = std::min(next_poll_, predictor_->next_tick());
-    if (auto d = batcher_->NextDeadline()) wake = std::min(*wake, *d);
+    // A deadline already past that the last Dispatch could not serve waits for room, which comes
+    // as a command (a step event, a batch's end, a poll): waking for it again would spin a core
+    // whenever every worker is full.
+    if (auto d = batcher_->NextDeadline(); d && (dispatched || *d > clock_.Now())) wake = std::min(*wake, *d);
     for (auto& c : commands_.TakeAll(wake)) c();
     if (stopping_) break;
     predictor_->Tick();
@@ -390,7 +401,7 @@ void RouterCore::Loop() {
     batcher_->SetLengthAware(config_.batching.mode == "ladb" && !predictor_->drift_active());
     batcher_->SetStepSeconds(pool_.MeanStepSeconds());
     PollWorkers();
-    Dispatch();
+    dispatched = Dispatch();
     UpdateGauges();
   }
   // Shutdown: fail what is open, cancel worker streams, and wait (bounded) for their callbacks so

@@ -24,6 +24,12 @@ namespace tailserve {
 
 using ClientSink = MessageSink<v1::GenerateResponse>;
 
+// The first request key of a router process: a random 31-bit prefix above a counter. Keys go to
+// workers as sequence ids, workers are shared by every router replica and know a sequence by its
+// id alone, so two routers counting from 1 rejected ("already running") and cancelled each
+// other's sequences.
+uint64_t FirstSequenceKey();
+
 class RouterCore {
  public:
   RouterCore(const Config& config, std::vector<std::string> worker_addresses,
@@ -77,7 +83,8 @@ class RouterCore {
   void OnBatchDone(uint64_t batch_id, const grpc::Status& status);
   void OnStatus(size_t worker, const absl::StatusOr<v1::WorkerStatus>& status);
   void PollWorkers();
-  void Dispatch();
+  // Sends every batch the batcher forms while a worker has room; whether any went out.
+  bool Dispatch();
   void WorkerDown(size_t worker);
   // Takes an ending request out of the queue, or cancels it on the worker running it.
   void Detach(uint64_t key, const Request& r);
@@ -101,7 +108,7 @@ class RouterCore {
 
   CommandQueue commands_;
   std::thread thread_;
-  std::atomic<uint64_t> next_key_{1};
+  std::atomic<uint64_t> next_key_{FirstSequenceKey()};
   std::atomic<int> healthy_workers_{0};
   std::function<void(bool)> on_readiness_;
 

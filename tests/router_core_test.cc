@@ -102,6 +102,29 @@ std::string AllText(ClientRecorder& c) {
   return out;
 }
 
+// LadbBatcher, counting how often the core asks for its next deadline (once a loop iteration).
+class CountingBatcher final : public Batcher {
+ public:
+  CountingBatcher(const BatchingConfig& b, const RouterConfig& r, std::atomic<int>& asks) : inner_(b, r), asks_(asks) {}
+  void Push(const QueuedRequest& r, bool requeued) override { inner_.Push(r, requeued); }
+  bool Remove(uint64_t id) override { return inner_.Remove(id); }
+  size_t size() const override { return inner_.size(); }
+  std::vector<uint64_t> Next(SteadyTime now, size_t capacity, BatchReason* reason) override {
+    return inner_.Next(now, capacity, reason);
+  }
+  std::optional<SteadyTime> NextDeadline() const override {
+    ++asks_;
+    return inner_.NextDeadline();
+  }
+  void SetLengthAware(bool on) override { inner_.SetLengthAware(on); }
+  bool length_aware() const override { return inner_.length_aware(); }
+  void SetStepSeconds(double seconds) override { inner_.SetStepSeconds(seconds); }
+
+ private:
+  LadbBatcher inner_;
+  std::atomic<int>& asks_;
+};
+
 class RouterCoreTest : public ::testing::Test {
  protected:
   void Start(int workers = 2, int slots = 8) {
@@ -118,7 +141,7 @@ class RouterCoreTest : public ::testing::Test {
     }
     metrics_ = std::make_unique<RouterMetrics>(registry_, 60);
     core_ = std::make_unique<RouterCore>(config_, names, std::move(clients),
-                                         std::make_unique<LadbBatcher>(config_.batching, config_.router),
+                                         std::make_unique<CountingBatcher>(config_.batching, config_.router, deadline_asks_),
                                          std::make_unique<LengthPredictor>(config_.predictor, nullptr, *metrics_),
                                          tokenizer_, *metrics_);
     core_->Start();
@@ -146,6 +169,7 @@ class RouterCoreTest : public ::testing::Test {
   ByteTokenizer tokenizer_;
   std::unique_ptr<RouterMetrics> metrics_;
   std::vector<FakeWorker*> fakes_;
+  std::atomic<int> deadline_asks_{0};  // outlives core_, whose batcher counts into it
   std::unique_ptr<RouterCore> core_;
 };
 
@@ -270,6 +294,36 @@ TEST_F(RouterCoreTest, QueueFullIsResourceExhausted) {
   fakes_[0]->ready_ = true;  // back in rotation: the queued request runs
   FakeWorker::Call call = fakes_[0]->WaitCall(0);
   EXPECT_EQ(call.batch.sequences(0).sequence_id(), 2u);
+}
+
+// Router replicas share workers, which know sequences by id: each process's keys start at its own
+// random prefix (a collision between two processes is a 2^-31 event).
+TEST(RouterKeysTest, EachProcessStartsItsKeysAtARandomPrefix) {
+  const uint64_t a = FirstSequenceKey(), b = FirstSequenceKey();
+  EXPECT_NE(a, b);
+  for (uint64_t k : {a, b}) {
+    EXPECT_EQ(k & 0xffffffffu, 1u);        // a counter from 1 below the prefix
+    EXPECT_LT(k, uint64_t{1} << 63);      // far from the worker's warm-up id (~0)
+    EXPECT_NE(k >> 32, 0u);
+  }
+}
+
+// Every worker full and a request overdue: the core waits for room (a step event, a batch's end,
+// a poll) instead of waking for the past deadline again and again.
+TEST_F(RouterCoreTest, SaturatedWorkersDoNotSpinTheCore) {
+  Start(1, 1);
+  auto running = Send(1, 50);
+  FakeWorker::Call call = fakes_[0]->WaitCall(0);  // the only slot, held
+  auto waiting = Send(2, 5);                       // overdue at once (timeout 0), no room
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const int before = deadline_asks_.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // ~15 polls of 20 ms in 300 ms, an iteration or two each; a spinning loop asks ~10^5 times.
+  EXPECT_LT(deadline_asks_.load() - before, 300);
+  EXPECT_EQ(fakes_[0]->calls(), 1u);
+  call.on_event(Event(1, {7}, v1::FINISH_STATE_LENGTH));  // room again: the waiting one goes
+  FakeWorker::Call next = fakes_[0]->WaitCall(1);
+  EXPECT_EQ(next.batch.sequences(0).sequence_id(), 2u);
 }
 
 TEST_F(RouterCoreTest, StopStringTruncatesAndIsNeverStreamed) {

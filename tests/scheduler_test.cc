@@ -174,6 +174,10 @@ TEST_F(SlowSchedulerTest, CancelFreesTheSlot) {
   EXPECT_EQ(scheduler_->Snapshot().free_slots, 1);
   EXPECT_FALSE(sink->finished());  // sequence 2 still runs
   EXPECT_EQ(Collect(*sink)[1].state, v1::FINISH_STATE_CANCELLED);
+  // The cancel's own event says the slot is free (a router takes free_slots from every event).
+  const v1::TokenEvent last = sink->messages().back();
+  ASSERT_EQ(last.sequences(0).state(), v1::FINISH_STATE_CANCELLED);
+  EXPECT_EQ(last.free_slots(), 1);
 
   scheduler_->CancelSink(sink);
   EXPECT_TRUE(sink->WaitFinish().ok());

@@ -62,6 +62,9 @@ void Scheduler::Cancel(std::vector<uint64_t> ids, std::function<void(int)> done)
         if (running_[i].id != id) continue;
         v1::TokenEvent ev;
         ev.set_simulated(engine_.simulated());
+        // What is free once it is gone: a router reads every event's free_slots, and 0 here
+        // made an idle worker look full until its next Status poll.
+        ev.set_free_slots(slots_ - static_cast<int>(running_.size()) + 1);
         auto* se = ev.add_sequences();
         se->set_sequence_id(id);
         se->set_state(v1::FINISH_STATE_CANCELLED);
