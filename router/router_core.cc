@@ -248,6 +248,9 @@ void RouterCore::OnEvent(uint64_t batch_id, const v1::TokenEvent& ev) {
       case v1::FINISH_STATE_CANCELLED:  // the worker dropped it (e.g. shutting down): run it elsewhere
         Requeue(id, r, "worker_failure");
         break;
+      case v1::FINISH_STATE_INVALID:  // the worker refused it alone: no worker of this kind runs it
+        Fail(id, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, se.error()), "invalid_argument");
+        break;
       default:
         Fail(id, grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("worker error: ", se.error())), "error");
         break;

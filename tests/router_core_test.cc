@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <map>
 
 #include "tests/test_sinks.h"
 
@@ -192,6 +193,33 @@ TEST_F(RouterCoreTest, RelaysTokensAndFinishes) {
   EXPECT_EQ(last.usage().prompt_tokens(), 2);
   EXPECT_EQ(last.timings().dispatches(), 1);
   EXPECT_EQ(CounterValue("tailserve_router_requests_total{outcome=\"length\"}"), 1);
+}
+
+// A worker refuses one sequence alone (its model cannot run it): that client gets INVALID_ARGUMENT
+// with the worker's reason, its batch mate runs on.
+TEST_F(RouterCoreTest, SequenceRefusedByTheWorkerFailsAloneAsInvalidArgument) {
+  Start(1);
+  auto a = Send(1, 3), b = Send(2, 3);
+  // One batch or two, whichever the batcher formed: find each sequence's call.
+  std::map<uint64_t, FakeWorker::Call> call_of;
+  for (size_t n = 0; call_of.size() < 2; ++n) {
+    FakeWorker::Call c = fakes_[0]->WaitCall(n);
+    if (c.batch.sequences_size() == 0) break;
+    for (const auto& seq : c.batch.sequences()) call_of[seq.sequence_id()] = c;
+  }
+  ASSERT_EQ(call_of.size(), 2u);
+  v1::TokenEvent refused = Event(2, {}, v1::FINISH_STATE_INVALID);
+  refused.mutable_sequences(0)->set_error("longer than the whole KV cache");
+  call_of[2].on_event(refused);
+  const grpc::Status s = b->WaitFinish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "longer than the whole KV cache");
+  EXPECT_FALSE(a->finished());
+  call_of[1].on_event(Event(1, {'x', 'y', 'z'}, v1::FINISH_STATE_LENGTH));
+  call_of[1].on_done(grpc::Status::OK);
+  ASSERT_TRUE(a->WaitFinish().ok());
+  EXPECT_EQ(AllText(*a), "xyz");
+  EXPECT_EQ(CounterValue("tailserve_router_requests_total{outcome=\"invalid_argument\"}"), 1);
 }
 
 TEST_F(RouterCoreTest, BudgetOverrunIsRedispatchedWithItsTokensAndADoubledBudget) {

@@ -132,9 +132,10 @@ TEST_F(SchedulerTest, RejectsWhatDoesNotFitOrIsInvalid) {
   bad.mutable_sequences(0)->add_prompt_token_ids(1000);
   auto invalid = std::make_shared<Sink>();
   scheduler_->Submit(invalid, bad);
-  const grpc::Status s = invalid->WaitFinish();
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(s.error_message(), "sequences[0]: token id 1000 outside the vocabulary [0, 1000)");
+  EXPECT_TRUE(invalid->WaitFinish().ok());  // refused alone, by an event naming why
+  ASSERT_EQ(invalid->messages().size(), 1u);
+  EXPECT_EQ(invalid->messages()[0].sequences(0).state(), v1::FINISH_STATE_INVALID);
+  EXPECT_EQ(invalid->messages()[0].sequences(0).error(), "token id 1000 outside the vocabulary [0, 1000)");
 
   v1::Batch empty;
   auto none = std::make_shared<Sink>();
@@ -146,7 +147,33 @@ TEST_F(SchedulerTest, RejectsWhatDoesNotFitOrIsInvalid) {
   done.mutable_sequences(0)->add_generated_token_ids(1);
   auto nothing_left = std::make_shared<Sink>();
   scheduler_->Submit(nothing_left, done);
-  EXPECT_EQ(nothing_left->WaitFinish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(nothing_left->WaitFinish().ok());
+  EXPECT_EQ(Collect(*nothing_left)[4].state, v1::FINISH_STATE_INVALID);
+  EXPECT_EQ(scheduler_->Snapshot().free_slots, 1);
+}
+
+TEST_F(SchedulerTest, AnInvalidSequenceIsRefusedAloneAndItsBatchMatesRun) {
+  Start(4);
+  v1::Batch b;
+  *b.add_sequences() = Seq(1, 5, 11);
+  *b.add_sequences() = Seq(2, 5);
+  b.mutable_sequences(1)->add_prompt_token_ids(-3);
+  *b.add_sequences() = Seq(3, 7, 13);
+  auto sink = std::make_shared<Sink>();
+  scheduler_->Submit(sink, b);
+  ASSERT_TRUE(sink->WaitFinish().ok());
+  const v1::TokenEvent first = sink->messages().front();  // the refusal comes before any token
+  ASSERT_EQ(first.sequences_size(), 1);
+  EXPECT_EQ(first.sequences(0).sequence_id(), 2u);
+  EXPECT_EQ(first.sequences(0).state(), v1::FINISH_STATE_INVALID);
+  EXPECT_EQ(first.sequences(0).error(), "token id -3 outside the vocabulary [0, 1000)");
+  EXPECT_EQ(first.free_slots(), 2);
+  auto out = Collect(*sink);
+  EXPECT_EQ(out[1].state, v1::FINISH_STATE_LENGTH);
+  EXPECT_EQ(out[1].tokens.size(), 5u);
+  EXPECT_EQ(out[3].state, v1::FINISH_STATE_LENGTH);
+  EXPECT_EQ(out[3].tokens.size(), 7u);
+  EXPECT_TRUE(out[2].tokens.empty());
 }
 
 class SlowSchedulerTest : public SchedulerTest {
@@ -301,9 +328,10 @@ TEST(SchedulerModelTest, EosFromTheModelStopsAndContextCapsLength) {
   *big.add_sequences() = Seq(3, 5);
   for (int i = 0; i < 9; ++i) big.mutable_sequences(0)->add_prompt_token_ids(1);
   scheduler.Submit(refused, big);
-  const grpc::Status s = refused->WaitFinish();
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(s.error_message(), "sequences[0]: 12 tokens leave no room in the model's context of 12 tokens");
+  EXPECT_TRUE(refused->WaitFinish().ok());
+  ASSERT_EQ(refused->messages().size(), 1u);
+  EXPECT_EQ(refused->messages()[0].sequences(0).state(), v1::FINISH_STATE_INVALID);
+  EXPECT_EQ(refused->messages()[0].sequences(0).error(), "12 tokens leave no room in the model's context of 12 tokens");
   scheduler.Stop();
 }
 
@@ -331,13 +359,19 @@ TEST(SchedulerModelTest, KvReservationTurnsAwayWhatDoesNotFitUntilRoomIsFreed) {
   scheduler.Submit(third, c);  // the first batch's room is back
   EXPECT_TRUE(third->WaitFinish().ok());
   // Longer than the whole cache: no worker of this kind can run it, so not RESOURCE_EXHAUSTED
-  // (which a router retries) but INVALID_ARGUMENT.
+  // (which a router retries) but refused alone; its batch mate runs.
   auto never = std::make_shared<Sink>();
   v1::Batch d;
   *d.add_sequences() = Seq(4, 40);
+  *d.add_sequences() = Seq(5, 3);
   scheduler.Submit(never, d);
-  EXPECT_EQ(never->WaitFinish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(metrics.batches.Labels({"invalid"}).Value(), 1);
+  EXPECT_TRUE(never->WaitFinish().ok());
+  auto out = Collect(*never);
+  EXPECT_EQ(out[4].state, v1::FINISH_STATE_INVALID);
+  EXPECT_EQ(never->messages()[0].sequences(0).error(), "longer than the whole KV cache");
+  EXPECT_EQ(out[5].state, v1::FINISH_STATE_LENGTH);
+  EXPECT_EQ(metrics.sequences.Labels({"invalid"}).Value(), 1);
+  EXPECT_EQ(engine.held(), 0);
   scheduler.Stop();
 }
 

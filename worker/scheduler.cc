@@ -93,37 +93,29 @@ SchedulerSnapshot Scheduler::Snapshot() const {
   return snapshot_;
 }
 
-absl::Status Scheduler::Validate(const v1::Batch& batch) const {
-  if (batch.sequences().empty()) return absl::InvalidArgumentError("sequences: batch is empty");
-  std::unordered_set<uint64_t> ids;
-  for (const Slot& s : running_) ids.insert(s.id);
+absl::Status Scheduler::ValidateSequence(const v1::Sequence& s, std::unordered_set<uint64_t>& ids) const {
+  if (!ids.insert(s.sequence_id()).second) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence_id: ", s.sequence_id(), " is already running"));
+  }
+  if (s.prompt_token_ids().empty()) return absl::InvalidArgumentError("prompt_token_ids: empty");
   const int32_t vocab = engine_.vocab_size();
-  for (int i = 0; i < batch.sequences_size(); ++i) {
-    const v1::Sequence& s = batch.sequences(i);
-    const std::string at = absl::StrCat("sequences[", i, "]");
-    if (!ids.insert(s.sequence_id()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(at, ".sequence_id: ", s.sequence_id(), " is already running"));
-    }
-    if (s.prompt_token_ids().empty()) return absl::InvalidArgumentError(at + ".prompt_token_ids: empty");
-    for (auto* list : {&s.prompt_token_ids(), &s.generated_token_ids()}) {
-      for (int32_t t : *list) {
-        if (t < 0 || t >= vocab) {
-          return absl::InvalidArgumentError(absl::StrCat(at, ": token id ", t, " outside the vocabulary [0, ", vocab, ")"));
-        }
+  for (auto* list : {&s.prompt_token_ids(), &s.generated_token_ids()}) {
+    for (int32_t t : *list) {
+      if (t < 0 || t >= vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("token id ", t, " outside the vocabulary [0, ", vocab, ")"));
       }
     }
-    const int64_t length = static_cast<int64_t>(s.prompt_token_ids_size()) + s.generated_token_ids_size();
-    if (length >= engine_.max_context()) {
-      return absl::InvalidArgumentError(absl::StrCat(at, ": ", length, " tokens leave no room in the model's context of ",
-                                                     engine_.max_context(), " tokens"));
-    }
-    if (s.max_tokens() <= s.generated_token_ids_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(at, ".max_tokens: ", s.max_tokens(),
-                                                     " leaves nothing to generate after ",
-                                                     s.generated_token_ids_size(), " tokens"));
-    }
-    if (s.step_budget() < 0) return absl::InvalidArgumentError(at + ".step_budget: must be >= 0");
   }
+  const int64_t length = static_cast<int64_t>(s.prompt_token_ids_size()) + s.generated_token_ids_size();
+  if (length >= engine_.max_context()) {
+    return absl::InvalidArgumentError(absl::StrCat(length, " tokens leave no room in the model's context of ",
+                                                   engine_.max_context(), " tokens"));
+  }
+  if (s.max_tokens() <= s.generated_token_ids_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens: ", s.max_tokens(), " leaves nothing to generate after ",
+                                                   s.generated_token_ids_size(), " tokens"));
+  }
+  if (s.step_budget() < 0) return absl::InvalidArgumentError("step_budget: must be >= 0");
   return absl::OkStatus();
 }
 
@@ -137,32 +129,70 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
     sink->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("engine failed: ", failure.message())));
     return;
   }
-  if (absl::Status s = Validate(batch); !s.ok()) {
+  if (batch.sequences().empty()) {
     metrics_.batches.Labels({"invalid"}).Inc();
-    sink->Finish(ToGrpcStatus(s));
+    sink->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "sequences: batch is empty"));
     return;
+  }
+  // A sequence no worker of this kind can run is refused alone, with a FINISH_STATE_INVALID event
+  // saying why; its batch mates run.
+  v1::TokenEvent refused;
+  auto refuse = [&](const v1::Sequence& s, const absl::Status& why) {
+    auto* se = refused.add_sequences();
+    se->set_sequence_id(s.sequence_id());
+    se->set_state(v1::FINISH_STATE_INVALID);
+    se->set_error(std::string(why.message()));
+  };
+  std::unordered_set<uint64_t> ids;
+  for (const Slot& s : running_) ids.insert(s.id);
+  std::vector<int> valid;
+  for (int i = 0; i < batch.sequences_size(); ++i) {
+    if (absl::Status s = ValidateSequence(batch.sequences(i), ids); !s.ok()) {
+      refuse(batch.sequences(i), s);
+    } else {
+      valid.push_back(i);
+    }
   }
   const int free = slots_ - static_cast<int>(running_.size());
-  if (batch.sequences_size() > free) {
+  if (static_cast<int>(valid.size()) > free) {
     metrics_.batches.Labels({"rejected_full"}).Inc();
     sink->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                              absl::StrCat("batch of ", batch.sequences_size(), " does not fit ", free, " free slots")));
+                              absl::StrCat("batch of ", valid.size(), " does not fit ", free, " free slots")));
     return;
   }
-  // Room in the engine's KV cache for each sequence's whole length, or the batch goes elsewhere.
-  for (int i = 0; i < batch.sequences_size(); ++i) {
+  // Room in the engine's KV cache for each sequence's whole length, or the batch goes elsewhere
+  // (RESOURCE_EXHAUSTED); a sequence longer than the whole cache is refused alone.
+  std::vector<int> reserved;
+  for (int i : valid) {
     const v1::Sequence& s = batch.sequences(i);
     const int64_t length = std::min<int64_t>(int64_t{s.prompt_token_ids_size()} + s.max_tokens(), engine_.max_context());
-    if (absl::Status r = engine_.Reserve(s.sequence_id(), length); !r.ok()) {
-      for (int j = 0; j < i; ++j) engine_.Release(batch.sequences(j).sequence_id());
-      // INVALID_ARGUMENT: longer than the whole cache holds, so no worker of this kind runs it.
-      metrics_.batches.Labels({r.code() == absl::StatusCode::kInvalidArgument ? "invalid" : "rejected_kv"}).Inc();
+    absl::Status r = engine_.Reserve(s.sequence_id(), length);
+    if (r.code() == absl::StatusCode::kInvalidArgument) {
+      refuse(s, r);
+      continue;
+    }
+    if (!r.ok()) {
+      for (int j : reserved) engine_.Release(batch.sequences(j).sequence_id());
+      metrics_.batches.Labels({"rejected_kv"}).Inc();
       sink->Finish(ToGrpcStatus(r));
       return;
     }
+    reserved.push_back(i);
+  }
+  if (refused.sequences_size() > 0) {
+    metrics_.sequences.Labels({"invalid"}).Inc(refused.sequences_size());
+    refused.set_simulated(engine_.simulated());
+    refused.set_free_slots(free - static_cast<int>(reserved.size()));
+    sink->Write(std::move(refused));
+  }
+  if (reserved.empty()) {
+    metrics_.batches.Labels({"invalid"}).Inc();
+    sink->Finish(grpc::Status::OK);
+    return;
   }
   metrics_.batches.Labels({"admitted"}).Inc();
-  for (v1::Sequence& s : *batch.mutable_sequences()) {
+  for (int i : reserved) {
+    v1::Sequence& s = *batch.mutable_sequences(i);
     Slot slot;
     slot.id = s.sequence_id();
     slot.tokens.assign(s.prompt_token_ids().begin(), s.prompt_token_ids().end());
@@ -176,7 +206,7 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
     slot.sink = sink;
     running_.push_back(std::move(slot));
   }
-  open_per_sink_[sink.get()] += batch.sequences_size();
+  open_per_sink_[sink.get()] += static_cast<int>(reserved.size());
   PublishCounts();
 }
 

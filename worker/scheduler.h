@@ -39,8 +39,9 @@ class Scheduler {
   // Cancels every running sequence (its stream ends CANCELLED) and joins the thread.
   void Stop();
 
-  // Admits the batch if every sequence fits a free slot and is valid, else finishes the sink with
-  // RESOURCE_EXHAUSTED / INVALID_ARGUMENT without running anything.
+  // Admits the batch's valid sequences if they all fit free slots and the KV cache, else finishes
+  // the sink with RESOURCE_EXHAUSTED without running anything. An invalid sequence (or one longer
+  // than the whole KV cache) is refused alone: a FINISH_STATE_INVALID event names why.
   void Submit(std::shared_ptr<BatchSink> sink, v1::Batch batch);
   // The stream behind `sink` is gone (client cancelled): drop its sequences.
   void CancelSink(std::shared_ptr<BatchSink> sink);
@@ -74,7 +75,8 @@ class Scheduler {
 
   void Loop();
   void Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch);
-  absl::Status Validate(const v1::Batch& batch) const;
+  // Why this sequence cannot run here (`ids`: the ids running or admitted so far; adds its own).
+  absl::Status ValidateSequence(const v1::Sequence& s, std::unordered_set<uint64_t>& ids) const;
   void RunStep();
   // Removes the slot and, when its sink has no sequences left, finishes the sink.
   void Retire(size_t index, const char* reason);

@@ -22,7 +22,7 @@ WorkerMetrics::WorkerMetrics(Registry& r, double window_seconds)
       batches(r.AddCounter("tailserve_worker_batches_total", "Execute calls by outcome (admitted, rejected_full, rejected_kv, rejected_engine_failed, invalid).",
                            {"outcome"})),
       sequences(r.AddCounter("tailserve_worker_sequences_total",
-                             "Sequences that left their slot, by reason (stop, length, budget, cancelled, error).",
+                             "Sequences that left their slot, by reason (stop, length, budget, cancelled, error), or were refused (invalid).",
                              {"reason"})),
       kv_blocks(r.AddGauge("tailserve_worker_kv_blocks", "Paged KV-cache blocks by state (used, free).", {"state"})),
       kv_clamps(r.AddCounter("tailserve_worker_kv_clamps_total",
