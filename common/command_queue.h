@@ -17,10 +17,30 @@ class CommandQueue {
 
   void Post(Command c) {
     {
-      std::lock_guard lock(mu_);
-      q_.push_back(std::move(c));
+      std::unique_lock lock(mu_);
+      if (!closed_) {
+        q_.push_back(std::move(c));
+        lock.unlock();
+        cv_.notify_one();
+        return;
+      }
     }
-    cv_.notify_one();
+    std::lock_guard run(run_mu_);  // closed: the owner thread is gone, run it here, one at a time
+    c();
+  }
+
+  // The owner thread has stopped: runs what is queued, and from then on Post runs each command at
+  // once on the posting thread (serialised), so a command that answers a caller (a refusal after
+  // shutdown) is never left in a queue nobody reads.
+  void Close() {
+    std::lock_guard run(run_mu_);
+    std::deque<Command> rest;
+    {
+      std::lock_guard lock(mu_);
+      closed_ = true;
+      rest.swap(q_);
+    }
+    for (auto& c : rest) c();
   }
 
   // Waits until a command is there or `deadline` (steady clock) passes, then takes everything.
@@ -47,6 +67,8 @@ class CommandQueue {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Command> q_;
+  bool closed_ = false;  // guarded by mu_
+  std::mutex run_mu_;    // commands run after Close, one at a time
 };
 
 }  // namespace tailserve

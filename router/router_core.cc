@@ -40,8 +40,9 @@ void RouterCore::Stop() {
   if (!thread_.joinable()) return;
   commands_.Post([this] { stopping_ = true; });
   thread_.join();
-  // Requests that raced with the stop are refused (UNAVAILABLE) rather than left hanging.
-  for (auto& c : commands_.TryTakeAll()) c();
+  // Requests that raced with the stop, or come after it (the gRPC server still accepts calls
+  // until it shuts down), are refused (UNAVAILABLE) rather than left hanging.
+  commands_.Close();
 }
 
 void RouterCore::Submit(uint64_t key, ParsedRequest req, std::shared_ptr<ClientSink> sink, SteadyTime arrival) {

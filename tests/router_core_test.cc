@@ -305,6 +305,17 @@ TEST_F(RouterCoreTest, CancelWhileRunningCancelsOnTheWorker) {
   core_->Cancel(12345, false);  // unknown: ignored
 }
 
+// The gRPC server accepts calls until it shuts down, after the core has stopped: those are
+// refused at once instead of waiting in a queue nobody reads (which also kept Shutdown waiting).
+TEST_F(RouterCoreTest, RequestAfterStopIsRefusedAtOnce) {
+  Start(1);
+  core_->Stop();
+  auto late = Send(1, 5);
+  ASSERT_TRUE(late->finished());
+  EXPECT_EQ(late->WaitFinish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  core_->Cancel(1, false);  // a late cancel is a no-op, not a hang or a crash
+}
+
 TEST_F(RouterCoreTest, QueueFullIsResourceExhausted) {
   config_.router.max_queue_size = 2;
   Start(1);

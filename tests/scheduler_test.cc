@@ -220,6 +220,11 @@ TEST_F(SlowSchedulerTest, StopHandsBackRunningSequencesAsUnavailable) {
   ASSERT_TRUE(sink->WaitFor([](auto& m) { return !m.empty(); }));
   scheduler_->Stop();
   EXPECT_EQ(sink->WaitFinish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  // After the stop (the gRPC server may still take a call): refused at once.
+  auto late = std::make_shared<Sink>();
+  scheduler_->Submit(late, b);
+  ASSERT_TRUE(late->finished());
+  EXPECT_EQ(late->WaitFinish().error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
 TEST(SimEngineTest, CostModel) {

@@ -35,8 +35,9 @@ void Scheduler::Stop() {
   if (!thread_.joinable()) return;
   commands_.Post([this] { stopping_ = true; });
   thread_.join();
-  // Commands that raced with the stop still get their answer (UNAVAILABLE, or 0 cancelled).
-  for (auto& c : commands_.TryTakeAll()) c();
+  // Commands that raced with the stop, or come after it, still get their answer (UNAVAILABLE, or
+  // 0 cancelled).
+  commands_.Close();
 }
 
 void Scheduler::Submit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
