@@ -53,8 +53,9 @@ struct Servers {
   void Shutdown(std::chrono::milliseconds grace);
 };
 // Port 0 picks a free port; the bound ports are written to `ports_file` when it is not empty.
+// `max_receive_bytes`: the largest request message gRPC accepts (-1: no limit).
 absl::StatusOr<Servers> StartServers(const std::string& host, int grpc_port, int http_port,
                                      const std::vector<grpc::Service*>& services, const Registry& registry,
-                                     Probes probes, const std::string& ports_file);
+                                     Probes probes, const std::string& ports_file, int max_receive_bytes = 4 << 20);
 
 }  // namespace tailserve

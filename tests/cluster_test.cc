@@ -221,6 +221,31 @@ TEST(ClusterTest, FailedEngineHandsItsSequencesToAnotherWorker) {
   EXPECT_EQ(after.tokens(), ExpectedSimTokens(9, 20));
 }
 
+// A batch larger than gRPC's 4 MB default message (here one 2.5M-token sequence) is taken.
+TEST(ClusterTest, WorkerTakesBatchesLargerThanGrpcsDefaultMessage) {
+  Cluster cluster({1, {"--set", "worker.sim.step_base_ms=0", "--set", "worker.sim.step_per_prefill_token_ms=0",
+                       "--set", "worker.sim.step_per_kv_token_ns=0"}, {}});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto worker = v1::Worker::NewStub(grpc::CreateChannel(cluster.worker_target(0), grpc::InsecureChannelCredentials()));
+  v1::Batch batch;
+  batch.set_batch_id("big");
+  v1::Sequence* seq = batch.add_sequences();
+  seq->set_sequence_id(5);
+  for (int i = 0; i < 2'500'000; ++i) seq->add_prompt_token_ids(200 + i % 50);  // 2 bytes each
+  seq->set_max_tokens(2);
+  ASSERT_GT(batch.ByteSizeLong(), size_t{4} << 20);
+  grpc::ClientContext ctx;
+  auto reader = worker->Execute(&ctx, batch);
+  v1::TokenEvent ev;
+  int tokens = 0;
+  while (reader->Read(&ev)) {
+    for (const auto& s : ev.sequences()) tokens += s.token_ids_size();
+  }
+  const grpc::Status s = reader->Finish();
+  EXPECT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
+  EXPECT_EQ(tokens, 2);
+}
+
 TEST(ClusterTest, StoppedWorkerLeavesRotationAndComesBack) {
   Cluster cluster({2, kFastSim, {"--set", "router.health_check_timeout_ms=200"}});
   ASSERT_TRUE(cluster.Start().ok());

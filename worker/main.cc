@@ -122,7 +122,11 @@ int Main(int argc, char** argv) {
        // A failed engine step is a device fault (a sticky CUDA error stays until the process
        // ends): not live, so Kubernetes restarts the worker.
        .live = [&] { return scheduler.EngineHealth(); }},
-      common.ports_file);
+      common.ports_file,
+      // A batch carries each sequence's prompt and tokens so far: up to max_batch_size times the
+      // context, past gRPC's 4 MB default, whose RESOURCE_EXHAUSTED a router takes for "full"
+      // and retries forever. The worker's only client is the router.
+      /*max_receive_bytes=*/-1);
   if (!servers.ok()) {
     spdlog::critical("{}", std::string(servers.status().message()));
     return 1;
