@@ -68,7 +68,8 @@ class CommandQueue {
   std::condition_variable cv_;
   std::deque<Command> q_;
   bool closed_ = false;  // guarded by mu_
-  std::mutex run_mu_;    // commands run after Close, one at a time
+  // Commands run after Close one at a time; recursive, so one that posts runs the new one nested.
+  std::recursive_mutex run_mu_;
 };
 
 }  // namespace tailserve

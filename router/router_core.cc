@@ -12,7 +12,8 @@ namespace tailserve {
 
 uint64_t FirstSequenceKey() {
   std::random_device rd;
-  const uint64_t prefix = (uint64_t{rd()} & 0x7fffffffu) | 1u;  // nonzero, below the warm-up's ~0
+  uint64_t prefix = uint64_t{rd()} & 0x7fffffffu;  // below the worker's warm-up id (~0)
+  if (prefix == 0) prefix = 1;
   return prefix << 32 | 1u;
 }
 
@@ -250,6 +251,7 @@ void RouterCore::OnEvent(uint64_t batch_id, const v1::TokenEvent& ev) {
         Requeue(id, r, "worker_failure");
         break;
       case v1::FINISH_STATE_INVALID:  // the worker refused it alone: no worker of this kind runs it
+        r.batch = 0;  // never admitted there: nothing to cancel on the worker
         Fail(id, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, se.error()), "invalid_argument");
         break;
       default:
@@ -321,8 +323,7 @@ void RouterCore::PollWorkers() {
   }
 }
 
-bool RouterCore::Dispatch() {
-  const SteadyTime now = clock_.Now();
+bool RouterCore::Dispatch(SteadyTime now) {
   for (bool any = false;; any = true) {
     const std::optional<size_t> w = pool_.Pick();
     if (!w) return any;
@@ -392,12 +393,13 @@ void RouterCore::UpdateGauges() {
 void RouterCore::Loop() {
   next_poll_ = clock_.Now();
   bool dispatched = true;
+  SteadyTime dispatched_at = next_poll_;
   while (!stopping_) {
     std::optional<SteadyTime> wake = std::min(next_poll_, predictor_->next_tick());
-    // A deadline already past that the last Dispatch could not serve waits for room, which comes
-    // as a command (a step event, a batch's end, a poll): waking for it again would spin a core
-    // whenever every worker is full.
-    if (auto d = batcher_->NextDeadline(); d && (dispatched || *d > clock_.Now())) wake = std::min(*wake, *d);
+    // A deadline the last Dispatch already saw as due, and could not serve, waits for room, which
+    // comes as a command (a step event, a batch's end, a poll): waking for it again would spin a
+    // core whenever every worker is full.
+    if (auto d = batcher_->NextDeadline(); d && (dispatched || *d > dispatched_at)) wake = std::min(*wake, *d);
     for (auto& c : commands_.TakeAll(wake)) c();
     if (stopping_) break;
     predictor_->Tick();
@@ -405,7 +407,8 @@ void RouterCore::Loop() {
     batcher_->SetLengthAware(config_.batching.mode == "ladb" && !predictor_->drift_active());
     batcher_->SetStepSeconds(pool_.MeanStepSeconds());
     PollWorkers();
-    dispatched = Dispatch();
+    dispatched_at = clock_.Now();
+    dispatched = Dispatch(dispatched_at);
     UpdateGauges();
   }
   // Shutdown: fail what is open, cancel worker streams, and wait (bounded) for their callbacks so

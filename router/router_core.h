@@ -83,8 +83,8 @@ class RouterCore {
   void OnBatchDone(uint64_t batch_id, const grpc::Status& status);
   void OnStatus(size_t worker, const absl::StatusOr<v1::WorkerStatus>& status);
   void PollWorkers();
-  // Sends every batch the batcher forms while a worker has room; whether any went out.
-  bool Dispatch();
+  // Sends every batch the batcher forms at `now` while a worker has room; whether any went out.
+  bool Dispatch(SteadyTime now);
   void WorkerDown(size_t worker);
   // Takes an ending request out of the queue, or cancels it on the worker running it.
   void Detach(uint64_t key, const Request& r);

@@ -32,6 +32,10 @@ TEST(CommandQueueTest, AfterCloseCommandsRunOnThePostingThreadInOrder) {
   for (auto& t : posters) t.join();
   EXPECT_EQ(n, 8000);
   EXPECT_TRUE(q.TryTakeAll().empty());
+  // A command that posts (a fake worker answering a cancel at once does) runs the new one nested.
+  bool inner = false;
+  q.Post([&] { q.Post([&] { inner = true; }); });
+  EXPECT_TRUE(inner);
 }
 
 }  // namespace

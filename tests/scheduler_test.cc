@@ -186,6 +186,25 @@ class SlowSchedulerTest : public SchedulerTest {
   SlowSchedulerTest() : SchedulerTest(Slow()) {}
 };
 
+// An id already running here is a conflict, not the request's fault: handed back (CANCELLED) for
+// the router to run elsewhere, while the running one is untouched.
+TEST_F(SlowSchedulerTest, AnIdAlreadyRunningIsHandedBack) {
+  Start(4);
+  auto first = std::make_shared<Sink>();
+  v1::Batch b;
+  *b.add_sequences() = Seq(1, 1'000'000);
+  scheduler_->Submit(first, b);
+  ASSERT_TRUE(first->WaitFor([](auto& m) { return !m.empty(); }));
+  auto second = std::make_shared<Sink>();
+  scheduler_->Submit(second, b);
+  EXPECT_TRUE(second->WaitFinish().ok());
+  ASSERT_EQ(second->messages().size(), 1u);
+  EXPECT_EQ(second->messages()[0].sequences(0).state(), v1::FINISH_STATE_CANCELLED);
+  EXPECT_EQ(second->messages()[0].sequences(0).error(), "sequence_id: 1 is already running");
+  EXPECT_FALSE(first->finished());
+  EXPECT_EQ(scheduler_->Snapshot().running, 1);
+}
+
 TEST_F(SlowSchedulerTest, CancelFreesTheSlot) {
   Start(2);
   auto sink = std::make_shared<Sink>();

@@ -96,7 +96,7 @@ SchedulerSnapshot Scheduler::Snapshot() const {
 
 absl::Status Scheduler::ValidateSequence(const v1::Sequence& s, std::unordered_set<uint64_t>& ids) const {
   if (!ids.insert(s.sequence_id()).second) {
-    return absl::InvalidArgumentError(absl::StrCat("sequence_id: ", s.sequence_id(), " is already running"));
+    return absl::AlreadyExistsError(absl::StrCat("sequence_id: ", s.sequence_id(), " is already running"));
   }
   if (s.prompt_token_ids().empty()) return absl::InvalidArgumentError("prompt_token_ids: empty");
   const int32_t vocab = engine_.vocab_size();
@@ -141,7 +141,9 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
   auto refuse = [&](const v1::Sequence& s, const absl::Status& why) {
     auto* se = refused.add_sequences();
     se->set_sequence_id(s.sequence_id());
-    se->set_state(v1::FINISH_STATE_INVALID);
+    // Its id already running here is a conflict, not the request's fault: handed back (CANCELLED)
+    // for the router to run elsewhere; anything else no worker of this kind can run.
+    se->set_state(why.code() == absl::StatusCode::kAlreadyExists ? v1::FINISH_STATE_CANCELLED : v1::FINISH_STATE_INVALID);
     se->set_error(std::string(why.message()));
   };
   std::unordered_set<uint64_t> ids;
@@ -181,7 +183,9 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
     reserved.push_back(i);
   }
   if (refused.sequences_size() > 0) {
-    metrics_.sequences.Labels({"invalid"}).Inc(refused.sequences_size());
+    for (const auto& se : refused.sequences()) {
+      metrics_.sequences.Labels({se.state() == v1::FINISH_STATE_INVALID ? "invalid" : "cancelled"}).Inc();
+    }
     refused.set_simulated(engine_.simulated());
     refused.set_free_slots(free - static_cast<int>(reserved.size()));
     sink->Write(std::move(refused));
@@ -299,11 +303,14 @@ void Scheduler::RunStep() {
 }
 
 void Scheduler::HandBackAll(const grpc::Status& status, const char* reason) {
-  for (size_t i = running_.size(); i-- > 0;) {
-    // Finish first: the router re-dispatches sequences of a stream that ends UNAVAILABLE.
-    running_[i].sink->Finish(status);
-    Retire(i, reason);
+  // Each stream ends once, with `status` (UNAVAILABLE: the router re-dispatches its sequences),
+  // after every sequence's KV is released: out of open_per_sink_ first, so Retire does not end it OK.
+  std::vector<std::shared_ptr<BatchSink>> sinks;
+  for (const Slot& s : running_) {
+    if (open_per_sink_.erase(s.sink.get())) sinks.push_back(s.sink);
   }
+  for (size_t i = running_.size(); i-- > 0;) Retire(i, reason);
+  for (auto& sink : sinks) sink->Finish(status);
 }
 
 void Scheduler::PublishCounts() {

@@ -44,13 +44,15 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float (&xf)[8]) {
 
 // Shared memory a CTA may fill with W before its wait. Measured with the 8B o Gemv preloading
 // (batch-1 step, one process each): none 4.13 ms, 8 KB 4.11, 16 KB 4.07, 32 KB 4.55 with the
-// driver's shared-memory configuration, 4.02 with the one kPreloadCtasPerSm sets.
+// driver's shared-memory configuration, 4.02 with kPreloadConfigBytes.
 constexpr int kMaxPreloadBytes = 32 << 10;
-// Preloading CTAs an SM's shared-memory configuration is sized for. A large configuration slows
-// the kernels chained after o on the SM (less L1, or SMs draining to change it back: not told
-// apart): configured for 6 CTAs of 33 KB (196 KB, the driver's choice) the step took 4.57 ms, at
-// 164 KB 4.06, at 132 KB 4.02; 228 KB for every Gemv, even with no preload, 4.71.
-constexpr int kPreloadCtasPerSm = 4;
+// The SM shared-memory configuration the preloading instances ask for. A large one slows the
+// kernels chained after o on the SM (less L1, or SMs draining to change it back: not told apart):
+// at 196 KB (the driver's choice for 6 CTAs of 33 KB) the step took 4.57 ms, at 164 KB 4.06, at
+// 132 KB 4.02; 228 KB for every Gemv, even with no preload, 4.71. 132 KB holds 3 such CTAs (a
+// CTA also takes 1 KB reserved and its static arrays), so o's 512 CTAs on the 8B are 1.3 waves:
+// 24 KB a CTA (5 fit) is still to time (bench/CUDA_NOTES.md).
+constexpr int kPreloadConfigBytes = 132 << 10;
 constexpr int kPreloadStepBytes = kWarps * 2 * 32 * 16;  // one step: every lane's two 16-byte W loads
 
 // A block's 8 warps take 8 / KS column pairs; the KS warps of a pair split its k range
@@ -162,10 +164,9 @@ absl::StatusOr<int> GemvWave() {
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   TAILSERVE_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  // A preference just under kPreloadCtasPerSm CTAs' shared memory, which the driver rounds up to
-  // a configuration the SM has (57% of 228 KB: 132 KB on the H100/H200).
-  const int carveout =
-      std::clamp(100 * kPreloadCtasPerSm * (kMaxPreloadBytes + 512) / std::max(smem_per_sm, 1), 0, 100);
+  // Rounded down: the driver rounds a preference up to a configuration the SM has (57% of 228 KB
+  // on the H100/H200 becomes 132 KB).
+  const int carveout = std::clamp(100 * kPreloadConfigBytes / std::max(smem_per_sm, 1), 0, 100);
   for (auto kernel : {GemvKernel<1, true>, GemvKernel<2, true>, GemvKernel<4, true>, GemvKernel<8, true>}) {
     TAILSERVE_CUDA_RETURN_IF_ERROR(
         cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
