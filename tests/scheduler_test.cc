@@ -239,6 +239,7 @@ TEST_F(SlowSchedulerTest, StopHandsBackRunningSequencesAsUnavailable) {
   ASSERT_TRUE(sink->WaitFor([](auto& m) { return !m.empty(); }));
   scheduler_->Stop();
   EXPECT_EQ(sink->WaitFinish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(sink->finishes(), 1);
   // After the stop (the gRPC server may still take a call): refused at once.
   auto late = std::make_shared<Sink>();
   scheduler_->Submit(late, b);
@@ -430,6 +431,7 @@ TEST(SchedulerModelTest, FailedEngineStepHandsSequencesBackAndTurnsNewBatchesAwa
   EXPECT_EQ(events_before, 2u);
   EXPECT_EQ(scheduler.EngineHealth().message(), "device fault: illegal address");
   EXPECT_EQ(engine.held(), 0);  // the failed sequences' KV is released
+  EXPECT_EQ(sink->finishes(), 1);  // one end, UNAVAILABLE, not a second OK after it
 
   // New work is turned away with UNAVAILABLE, which a router re-dispatches to another worker.
   auto later = std::make_shared<Sink>();

@@ -20,6 +20,7 @@ class RecordingSink final : public MessageSink<Msg> {
   }
   void Finish(grpc::Status s) override {
     std::lock_guard lock(mu_);
+    ++finishes_;
     if (!status_) status_ = std::move(s);
     cv_.notify_all();
   }
@@ -45,12 +46,18 @@ class RecordingSink final : public MessageSink<Msg> {
     std::lock_guard lock(mu_);
     return status_.has_value();
   }
+  // How many times Finish was called (a stream ends once).
+  int finishes() {
+    std::lock_guard lock(mu_);
+    return finishes_;
+  }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Msg> messages_;
   std::optional<grpc::Status> status_;
+  int finishes_ = 0;
 };
 
 }  // namespace tailserve

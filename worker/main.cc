@@ -27,7 +27,6 @@ class WarmupSink final : public BatchSink {
     for (const auto& s : ev.sequences()) tokens_ += s.token_ids_size();
   }
   void Finish(grpc::Status status) override {
-    if (finished_.exchange(true)) return;  // the first end is the one that counts
     if (!status.ok() || tokens_ == 0) {
       spdlog::error("warm-up generation failed: {} ({} tokens)", status.error_message(), tokens_);
       return;
@@ -43,7 +42,6 @@ class WarmupSink final : public BatchSink {
   Servers& servers_;
   Gauge& gauge_;
   int tokens_ = 0;
-  std::atomic<bool> finished_{false};
 };
 
 void LogLoaded(const ModelConfig& c, const std::string& path, SteadyTime start) {
