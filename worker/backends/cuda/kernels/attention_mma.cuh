@@ -186,8 +186,10 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
     float scale_cur = 0.0f, scale_next = 0.0f;
     // Launched programmatically, this prologue and (decoding) a first tile of keys cached in
     // earlier steps overlap the previous kernel; q, the new position's K/V and (new_kv) its stash
-    // are that kernel's, so they wait. Prefill tiles hold this step's keys: they wait too.
-    const bool early = !kTiled && t0 < end && t0 + kKeys <= pos0;
+    // are that kernel's, so they wait. With new_kv nothing writes the cache before this kernel, so
+    // the tile holding the new position goes early too (the writer overwrites that key's rows and
+    // scales in the stage before use). Prefill tiles hold this step's keys: they wait.
+    const bool early = !kTiled && t0 < end && (new_kv || t0 + kKeys <= pos0);
     if (early) issue(t0, 0, &scale_cur);
     GridDependencyWait();
     TriggerDependents();  // the batch-1 o Gemv after it may launch (common.cuh)
@@ -200,6 +202,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
         const int which = piece / (HD / 4), at = piece % (HD / 4) * 4;
         __pipeline_memcpy_async(&fresh_s[which][at], fresh + which * kvh * HD + at, 16);
       }
+      __pipeline_commit();  // a group of its own: the loop's first wait covers it, early tile or not
     }
     if (!early && t0 < end) issue(t0, 0, &scale_cur);  // before q, so its DRAM latency overlaps q's loads
 
