@@ -64,12 +64,12 @@ struct RouterConfig {
   std::string model_path;
 };
 
-// Defaults: fitted to the CUDA engine on an H200, Llama-3.1-8B shape, FP8 KV (bench/RESULTS.md).
+// Defaults: fitted to the CUDA engine (v21) on an H200, Llama-3.1-8B shape, FP8 KV (bench/RESULTS.md).
 struct SimBackendConfig {
-  double step_base_ms = 4.58;            // a
-  double step_per_sequence_ms = 0.015;   // b
-  double step_per_kv_token_ns = 20.8;    // c
-  double step_per_prefill_token_ms = 0.032;  // p
+  double step_base_ms = 3.83;            // a
+  double step_per_sequence_ms = 0.018;   // b
+  double step_per_kv_token_ns = 18.7;    // c
+  double step_per_prefill_token_ms = 0.031;  // p
   int vocab_size = 256;
   // Fault injection, for failover tests: every step after this many fails as a device fault
   // would (0: never).

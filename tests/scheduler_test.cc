@@ -247,6 +247,48 @@ TEST_F(SlowSchedulerTest, StopHandsBackRunningSequencesAsUnavailable) {
   EXPECT_EQ(late->WaitFinish().error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
+// Cancel and Execute are separate RPCs, so a router's cancel can overtake the Execute carrying
+// the sequence: the worker remembers the id and refuses the sequence (CANCELLED) when it arrives,
+// instead of running it unseen to its step budget; for kEarlyCancelTtl only.
+TEST(SchedulerEarlyCancelTest, ACancelThatOvertakesItsExecuteRefusesTheSequence) {
+  Registry registry;
+  WorkerMetrics metrics(registry, 60);
+  SimEngine engine(FreeSim(), "test");
+  FakeClock clock;
+  Scheduler scheduler(engine, 4, metrics, clock);
+  scheduler.Start();
+  std::promise<int> cancelled;
+  scheduler.Cancel({1, 3}, [&](int n) { cancelled.set_value(n); });
+  EXPECT_EQ(cancelled.get_future().get(), 0);
+
+  v1::Batch b;
+  *b.add_sequences() = Seq(1, 5, 11);
+  *b.add_sequences() = Seq(2, 5, 12);
+  auto sink = std::make_shared<Sink>();
+  scheduler.Submit(sink, b);
+  ASSERT_TRUE(sink->WaitFinish().ok());
+  const v1::TokenEvent first = sink->messages().front();  // the refusal comes before any token
+  ASSERT_EQ(first.sequences_size(), 1);
+  EXPECT_EQ(first.sequences(0).sequence_id(), 1u);
+  EXPECT_EQ(first.sequences(0).state(), v1::FINISH_STATE_CANCELLED);
+  EXPECT_EQ(first.sequences(0).error(), "cancelled before it arrived");
+  auto out = Collect(*sink);
+  EXPECT_TRUE(out[1].tokens.empty());
+  EXPECT_EQ(out[2].tokens.size(), 5u);
+  EXPECT_EQ(out[2].state, v1::FINISH_STATE_LENGTH);
+
+  // Sequence 3's cancel has expired by the time it comes: it runs.
+  clock.Advance(Scheduler::kEarlyCancelTtl + std::chrono::seconds(1));
+  v1::Batch late;
+  *late.add_sequences() = Seq(3, 4);
+  auto sink3 = std::make_shared<Sink>();
+  scheduler.Submit(sink3, late);
+  ASSERT_TRUE(sink3->WaitFinish().ok());
+  EXPECT_EQ(Collect(*sink3)[3].tokens.size(), 4u);
+  EXPECT_EQ(Collect(*sink3)[3].state, v1::FINISH_STATE_LENGTH);
+  scheduler.Stop();
+}
+
 TEST(SimEngineTest, CostModel) {
   SimBackendConfig c;
   c.step_base_ms = 4;
@@ -366,6 +408,16 @@ TEST(SchedulerModelTest, KvReservationTurnsAwayWhatDoesNotFitUntilRoomIsFreed) {
   ModelScheduler running(engine, 8);
   Scheduler& scheduler = running.scheduler;
   WorkerMetrics& metrics = running.metrics;
+  // Both batches must reach the scheduler in one drain of its commands: with free steps the first
+  // could otherwise finish before the second is admitted (it did, once, on a loaded CI machine).
+  // A command that blocks holds the scheduler thread while they queue.
+  std::promise<void> holding, release;
+  std::shared_future<void> released = release.get_future().share();
+  scheduler.Cancel({}, [&holding, released](int) {
+    holding.set_value();
+    released.wait();
+  });
+  holding.get_future().wait();
   auto first = std::make_shared<Sink>();
   v1::Batch b;
   *b.add_sequences() = Seq(1, 10);  // 3 prompt + 10 = 13 tokens
@@ -375,6 +427,7 @@ TEST(SchedulerModelTest, KvReservationTurnsAwayWhatDoesNotFitUntilRoomIsFreed) {
   v1::Batch c;
   *c.add_sequences() = Seq(3, 10);  // 13 more would be 39 > 30
   scheduler.Submit(second, c);
+  release.set_value();
   const grpc::Status s = second->WaitFinish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(s.error_message(), "KV cache: no room");

@@ -59,8 +59,10 @@ void Scheduler::Cancel(std::vector<uint64_t> ids, std::function<void(int)> done)
   commands_.Post([this, ids = std::move(ids), done = std::move(done)] {
     int n = 0;
     for (uint64_t id : ids) {
+      bool found = false;
       for (size_t i = 0; i < running_.size(); ++i) {
         if (running_[i].id != id) continue;
+        found = true;
         v1::TokenEvent ev;
         ev.set_simulated(engine_.simulated());
         // What is free once it is gone: a router reads every event's free_slots, and 0 here
@@ -74,10 +76,20 @@ void Scheduler::Cancel(std::vector<uint64_t> ids, std::function<void(int)> done)
         ++n;
         break;
       }
+      if (!found) RememberEarlyCancel(id);
     }
     PublishCounts();
     done(n);
   });
+}
+
+void Scheduler::RememberEarlyCancel(uint64_t id) {
+  const SteadyTime now = clock_.Now();
+  if (early_cancels_.size() >= kMaxEarlyCancels) {
+    std::erase_if(early_cancels_, [&](const auto& e) { return now - e.second > kEarlyCancelTtl; });
+    if (early_cancels_.size() >= kMaxEarlyCancels) early_cancels_.erase(early_cancels_.begin());
+  }
+  early_cancels_[id] = now;
 }
 
 void Scheduler::OnEngineFailure(std::function<void(const absl::Status&)> handler) {
@@ -142,14 +154,26 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
     auto* se = refused.add_sequences();
     se->set_sequence_id(s.sequence_id());
     // Its id already running here is a conflict, not the request's fault: handed back (CANCELLED)
-    // for the router to run elsewhere; anything else no worker of this kind can run.
-    se->set_state(why.code() == absl::StatusCode::kAlreadyExists ? v1::FINISH_STATE_CANCELLED : v1::FINISH_STATE_INVALID);
+    // for the router to run elsewhere, as is one cancelled before it arrived; anything else no
+    // worker of this kind can run.
+    const bool handed_back = why.code() == absl::StatusCode::kAlreadyExists || why.code() == absl::StatusCode::kCancelled;
+    se->set_state(handed_back ? v1::FINISH_STATE_CANCELLED : v1::FINISH_STATE_INVALID);
     se->set_error(std::string(why.message()));
   };
   std::unordered_set<uint64_t> ids;
   for (const Slot& s : running_) ids.insert(s.id);
   std::vector<int> valid;
+  const SteadyTime now = clock_.Now();
   for (int i = 0; i < batch.sequences_size(); ++i) {
+    const uint64_t id = batch.sequences(i).sequence_id();
+    if (auto early = early_cancels_.find(id); early != early_cancels_.end()) {
+      const bool live = now - early->second <= kEarlyCancelTtl;
+      early_cancels_.erase(early);
+      if (live) {
+        refuse(batch.sequences(i), absl::CancelledError("cancelled before it arrived"));
+        continue;
+      }
+    }
     if (absl::Status s = ValidateSequence(batch.sequences(i), ids); !s.ok()) {
       refuse(batch.sequences(i), s);
     } else {

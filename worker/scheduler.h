@@ -45,8 +45,13 @@ class Scheduler {
   void Submit(std::shared_ptr<BatchSink> sink, v1::Batch batch);
   // The stream behind `sink` is gone (client cancelled): drop its sequences.
   void CancelSink(std::shared_ptr<BatchSink> sink);
-  // Cancels these sequences; `done(n)` is called with how many were running.
+  // Cancels these sequences; `done(n)` is called with how many were running. An id not running
+  // is remembered for kEarlyCancelTtl: Cancel and Execute are separate RPCs, so a router's cancel
+  // can overtake the Execute that carries the sequence, which is then refused (CANCELLED) on
+  // arrival instead of running unseen to its step budget.
   void Cancel(std::vector<uint64_t> ids, std::function<void(int)> done);
+  static constexpr Duration kEarlyCancelTtl = std::chrono::seconds(60);
+  static constexpr size_t kMaxEarlyCancels = 65536;
 
   SchedulerSnapshot Snapshot() const;
 
@@ -85,6 +90,8 @@ class Scheduler {
   // Slot counts (cheap) / counts plus step-time quantiles (sorts the window).
   void PublishCounts();
   void PublishSnapshot();
+  // Remembers an id cancelled before it arrived (bounded: expired ids go first, then any).
+  void RememberEarlyCancel(uint64_t id);
 
   Engine& engine_;
   const std::vector<int32_t> eos_ids_;  // the model's EOS ids end every sequence
@@ -99,6 +106,7 @@ class Scheduler {
   // Owned by the scheduler thread.
   std::vector<Slot> running_;
   std::unordered_map<BatchSink*, int> open_per_sink_;
+  std::unordered_map<uint64_t, SteadyTime> early_cancels_;  // id → when it was cancelled
 
   mutable std::mutex snapshot_mu_;
   SchedulerSnapshot snapshot_;

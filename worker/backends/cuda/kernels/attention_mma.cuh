@@ -193,8 +193,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
     if (early) issue(t0, 0, &scale_cur);
     GridDependencyWait();
     TriggerDependents();  // the batch-1 o Gemv after it may launch (common.cuh)
-    // new_kv: the warp whose tile holds pos0 copies its K and V beside (or after) its first tile
-    // and, at that tile, encodes them (see below).
+    // new_kv: the warp whose tile holds pos0 copies its K and V after the wait (they are the
+    // previous kernel's) and, at that tile, encodes them (see below).
     const bool writer = !kTiled && new_kv && begin <= pos0 && pos0 < end && warp == (pos0 - begin) / kKeys % kWarps;
     if (writer) {
       const float* fresh = q + static_cast<int64_t>(r0) * q_stride + (heads + kv_head) * HD;
