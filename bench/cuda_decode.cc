@@ -94,6 +94,7 @@ int Main(int argc, char** argv) {
   int steps = 50;
   double soak_s = 0;
   int soak_batch = 64;
+  int max_splits = CudaEngineOptions{}.attention_splits;
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
@@ -103,6 +104,9 @@ int Main(int argc, char** argv) {
   app.add_option("--prefills", prefills, "prompt lengths to time prefill for")->capture_default_str();
   app.add_option("--soak-seconds", soak_s, "run a soak of this length after the table")->capture_default_str();
   app.add_option("--soak-batch", soak_batch, "batch of the soak")->capture_default_str();
+  app.add_option("--attention-splits", max_splits, "most splits of a row's keys the engine may choose (its split model picks)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
   for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
@@ -115,7 +119,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) return std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str()), 2;
   const double t0 = Now();
-  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256});
+  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);
