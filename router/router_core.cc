@@ -217,7 +217,9 @@ void RouterCore::OnEvent(uint64_t batch_id, const v1::TokenEvent& ev) {
   auto bit = batches_.find(batch_id);
   if (bit == batches_.end()) return;
   InflightBatch& b = bit->second;
-  pool_.OnFreeSlots(b.worker, ev.free_slots());
+  const bool ended = std::any_of(ev.sequences().begin(), ev.sequences().end(),
+                                 [](const v1::SequenceEvent& se) { return se.state() != v1::FINISH_STATE_RUNNING; });
+  pool_.OnFreeSlots(b.worker, ev.free_slots(), ended);
   for (const v1::SequenceEvent& se : ev.sequences()) {
     const uint64_t id = se.sequence_id();
     if (!b.open.count(id)) continue;

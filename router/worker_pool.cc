@@ -21,6 +21,7 @@ bool WorkerPool::OnStatus(size_t i, const absl::StatusOr<v1::WorkerStatus>& stat
     w.healthy = true;
     w.total_slots = status->total_slots();
     w.running_reported = status->running_sequences();
+    w.refused = false;
     w.step_p50_seconds = status->step_time_p50_seconds();
   } else if (status.ok()) {
     w.healthy = false;  // reachable but not ready (warming up or shutting down)
@@ -38,10 +39,16 @@ bool WorkerPool::MarkDown(size_t i) {
   return was;
 }
 
-void WorkerPool::MarkFull(size_t i) { workers_[i].running_reported = workers_[i].total_slots; }
+void WorkerPool::MarkFull(size_t i) {
+  workers_[i].running_reported = workers_[i].total_slots;
+  workers_[i].refused = true;
+}
 
-void WorkerPool::OnFreeSlots(size_t i, int free_slots) {
-  workers_[i].running_reported = std::max(0, workers_[i].total_slots - free_slots);
+void WorkerPool::OnFreeSlots(size_t i, int free_slots, bool ended) {
+  Worker& w = workers_[i];
+  if (w.refused && !ended) return;
+  w.refused = false;
+  w.running_reported = std::max(0, w.total_slots - free_slots);
 }
 
 int WorkerPool::Free(size_t i) const {

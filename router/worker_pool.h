@@ -25,10 +25,14 @@ class WorkerPool {
   // An Execute stream to the worker broke: out of rotation until a Status poll succeeds again.
   // Returns true when the worker was healthy.
   bool MarkDown(size_t i);
-  // The worker refused a batch for lack of slots: treat it as full until it reports otherwise.
+  // The worker refused a batch (no slots, or no room in its KV cache, which free slots do not
+  // show): full until one of its sequences ends, the only thing that frees either, or until a
+  // Status poll (other routers' sequences end unseen). Clearing it on every step event made a
+  // worker with a full KV cache refuse a batch each step.
   void MarkFull(size_t i);
-  // Free slots as reported in a TokenEvent (fresher than the last poll).
-  void OnFreeSlots(size_t i, int free_slots);
+  // Free slots as reported in a TokenEvent (fresher than the last poll); `ended`: the event ends
+  // at least one sequence.
+  void OnFreeSlots(size_t i, int free_slots, bool ended);
 
   void AddInflight(size_t i, int delta) { workers_[i].inflight += delta; }
   int inflight(size_t i) const { return workers_[i].inflight; }
@@ -47,6 +51,7 @@ class WorkerPool {
     int total_slots = 0;
     int running_reported = 0;  // sequences the worker said it runs (all routers)
     int inflight = 0;          // sequences this router has on it
+    bool refused = false;      // MarkFull: full until a sequence ends or a poll
     double step_p50_seconds = 0;
   };
   const int unhealthy_after_;

@@ -128,10 +128,10 @@ class CountingBatcher final : public Batcher {
 
 class RouterCoreTest : public ::testing::Test {
  protected:
-  void Start(int workers = 2, int slots = 8) {
+  void Start(int workers = 2, int slots = 8, int poll_ms = 20) {
     config_.batching.min_batch_size = 1;
     config_.router.timeout_ms = 0;
-    config_.router.health_check_interval_ms = 20;
+    config_.router.health_check_interval_ms = poll_ms;
     std::vector<std::string> names;
     std::vector<std::unique_ptr<WorkerClient>> clients;
     for (int i = 0; i < workers; ++i) {
@@ -290,6 +290,28 @@ TEST_F(RouterCoreTest, RejectedBatchIsRequeuedWithoutCountingAsADispatch) {
   c.on_done(grpc::Status::OK);
   ASSERT_TRUE(client->WaitFinish().ok());
   EXPECT_EQ(client->messages().back().timings().dispatches(), 1);
+}
+
+// A worker that refused a batch (say its KV cache is full: free slots do not show it) is not sent
+// another on its next step event, only once one of its sequences ends (or a Status poll comes).
+TEST_F(RouterCoreTest, ARefusingWorkerGetsNoBatchUntilOneOfItsSequencesEnds) {
+  config_.batching.max_batch_size = 1;
+  Start(1, 8, /*poll_ms=*/60'000);  // no poll clears it during the test
+  auto running = Send(1, 10);
+  FakeWorker::Call a = fakes_[0]->WaitCall(0);
+  auto refused = Send(2, 10);
+  fakes_[0]->WaitCall(1).on_done(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "KV cache: no room"));
+  a.on_event(Event(1, {'a'}));  // a step: 8 slots free, but nothing freed
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(fakes_[0]->calls(), 2u);
+  a.on_event(Event(1, {'b'}, v1::FINISH_STATE_LENGTH));
+  a.on_done(grpc::Status::OK);
+  FakeWorker::Call b = fakes_[0]->WaitCall(2);
+  EXPECT_EQ(b.batch.sequences(0).sequence_id(), 2u);
+  b.on_event(Event(2, {'c'}, v1::FINISH_STATE_STOP));
+  b.on_done(grpc::Status::OK);
+  ASSERT_TRUE(running->WaitFinish().ok());
+  ASSERT_TRUE(refused->WaitFinish().ok());
 }
 
 TEST_F(RouterCoreTest, CancelWhileRunningCancelsOnTheWorker) {

@@ -32,7 +32,7 @@ TEST(WorkerPoolTest, PicksMostFreeCapacity) {
   p.AddInflight(1, 5);  // our own dispatches count before the worker reports them
   EXPECT_EQ(p.Free(1), 3);
   EXPECT_EQ(p.Pick(), 2u);
-  p.OnFreeSlots(2, 0);
+  p.OnFreeSlots(2, 0, false);
   EXPECT_EQ(p.Pick(), 1u);
 }
 
@@ -45,6 +45,23 @@ TEST(WorkerPoolTest, FullWorkersAreNotPicked) {
   EXPECT_EQ(p.Pick(), 0u);
   p.MarkFull(0);
   EXPECT_FALSE(p.Pick().has_value());
+}
+
+// A refusal may be for lack of KV room, which free slots do not show: the worker stays full
+// through its step events until one of its sequences ends (or a poll comes).
+TEST(WorkerPoolTest, ARefusingWorkerStaysFullUntilOneOfItsSequencesEnds) {
+  WorkerPool p({"a"}, 2);
+  p.OnStatus(0, Ready(4));
+  p.MarkFull(0);
+  p.OnFreeSlots(0, 3, /*ended=*/false);  // a step of the sequences it runs: nothing freed
+  EXPECT_FALSE(p.Pick().has_value());
+  p.OnFreeSlots(0, 3, /*ended=*/true);
+  EXPECT_EQ(p.Pick(), 0u);
+  EXPECT_EQ(p.Free(0), 3);
+  p.MarkFull(0);
+  EXPECT_FALSE(p.Pick().has_value());
+  p.OnStatus(0, Ready(4));  // other routers' sequences end unseen: a poll clears it too
+  EXPECT_EQ(p.Pick(), 0u);
 }
 
 TEST(WorkerPoolTest, FailedPollsTakeOutAndOneGoodPollBringsBack) {
