@@ -257,6 +257,7 @@ void RouterCore::OnEvent(uint64_t batch_id, const v1::TokenEvent& ev) {
         Fail(id, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, se.error()), "invalid_argument");
         break;
       default:
+        r.batch = 0;  // it ended there: nothing to cancel on the worker
         Fail(id, grpc::Status(grpc::StatusCode::INTERNAL, absl::StrCat("worker error: ", se.error())), "error");
         break;
     }
