@@ -154,8 +154,8 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
     auto* se = refused.add_sequences();
     se->set_sequence_id(s.sequence_id());
     // Its id already running here is a conflict, not the request's fault: handed back (CANCELLED)
-    // for the router to run elsewhere, as is one cancelled before it arrived; anything else no
-    // worker of this kind can run.
+    // for the router to run elsewhere. One cancelled before it arrived ends CANCELLED too (its
+    // router has dropped it). Anything else no worker of this kind can run.
     const bool handed_back = why.code() == absl::StatusCode::kAlreadyExists || why.code() == absl::StatusCode::kCancelled;
     se->set_state(handed_back ? v1::FINISH_STATE_CANCELLED : v1::FINISH_STATE_INVALID);
     se->set_error(std::string(why.message()));
