@@ -286,6 +286,22 @@ TEST(SchedulerEarlyCancelTest, ACancelThatOvertakesItsExecuteRefusesTheSequence)
   ASSERT_TRUE(sink3->WaitFinish().ok());
   EXPECT_EQ(Collect(*sink3)[3].tokens.size(), 4u);
   EXPECT_EQ(Collect(*sink3)[3].state, v1::FINISH_STATE_LENGTH);
+
+  // Bounded: past kMaxEarlyCancels ids the oldest is forgotten first.
+  std::vector<uint64_t> many;
+  for (uint64_t id = 1000; id <= 1000 + Scheduler::kMaxEarlyCancels; ++id) many.push_back(id);
+  std::promise<int> none;
+  scheduler.Cancel(many, [&](int n) { none.set_value(n); });
+  EXPECT_EQ(none.get_future().get(), 0);
+  v1::Batch ends;
+  *ends.add_sequences() = Seq(1000, 2);
+  *ends.add_sequences() = Seq(1000 + Scheduler::kMaxEarlyCancels, 2);
+  auto sink4 = std::make_shared<Sink>();
+  scheduler.Submit(sink4, ends);
+  ASSERT_TRUE(sink4->WaitFinish().ok());
+  auto last = Collect(*sink4);
+  EXPECT_EQ(last[1000].state, v1::FINISH_STATE_LENGTH);
+  EXPECT_EQ(last[1000 + Scheduler::kMaxEarlyCancels].state, v1::FINISH_STATE_CANCELLED);
   scheduler.Stop();
 }
 

@@ -85,11 +85,15 @@ void Scheduler::Cancel(std::vector<uint64_t> ids, std::function<void(int)> done)
 
 void Scheduler::RememberEarlyCancel(uint64_t id) {
   const SteadyTime now = clock_.Now();
-  if (early_cancels_.size() >= kMaxEarlyCancels) {
-    std::erase_if(early_cancels_, [&](const auto& e) { return now - e.second > kEarlyCancelTtl; });
-    if (early_cancels_.size() >= kMaxEarlyCancels) early_cancels_.erase(early_cancels_.begin());
+  // Oldest first: drop what has expired, and past the cap the oldest (O(1) a cancel).
+  while (!early_order_.empty() &&
+         (now - early_order_.front().second > kEarlyCancelTtl || early_order_.size() >= kMaxEarlyCancels)) {
+    const auto [old_id, at] = early_order_.front();
+    early_order_.pop_front();
+    if (auto it = early_cancels_.find(old_id); it != early_cancels_.end() && it->second == at) early_cancels_.erase(it);
   }
   early_cancels_[id] = now;
+  early_order_.emplace_back(id, now);
 }
 
 void Scheduler::OnEngineFailure(std::function<void(const absl::Status&)> handler) {

@@ -3,6 +3,7 @@
 // cancellations and shutdown reach it as posted commands; it runs continuous batching (a finished
 // sequence frees its slot at once, admitted sequences join the next step).
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -90,7 +91,7 @@ class Scheduler {
   // Slot counts (cheap) / counts plus step-time quantiles (sorts the window).
   void PublishCounts();
   void PublishSnapshot();
-  // Remembers an id cancelled before it arrived (bounded: expired ids go first, then any).
+  // Remembers an id cancelled before it arrived (bounded: expired ids go first, then the oldest).
   void RememberEarlyCancel(uint64_t id);
 
   Engine& engine_;
@@ -107,6 +108,7 @@ class Scheduler {
   std::vector<Slot> running_;
   std::unordered_map<BatchSink*, int> open_per_sink_;
   std::unordered_map<uint64_t, SteadyTime> early_cancels_;  // id → when it was cancelled
+  std::deque<std::pair<uint64_t, SteadyTime>> early_order_;  // the same, oldest first (may hold used ids)
 
   mutable std::mutex snapshot_mu_;
   SchedulerSnapshot snapshot_;
