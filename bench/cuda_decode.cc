@@ -175,6 +175,13 @@ int Main(int argc, char** argv) {
         step[i].computed = static_cast<int32_t>(seqs[i].size()) - 1;
       }
     }
+    // The graph alone, replayed back to back: what the host's round trip between steps costs.
+    const double p50_ms = Quantile(times, 0.5) * 1e3;
+    if (absl::StatusOr<double> replay = (*engine)->ReplayMilliseconds(batch, 20); replay.ok()) {
+      breakdowns.push_back(absl::StrCat("batch ", batch, " context ", context, " graph replayed back to back ",
+                                        absl::SixDigits(*replay), " ms a step; Step() P50 ", absl::SixDigits(p50_ms),
+                                        " ms: ", absl::SixDigits((p50_ms - *replay) * 1e3), " us between graphs"));
+    }
     // Where a step's time goes: one eager forward of the same rows, an event after every op.
     auto profile = (*engine)->ProfileDecode(batch);
     if (profile.ok()) {

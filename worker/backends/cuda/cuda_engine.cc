@@ -524,6 +524,26 @@ absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaEngine::ProfileD
   return out;
 }
 
+absl::StatusOr<double> CudaEngine::ReplayMilliseconds(int rows, int reps) {
+  auto bucket = std::lower_bound(options_.buckets.begin(), options_.buckets.end(), rows);
+  auto graph = bucket == options_.buckets.end() ? graphs_.end() : graphs_.find(*bucket);
+  if (graph == graphs_.end() || reps < 1) return absl::InvalidArgumentError("ReplayMilliseconds: no graph for these rows");
+  if (absl::Status s = UseDevice(); !s.ok()) return s;
+  cudaStream_t s = stream_.get();
+  absl::StatusOr<CudaEvent> start = MakeEvent(), stop = MakeEvent();
+  if (!start.ok()) return start.status();
+  if (!stop.ok()) return stop.status();
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(start->get(), s));
+  for (int i = 0; i < reps; ++i) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph->second.get(), s));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop->get(), s));
+  // The replays counted the last step's clamps again: the metric keeps the step's count.
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf_->clamps, &clamps_, sizeof(clamps_), cudaMemcpyHostToDevice, s));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  float ms = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start->get(), stop->get()));
+  return static_cast<double>(ms) / reps;
+}
+
 absl::Status CudaEngine::CaptureGraphs() {
   cudaStream_t s = stream_.get();
   // Padded rows: token 0 at position 0 of the trash row; logits row i reads row i.

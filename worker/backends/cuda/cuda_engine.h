@@ -61,6 +61,11 @@ class CudaEngine final : public Engine {
   // every op and replayed as a graph: milliseconds per op kind, summed over layers, in the order
   // first seen (the benchmark's breakdown; graph replay keeps launch gaps out of the numbers).
   absl::StatusOr<std::vector<std::pair<std::string, double>>> ProfileDecode(int rows);
+  // Milliseconds of device time per replay of the decode graph for `rows` rows, replayed `reps`
+  // times back to back on the inputs of the last step (each writes the same K/V to the same slots
+  // and samples the same tokens; the clamp count is put back): a step without the host's round
+  // trip between steps, which the benchmark reports beside Step()'s time.
+  absl::StatusOr<double> ReplayMilliseconds(int rows, int reps);
   // Device memory taken at start, by purpose (bytes).
   const std::map<std::string, size_t>& memory() const { return memory_; }
 
