@@ -175,12 +175,12 @@ int Main(int argc, char** argv) {
         step[i].computed = static_cast<int32_t>(seqs[i].size()) - 1;
       }
     }
+    const double p50 = Quantile(times, 0.5), p99 = Quantile(times, 0.99);
     // The graph alone, replayed back to back: what the host's round trip between steps costs.
-    const double p50_ms = Quantile(times, 0.5) * 1e3;
     if (absl::StatusOr<double> replay = (*engine)->ReplayMilliseconds(batch, 20); replay.ok()) {
       breakdowns.push_back(absl::StrCat("batch ", batch, " context ", context, " graph replayed back to back ",
-                                        absl::SixDigits(*replay), " ms a step; Step() P50 ", absl::SixDigits(p50_ms),
-                                        " ms: ", absl::SixDigits((p50_ms - *replay) * 1e3), " us between graphs"));
+                                        absl::SixDigits(*replay), " ms a step; Step() P50 ", absl::SixDigits(p50 * 1e3),
+                                        " ms: ", absl::SixDigits((p50 * 1e3 - *replay) * 1e3), " us between graphs"));
     }
     // Where a step's time goes: one eager forward of the same rows, an event after every op.
     auto profile = (*engine)->ProfileDecode(batch);
@@ -193,7 +193,6 @@ int Main(int argc, char** argv) {
                                         absl::SixDigits(total), " ms: ", line));
     }
     for (const StepSequence& s : step) (*engine)->Release(s.id);
-    const double p50 = Quantile(times, 0.5), p99 = Quantile(times, 0.99);
     const double bytes = wbytes + kv_tok * batch * (context + 3 + steps / 2.0);
     const double roof = bytes / kCopyBandwidth;
     std::printf("| %d | %d | %.3f | %.3f | %.0f | %.2f | %.3f | %.0f%% |\n", batch, context, p50 * 1e3, p99 * 1e3,

@@ -524,9 +524,13 @@ absl::StatusOr<std::vector<std::pair<std::string, double>>> CudaEngine::ProfileD
   return out;
 }
 
-absl::StatusOr<double> CudaEngine::ReplayMilliseconds(int rows, int reps) {
+int CudaEngine::BucketFor(int rows) const {
   auto bucket = std::lower_bound(options_.buckets.begin(), options_.buckets.end(), rows);
-  auto graph = bucket == options_.buckets.end() ? graphs_.end() : graphs_.find(*bucket);
+  return bucket == options_.buckets.end() ? rows : *bucket;
+}
+
+absl::StatusOr<double> CudaEngine::ReplayMilliseconds(int rows, int reps) {
+  auto graph = graphs_.find(BucketFor(rows));
   if (graph == graphs_.end() || reps < 1) return absl::InvalidArgumentError("ReplayMilliseconds: no graph for these rows");
   if (absl::Status s = UseDevice(); !s.ok()) return s;
   cudaStream_t s = stream_.get();
@@ -709,8 +713,7 @@ absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t
                                      std::vector<int32_t>* next) {
   Buffers& b = *buf_;
   const int n = static_cast<int>(count);
-  auto bucket_it = std::lower_bound(options_.buckets.begin(), options_.buckets.end(), n);
-  const int bucket = bucket_it == options_.buckets.end() ? n : *bucket_it;
+  const int bucket = BucketFor(n);
   for (int i = 0; i < bucket; ++i) {
     b.h_logit_src[i] = i;
     if (i >= n) {  // padding: harmless row in the trash block

@@ -116,6 +116,8 @@ class CudaEngine final : public Engine {
   absl::Status UploadInputs();
   absl::Status Prefill(std::span<const StepSequence> batch);
   absl::Status DecodeChunk(std::span<const StepSequence> batch, size_t first, size_t count, std::vector<int32_t>* next);
+  // The smallest decode bucket holding `rows` rows (`rows` itself past the largest).
+  int BucketFor(int rows) const;
 
   CudaEngineOptions options_;
   ModelConfig config_;
