@@ -422,17 +422,25 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
         }
       }
     }
-    for (int splits : {1, 3, 32}) {
-      for (bool runs : {false, true}) {
+    // Splits merge with the combine kernel, or (decode, tensor cores, 2-16 splits) in a cluster.
+    for (int splits : {1, 3, 11, 16, 32}) {
+      for (int mode = 0; mode < 3; ++mode) {  // decode, decode merged in a cluster, prefill runs
+        const bool runs = mode == 2, cluster = mode == 1;
+        if (cluster && (!cuda::AttentionTakesNewKv(f.g) || splits == 1 || splits > cuda::kMaxClusterSplits)) continue;
         cuda::AttentionShape shape{.rows = rows, .heads = heads, .q_stride = width, .sliding_window = window,
-                                   .splits = splits, .scale = 1.0f / std::sqrt(float(hd)), .runs = runs};
+                                   .splits = splits, .scale = 1.0f / std::sqrt(float(hd)), .runs = runs,
+                                   .cluster_merge = cluster};
         Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
         Dev<__half> out(size_t(rows) * heads * hd);
         ASSERT_TRUE(cuda::PagedAttention(dqkv.p, shape, meta, f.g, f.view(), ws.p, out.p, nullptr).ok());
-        EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3)
-            << "splits " << splits << " window " << window << " runs " << runs << " seed " << seed;
+        EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << "splits " << splits << " window " << window << " runs "
+                                                          << runs << " cluster " << cluster << " seed " << seed;
       }
     }
+    cuda::AttentionShape prefill_in_cluster{.rows = rows, .heads = heads, .q_stride = width, .splits = 3,
+                                            .runs = true, .cluster_merge = true};
+    EXPECT_EQ(cuda::PagedAttention(dqkv.p, prefill_in_cluster, meta, f.g, f.view(), nullptr, nullptr, nullptr).code(),
+              absl::StatusCode::kInvalidArgument);
   }
 }
 
@@ -532,9 +540,12 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
   Dev<float> dlast(last);
   Dev<int32_t> dlast_seq(last_seq), dlast_pos(last_pos);
   const RowMeta meta{dlast_seq.p, dlast_pos.p, dtable.p};
-  for (auto [splits, window] : {std::pair{1, 0}, {3, 0}, {32, 0}, {1, 37}, {3, 37}}) {
+  // Each new_kv run merges as its reference does: 3, 11 and 16 splits in a cluster, 32 with the
+  // combine kernel.
+  for (auto [splits, window] : {std::pair{1, 0}, {3, 0}, {16, 0}, {32, 0}, {1, 37}, {3, 37}, {11, 37}}) {
     cuda::AttentionShape shape{.rows = seqs, .heads = heads, .q_stride = width, .sliding_window = window,
-                               .splits = splits, .scale = 1.0f / std::sqrt(float(hd))};
+                               .splits = splits, .scale = 1.0f / std::sqrt(float(hd)),
+                               .cluster_merge = splits > 1 && splits <= cuda::kMaxClusterSplits};
     Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
     Dev<__half> cached(size_t(seqs) * heads * hd), fresh(cached.n);
     ASSERT_TRUE(cuda::PagedAttention(dlast.p, shape, meta, f.g, f.view(), ws.p, cached.p, nullptr).ok());
@@ -853,7 +864,9 @@ TEST(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
       if (replay && step == 5) {  // the benchmark's replays leave nothing behind
         absl::StatusOr<double> ms = (*engine)->ReplayMilliseconds(static_cast<int>(which.size()), 3);
         EXPECT_TRUE(ms.ok()) << ms.status();
-        if (ms.ok()) EXPECT_GT(*ms, 0.0);
+        if (ms.ok()) {
+          EXPECT_GT(*ms, 0.0);
+        }
       }
     }
     for (int w : which) (*engine)->Release(id_base + w);

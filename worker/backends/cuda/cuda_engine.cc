@@ -410,6 +410,9 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
   // start programmatically on the engine's own stream (common.cuh); not when profiling, where an
   // event sits between two ops and each is timed alone.
   shape.overlap_previous = profile_ == nullptr;
+  shape.cluster_merge = decode && cuda::AttentionTakesNewKv(kv_) && shape.splits > 1 &&
+                        shape.splits <= cuda::kMaxClusterSplits &&
+                        cuda::AttentionRowTiles(shape, kv_) * kv_.kv_heads * shape.splits <= sm_count_;
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
   if (fused) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.sumsq, 0, (2 * layers_.size() + 1) * sizeof(float), s));
   TRY("embed", cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, fused ? sumsq(0) : nullptr, s));
@@ -433,7 +436,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
     }
     TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
     if (fused) {
-      // o's CTAs start while the attention runs (the combine lets them) and copy W meanwhile.
+      // o's CTAs start while the attention runs (its CTAs, or its combine, trigger before the end)
+      // and copy W meanwhile.
       TRY("gemm_o", cuda::Gemv({.x = b.attn, .k = qd, .w = L.w_o, .n = h, .y = b.x, .beta = 1.0f, .bias = L.b_o,
                                 .out_sumsq = sumsq(2 * l + 1), .overlap_previous = shape.overlap_previous,
                                 .preload_w = shape.overlap_previous}, s));

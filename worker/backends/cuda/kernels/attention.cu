@@ -334,13 +334,30 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
     return absl::InvalidArgumentError("PagedAttention: new_kv needs the tensor-core kernel, decode rows and a clamp counter");
   }
   if (shape.rows == 0) return absl::OkStatus();
+  const bool cluster_merge = shape.cluster_merge;
+  if (cluster_merge && (!UsesMma(g) || shape.runs || shape.splits < 2 || shape.splits > kMaxClusterSplits)) {
+    return absl::InvalidArgumentError("PagedAttention: cluster_merge needs the tensor-core kernel, decode rows and 2-16 splits");
+  }
   if (UsesMma(g)) {
-    const dim3 grid(AttentionRowTiles(shape, g), g.kv_heads, shape.splits);
+    cudaLaunchAttribute attrs[2] = {};
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(AttentionRowTiles(shape, g), g.kv_heads, shape.splits);
+    config.blockDim = dim3(mma_attention::kWarps * 32), config.stream = stream, config.attrs = attrs;
+    if (kProgrammaticLaunch && shape.overlap_previous) {
+      attrs[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs[config.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_merge) {  // a row's splits form one cluster (more than 8 CTAs is a non-portable size)
+      attrs[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
+      attrs[config.numAttrs++].val.clusterDim = {1, 1, static_cast<unsigned>(shape.splits)};
+    }
     cudaError_t launched = cudaSuccess;
     WithMmaKernel(shape, g, [&](auto kernel) {
-      launched = LaunchMaybeOverlapped(shape.overlap_previous, grid, dim3(mma_attention::kWarps * 32), 0, stream, kernel, q,
-                                       shape.rows, shape.heads, shape.q_stride, shape.sliding_window, shape.splits,
-                                       shape.scale, meta, g, layer, workspace, out, shape.new_kv, clamps);
+      if (cluster_merge && shape.splits > 8) launched = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      if (launched != cudaSuccess) return;
+      launched = cudaLaunchKernelEx(&config, kernel, q, shape.rows, shape.heads, shape.q_stride, shape.sliding_window,
+                                    shape.splits, shape.scale, meta, g, layer, workspace, out, shape.new_kv, clamps,
+                                    cluster_merge);
     });
     TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   } else {
@@ -349,7 +366,7 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
                     [&](auto kernel) { kernel<<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); });
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
-  if (UsesMma(g) && shape.splits == 1) return absl::OkStatus();  // the kernel wrote `out` itself
+  if (UsesMma(g) && (shape.splits == 1 || cluster_merge)) return absl::OkStatus();  // the kernel wrote `out` itself
   TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(shape.overlap_previous, dim3(shape.rows, shape.heads), dim3(128), 0,
                                                        stream, AttentionCombineKernel, static_cast<const float*>(workspace),
                                                        shape.heads, shape.splits, g.head_dim, out));

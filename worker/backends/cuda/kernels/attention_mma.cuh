@@ -19,7 +19,9 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_pipeline_primitives.h>
+#include <cooperative_groups.h>
 
+#include "worker/backends/cuda/kernels/attention.h"
 #include "worker/backends/cuda/kernels/common.cuh"
 #include "worker/backends/cuda/kernels/kv_cache.h"
 #include "worker/backends/cuda/kernels/kv_codec.cuh"
@@ -61,6 +63,46 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
 // table, the first tile, the merge), so more of them in flight hide more of it.
 constexpr int MinBlocks(int hd, bool tiled) { return (hd == 128 ? 3 : 4) + (tiled ? 0 : 1); }
 
+// cluster_merge: after each CTA of the cluster (one a split, rank = split) has left its
+// unnormalised output in acc_s[r · HD + d] and its max (log2 domain) and sum in ml_s[2r], [2r + 1]
+// (max -inf: no keys, and then its values are garbage), CTA `rank` merges a share of the
+// rows × HD outputs from every rank's shared memory and writes them. Shares are whole warps of
+// one row (HD is a multiple of 32): lane s reads split s's max and sum, the warp turns them into
+// weights by shuffles, and every lane reads its element from each split, all loads issued at once.
+// The second barrier keeps each CTA's shared memory alive until every rank has read it.
+template <int HD, typename Out>
+__device__ __forceinline__ void ClusterMerge(float* acc_s, float* ml_s, int rows, int splits, Out&& final_at) {
+  static_assert(HD % 32 == 0, "a warp's share lies in one row");
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int lane = threadIdx.x & 31;
+  const int total = rows * HD, share = ((total + splits - 1) / splits + 31) & ~31;
+  const int rank = static_cast<int>(cluster.block_rank()), stop = min(total, (rank + 1) * share);
+  for (int base = rank * share + (threadIdx.x & ~31); base < stop; base += blockDim.x) {  // warp-uniform
+    const int r = base / HD, i = base + lane;
+    float m = -INFINITY, l = 0.0f;
+    if (lane < splits) {
+      const float* ml = cluster.map_shared_rank(ml_s, lane);
+      m = ml[2 * r], l = ml[2 * r + 1];
+    }
+    float as[kMaxClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) as[s] = s < splits ? cluster.map_shared_rank(acc_s, s)[i] : 0.0f;
+    const float mm = WarpMax(m);
+    const float w = m == -INFINITY ? 0.0f : exp2f(m - mm);
+    const float sum = WarpSum(w == 0.0f ? 0.0f : l * w);
+    float acc = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      const float ws = __shfl_sync(0xffffffffu, w, s);
+      acc += ws == 0.0f ? 0.0f : as[s] * ws;
+    }
+    final_at(r)[i % HD] = __float2half(acc / sum);
+  }
+  cluster.sync();
+}
+
 template <int HD>
 struct Stage {
   alignas(16) uint8_t k[kKeys * RowBytes<HD>()];
@@ -78,11 +120,14 @@ struct Stage {
 // new_kv (decode only): each row's own position is not cached yet; its K and V (rotated, fp32) sit
 // in the row after the q heads, as the batch-1 q/k/v Gemv leaves them, and the CTA whose split
 // holds that position encodes them into the cache (clamps counted) and into its tile.
+// cluster_merge (decode only, launched with clusters of `splits` CTAs along z): the splits merge
+// through distributed shared memory and write the output, no partials and no combine kernel (the
+// combine cost ~3 µs a layer at batch 1: a kernel boundary plus two L2 round trips).
 template <KvDtype D, int HD, bool kTiled>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
     AttentionMmaKernel(const float* q, int rows, int heads, int q_stride, int sliding_window, int splits, float scale,
                        RowMeta meta, KvGeometry g, KvLayerView layer, float* partial, __half* out, bool new_kv,
-                       unsigned long long* clamps) {
+                       unsigned long long* clamps, bool cluster_merge) {
   static_assert(HD == 32 || HD == 64 || HD == 128, "head_dim 32, 64 or 128 (the decode Vᵀ loads take HD / 8 bytes)");
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();
@@ -107,7 +152,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
   const uint8_t* vbase = static_cast<const uint8_t*>(layer.v) + kv_head * HD;
   float* o_s = reinterpret_cast<float*>(&stages[0][0]);  // merge buffers: [kWarps][16][HD]
   float* ml_s = o_s + kWarps * 16 * HD;                  // [kWarps][16][2]
-  static_assert(sizeof(Stage<HD>) * kWarps * 2 >= (kWarps * 16 * HD + kWarps * 32) * sizeof(float), "merge buffer");
+  float* merged_ml_s = ml_s + kWarps * 32;                // [16][2]: the CTA's max (log2) and sum (cluster_merge)
+  static_assert(sizeof(Stage<HD>) * kWarps * 2 >= (kWarps * 16 * HD + kWarps * 32 + 32) * sizeof(float), "merge buffer");
 
   for (int r0 = blockIdx.x * tile_rows, run_end; r0 < tile_end; r0 = run_end) {
     const int pos0 = meta.pos[r0];
@@ -134,6 +180,14 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
       return out + (static_cast<int64_t>(r0 + r / group) * heads + kv_head * group + r % group) * HD;
     };
     if (begin >= end) {  // writes before GridDependencyWait: the previous kernel must not read out / partial
+      if constexpr (!kTiled) {
+        if (cluster_merge) {  // no keys: the others skip this CTA's max; it still merges its share
+          TriggerDependents();  // it never waits, and the follower must not wait for its exit
+          if (threadIdx.x < mma_rows) merged_ml_s[2 * threadIdx.x] = -INFINITY;
+          ClusterMerge<HD>(o_s, merged_ml_s, mma_rows, splits, [&](int r) { return final_at(r); });
+          continue;
+        }
+      }
       if (splits == 1) {
         for (int i = threadIdx.x; i < mma_rows * HD; i += blockDim.x) final_at(i / HD)[i % HD] = __float2half(0.0f);
         continue;
@@ -438,8 +492,16 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
         final_at(r)[d] = __float2half(acc / sum);
         continue;
       }
+      if (cluster_merge) {  // in place: (r, d) of warp 0's slot is read by this thread alone
+        o_s[r * HD + d] = acc;
+        if (d == 0) merged_ml_s[2 * r] = mm, merged_ml_s[2 * r + 1] = sum;
+        continue;
+      }
       out_at(r)[d] = acc;
       if (d == 0) out_at(r)[HD] = mm / kLog2e, out_at(r)[HD + 1] = sum;
+    }
+    if constexpr (!kTiled) {
+      if (cluster_merge) ClusterMerge<HD>(o_s, merged_ml_s, mma_rows, splits, [&](int r) { return final_at(r); });
     }
     __syncthreads();  // the next run refills the stage buffers
   }
