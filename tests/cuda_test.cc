@@ -690,6 +690,8 @@ TEST(CudaKernelTest, SamplingGreedyTopKTopP) {
   std::mt19937 rng(5);
   auto logits = Random(size_t(3) * vocab, rng);
   logits[17] = 9.0f, logits[vocab + 40000] = 9.0f, logits[vocab + 40001] = 8.9f;
+  logits[40003] = 9.0f, logits[5] = std::nanf("");  // greedy: the lowest index of a tie, never NaN
+  logits[vocab - 1] = 8.99f;                        // past the 16-byte vectors of row 0
   logits[2 * vocab + 7] = 30.0f;
   std::vector<cuda::SampleParams> p(3);
   p[0] = {};                                                     // greedy

@@ -1,5 +1,7 @@
 #include "worker/backends/cuda/kernels/sampling.h"
 
+#include <cstdint>
+
 #include "common/splitmix.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/common.cuh"
@@ -22,7 +24,7 @@ __device__ void MassAbove(const float* l, int vocab, float inv_t, float max, flo
   *count = BlockSum(c, shared);
 }
 
-__global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, int vocab, const SampleParams* params,
+__global__ void __launch_bounds__(kThreads, 1) SampleKernel(const float* logits, int vocab, const SampleParams* params,
                                                           int32_t* out) {
   __shared__ float shared[32];
   __shared__ float best_v[32];
@@ -32,10 +34,35 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(const float* logits, in
   const float* l = logits + static_cast<int64_t>(row) * vocab;
   const SampleParams p = params[row];
 
-  // Greedy (and the fallback): the largest logit, lowest index on ties.
+  // Greedy (and the fallback): the largest logit, lowest index on ties. Each thread visits its
+  // indices in increasing order, so `>` keeps its lowest; NaN never wins. 16-byte loads, 8 in
+  // flight a thread: one CTA reads the 128K logits of a row from L2 in a few µs, where scalar loads
+  // took ~10 µs (batch 1, 8B shape: the step's sample op, graph-profiled).
   float bv = -INFINITY;
   int bi = vocab;
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
+  int scalar_from = 0;
+  if ((reinterpret_cast<uintptr_t>(l) & 15) == 0) {
+    const float4* l4 = reinterpret_cast<const float4*>(l);
+    const int n4 = vocab / 4;
+    auto take = [&](const float4& v, int j) {
+      if (v.x > bv) bv = v.x, bi = 4 * j;
+      if (v.y > bv) bv = v.y, bi = 4 * j + 1;
+      if (v.z > bv) bv = v.z, bi = 4 * j + 2;
+      if (v.w > bv) bv = v.w, bi = 4 * j + 3;
+    };
+    constexpr int kInFlight = 8;
+    int j = threadIdx.x;
+    for (; j + (kInFlight - 1) * kThreads < n4; j += kInFlight * kThreads) {
+      float4 v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) v[u] = l4[j + u * kThreads];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) take(v[u], j + u * kThreads);
+    }
+    for (; j < n4; j += kThreads) take(l4[j], j);
+    scalar_from = 4 * n4;
+  }
+  for (int i = scalar_from + threadIdx.x; i < vocab; i += kThreads) {
     if (l[i] > bv) bv = l[i], bi = i;
   }
   for (int o = 16; o > 0; o >>= 1) {
