@@ -441,6 +441,9 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
                                             .runs = true, .cluster_merge = true};
     EXPECT_EQ(cuda::PagedAttention(dqkv.p, prefill_in_cluster, meta, f.g, f.view(), nullptr, nullptr, nullptr).code(),
               absl::StatusCode::kInvalidArgument);
+    prefill_in_cluster.rows = 0;  // refused even with nothing to do
+    EXPECT_EQ(cuda::PagedAttention(dqkv.p, prefill_in_cluster, meta, f.g, f.view(), nullptr, nullptr, nullptr).code(),
+              absl::StatusCode::kInvalidArgument);
   }
 }
 

@@ -195,7 +195,8 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
 }
 
 // Merges the splits of one (row, head): out = Σ acc_s e^(m_s − M) / Σ l_s e^(m_s − M).
-// The one kernel that triggers its follower before its own wait: it does nothing before the wait,
+// It triggers its follower before its own wait (as do a cluster-merged attention's empty splits,
+// which never wait): it does nothing before the wait,
 // and its follower (the batch-1 o Gemv) reads only weights before its own, so the o Gemv's CTAs
 // copy W into shared memory while the attention runs (DRAM is idle then at batch 1).
 __global__ void AttentionCombineKernel(const float* partial, int heads, int splits, int hd, __half* out) {
@@ -333,11 +334,11 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
   if (shape.new_kv && (!UsesMma(g) || shape.runs || clamps == nullptr)) {
     return absl::InvalidArgumentError("PagedAttention: new_kv needs the tensor-core kernel, decode rows and a clamp counter");
   }
-  if (shape.rows == 0) return absl::OkStatus();
   const bool cluster_merge = shape.cluster_merge;
   if (cluster_merge && (!UsesMma(g) || shape.runs || shape.splits < 2 || shape.splits > kMaxClusterSplits)) {
     return absl::InvalidArgumentError("PagedAttention: cluster_merge needs the tensor-core kernel, decode rows and 2-16 splits");
   }
+  if (shape.rows == 0) return absl::OkStatus();
   if (UsesMma(g)) {
     cudaLaunchAttribute attrs[2] = {};
     cudaLaunchConfig_t config{};

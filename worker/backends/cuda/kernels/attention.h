@@ -3,8 +3,8 @@
 // position p of some sequence) attends to its sequence's cached positions [p - window + 1, p].
 // GQA-aware: one CTA serves all query heads of a KV head, so each K/V element is read once per
 // row and group. The key range is split across `splits` CTAs (long contexts fill the GPU even at
-// batch 1) and the partial softmaxes are merged by a second kernel (with one split the
-// tensor-core kernel writes the output itself). Prefill rows (`runs`) are
+// batch 1) and the partial softmaxes are merged by a second kernel (with one split, or the splits
+// merged in a thread-block cluster, the tensor-core kernel writes the output itself). Prefill rows (`runs`) are
 // tiled: the tokens of a tile share every K/V load, each with its causal mask. FP8 caches with
 // head_dim 32/64/128 run on the tensor cores (attention_mma.cuh); fp16 caches and other head
 // sizes on a CUDA-core kernel with the same split layout (one row per CTA).
@@ -37,8 +37,10 @@ struct AttentionShape {
   // position, whose rows the writer overwrites) overlap the kernel before it (RoPE or the
   // batch-1 q/k/v Gemv, which trigger their dependents early). The previous kernel must not read
   // `out` or the workspace (a CTA with no keys writes them before it waits). The split combine
-  // (more than one split) follows it the same way and lets its own follower start at once, so the
-  // batch-1 o Gemv loads weights while the attention runs. Needs a non-default stream.
+  // (more than one split) follows it the same way and lets its own follower start at once; with
+  // cluster_merge the attention's own CTAs let it start (an empty split triggers at once, the
+  // others after their wait). Either way the batch-1 o Gemv loads weights while the attention
+  // runs. Needs a non-default stream.
   bool overlap_previous = false;
   // Decode on the tensor cores with 2..kMaxClusterSplits splits: a row's splits run as one
   // thread-block cluster and merge through distributed shared memory, writing `out` themselves (no

@@ -111,7 +111,7 @@ struct Stage {
 
 // Grid (tiles, kv_heads, splits), kWarps · 32 threads. Writes each split's partial (acc[hd], max,
 // sum per row and query head, natural-log max) in the layout the combine kernel reads, or with
-// one split the normalised output itself.
+// one split (or cluster_merge) the normalised output itself.
 // Decode (kTiled false): a tile is one row; its G ≤ 8 query heads fill mma rows 0..G-1 and rows
 // 8..15 are zero. Prefill (kTiled true): a tile is rows [x·T, x·T + T) with T = 16 / G, taken as
 // runs of consecutive positions of one sequence (a single run unless a sequence starts inside the
@@ -175,13 +175,17 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
       const int64_t row_head = static_cast<int64_t>(r0 + r / group) * heads + kv_head * group + r % group;
       return partial + (row_head * splits + split) * (HD + 2);
     };
-    // One split: the merge below writes the output itself (no combine launch).
+    // One split or cluster_merge: the merge below writes the output itself (no combine launch).
     auto final_at = [&](int r) {
       return out + (static_cast<int64_t>(r0 + r / group) * heads + kv_head * group + r % group) * HD;
     };
     if (begin >= end) {  // writes before GridDependencyWait: the previous kernel must not read out / partial
       if constexpr (!kTiled) {
-        if (cluster_merge) {  // no keys: the others skip this CTA's max; it still merges its share
+        // No keys: the others skip this CTA's max; it still merges its share of `out`, which it
+        // writes without waiting. That is safe because split 0 always has keys (a chunk is at
+        // least 32 keys and a row at least one) and reaches the cluster barrier only after its
+        // GridDependencyWait, so the previous kernel has finished by then.
+        if (cluster_merge) {
           TriggerDependents();  // it never waits, and the follower must not wait for its exit
           if (threadIdx.x < mma_rows) merged_ml_s[2 * threadIdx.x] = -INFINITY;
           ClusterMerge<HD>(o_s, merged_ml_s, mma_rows, splits, [&](int r) { return final_at(r); });
