@@ -36,8 +36,8 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(const float* logits,
 
   // Greedy (and the fallback): the largest logit, lowest index on ties. Each thread visits its
   // indices in increasing order, so `>` keeps its lowest; NaN never wins. 16-byte loads, 8 in
-  // flight a thread: one CTA reads the 128K logits of a row from L2 in a few µs, where scalar loads
-  // took ~10 µs (batch 1, 8B shape: the step's sample op, graph-profiled).
+  // flight a thread (64 registers: hence the launch bounds' 1): the graph-profiled sample op of
+  // the 8B batch-1 step (128K logits from L2) went 14.8 → 10.5 µs from scalar loads.
   float bv = -INFINITY;
   int bi = vocab;
   int scalar_from = 0;
