@@ -46,6 +46,19 @@ std::map<uint64_t, Outcome> Collect(Sink& sink) {
   return out;
 }
 
+// The stream's first event is one sequence refused before any token (Admit's refusal): checks it
+// and returns the event.
+v1::TokenEvent ExpectFirstEventRefuses(Sink& sink, uint64_t id, v1::FinishState state, const std::string& error) {
+  const v1::TokenEvent first = sink.messages().front();
+  EXPECT_EQ(first.sequences_size(), 1);
+  if (first.sequences_size() == 1) {
+    EXPECT_EQ(first.sequences(0).sequence_id(), id);
+    EXPECT_EQ(first.sequences(0).state(), state);
+    EXPECT_EQ(first.sequences(0).error(), error);
+  }
+  return first;
+}
+
 class SchedulerTest : public ::testing::Test {
  protected:
   explicit SchedulerTest(SimBackendConfig sim = FreeSim()) : engine_(sim, "test"), metrics_(registry_, 60) {}
@@ -162,11 +175,8 @@ TEST_F(SchedulerTest, AnInvalidSequenceIsRefusedAloneAndItsBatchMatesRun) {
   auto sink = std::make_shared<Sink>();
   scheduler_->Submit(sink, b);
   ASSERT_TRUE(sink->WaitFinish().ok());
-  const v1::TokenEvent first = sink->messages().front();  // the refusal comes before any token
-  ASSERT_EQ(first.sequences_size(), 1);
-  EXPECT_EQ(first.sequences(0).sequence_id(), 2u);
-  EXPECT_EQ(first.sequences(0).state(), v1::FINISH_STATE_INVALID);
-  EXPECT_EQ(first.sequences(0).error(), "token id -3 outside the vocabulary [0, 1000)");
+  const v1::TokenEvent first =
+      ExpectFirstEventRefuses(*sink, 2, v1::FINISH_STATE_INVALID, "token id -3 outside the vocabulary [0, 1000)");
   EXPECT_EQ(first.free_slots(), 2);
   auto out = Collect(*sink);
   EXPECT_EQ(out[1].state, v1::FINISH_STATE_LENGTH);
@@ -267,11 +277,7 @@ TEST(SchedulerEarlyCancelTest, ACancelThatOvertakesItsExecuteRefusesTheSequence)
   auto sink = std::make_shared<Sink>();
   scheduler.Submit(sink, b);
   ASSERT_TRUE(sink->WaitFinish().ok());
-  const v1::TokenEvent first = sink->messages().front();  // the refusal comes before any token
-  ASSERT_EQ(first.sequences_size(), 1);
-  EXPECT_EQ(first.sequences(0).sequence_id(), 1u);
-  EXPECT_EQ(first.sequences(0).state(), v1::FINISH_STATE_CANCELLED);
-  EXPECT_EQ(first.sequences(0).error(), "cancelled before it arrived");
+  ExpectFirstEventRefuses(*sink, 1, v1::FINISH_STATE_CANCELLED, "cancelled before it arrived");
   auto out = Collect(*sink);
   EXPECT_TRUE(out[1].tokens.empty());
   EXPECT_EQ(out[2].tokens.size(), 5u);
