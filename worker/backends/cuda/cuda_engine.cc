@@ -387,7 +387,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
   cuda::AttentionShape shape{.rows = rows, .heads = static_cast<int>(c.num_heads), .q_stride = qkvw,
                              .sliding_window = static_cast<int>(c.sliding_window),
                              .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)), .runs = !decode};
-  shape.splits = SplitsFor(cuda::AttentionRowTiles(shape, kv_));
+  const int attention_tiles = cuda::AttentionRowTiles(shape, kv_);
+  shape.splits = SplitsFor(attention_tiles);
   // Each op, then (when profiling) an event named after it.
 #define TRY(what, expr)                                                                          \
   do {                                                                                           \
@@ -412,7 +413,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
   shape.overlap_previous = profile_ == nullptr;
   shape.cluster_merge = decode && cuda::AttentionTakesNewKv(kv_) && shape.splits > 1 &&
                         shape.splits <= cuda::kMaxClusterSplits &&
-                        cuda::AttentionRowTiles(shape, kv_) * kv_.kv_heads * shape.splits <= sm_count_;
+                        attention_tiles * kv_.kv_heads * shape.splits <= sm_count_;
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
   if (fused) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.sumsq, 0, (2 * layers_.size() + 1) * sizeof(float), s));
   TRY("embed", cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, fused ? sumsq(0) : nullptr, s));

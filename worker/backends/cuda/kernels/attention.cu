@@ -340,25 +340,17 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
   }
   if (shape.rows == 0) return absl::OkStatus();
   if (UsesMma(g)) {
-    cudaLaunchAttribute attrs[2] = {};
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(AttentionRowTiles(shape, g), g.kv_heads, shape.splits);
-    config.blockDim = dim3(mma_attention::kWarps * 32), config.stream = stream, config.attrs = attrs;
-    if (kProgrammaticLaunch && shape.overlap_previous) {
-      attrs[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attrs[config.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cluster_merge) {  // a row's splits form one cluster (more than 8 CTAs is a non-portable size)
-      attrs[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
-      attrs[config.numAttrs++].val.clusterDim = {1, 1, static_cast<unsigned>(shape.splits)};
-    }
+    const dim3 grid(AttentionRowTiles(shape, g), g.kv_heads, shape.splits);
+    // With cluster_merge a row's splits form one cluster (more than 8 CTAs is a non-portable size).
+    const unsigned cluster_z = cluster_merge ? static_cast<unsigned>(shape.splits) : 1;
     cudaError_t launched = cudaSuccess;
     WithMmaKernel(shape, g, [&](auto kernel) {
-      if (cluster_merge && shape.splits > 8) launched = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      if (cluster_z > 8) launched = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
       if (launched != cudaSuccess) return;
-      launched = cudaLaunchKernelEx(&config, kernel, q, shape.rows, shape.heads, shape.q_stride, shape.sliding_window,
-                                    shape.splits, shape.scale, meta, g, layer, workspace, out, shape.new_kv, clamps,
-                                    cluster_merge);
+      launched = LaunchMaybeOverlappedInClusters(shape.overlap_previous, cluster_z, grid, dim3(mma_attention::kWarps * 32),
+                                                 0, stream, kernel, q, shape.rows, shape.heads, shape.q_stride,
+                                                 shape.sliding_window, shape.splits, shape.scale, meta, g, layer,
+                                                 workspace, out, shape.new_kv, clamps, cluster_merge);
     });
     TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   } else {

@@ -58,18 +58,33 @@ inline constexpr bool kProgrammaticLaunch = false;
 inline constexpr bool kProgrammaticLaunch = true;
 #endif
 
+// LaunchMaybeOverlapped (below), in clusters of cluster_z CTAs along z when cluster_z > 1.
+template <typename... Params, typename... Args>
+cudaError_t LaunchMaybeOverlappedInClusters(bool overlap, unsigned cluster_z, dim3 grid, dim3 block, size_t smem,
+                                            cudaStream_t stream, void (*kernel)(Params...), Args... args) {
+  cudaLaunchAttribute attrs[2] = {};
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream;
+  config.attrs = attrs;
+  if (kProgrammaticLaunch && overlap) {
+    attrs[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[config.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_z > 1) {
+    attrs[config.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attrs[config.numAttrs++].val.clusterDim = {1, 1, cluster_z};
+  }
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when
-// `overlap` (the stream must not be the legacy default one).
+// `overlap` (the stream must not be the legacy default one), and with `cluster_z` > 1 in
+// thread-block clusters of (1, 1, cluster_z) CTAs (grid.z a multiple of it; above 8 the kernel
+// must allow non-portable cluster sizes).
 template <typename... Params, typename... Args>
 cudaError_t LaunchMaybeOverlapped(bool overlap, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                                   void (*kernel)(Params...), Args... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream;
-  config.attrs = &attr, config.numAttrs = kProgrammaticLaunch && overlap ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, args...);
+  return LaunchMaybeOverlappedInClusters(overlap, 1, grid, block, smem, stream, kernel, args...);
 }
 
 }  // namespace tailserve::cuda
