@@ -22,6 +22,7 @@
 #include "worker/backends/cuda/device_info.h"
 #include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/kernels/attention.h"
+#include "worker/backends/cuda/kernels/copy.h"
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
@@ -107,6 +108,62 @@ TEST(CudaKernelTest, RmsNormMatchesCpuOnOddSizes) {
       EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << "rows " << rows << " hidden " << hidden << " seed " << seed;
     }
   }
+}
+
+// The decode graph's input and output copies: mapped pinned host memory to the device and back,
+// lengths around the 16-byte pieces and past the grid's stride; unaligned pointers refused.
+TEST(CudaKernelTest, CopyBytesThroughMappedHostMemory) {
+  REQUIRE_GPU();
+  const unsigned seed = 77;
+  std::mt19937 rng(seed);
+  const size_t most = 300007;
+  absl::StatusOr<PinnedMemory> host = PinnedAlloc(most), back = PinnedAlloc(most + 1);  // + a guard byte
+  ASSERT_TRUE(host.ok() && back.ok());
+  absl::StatusOr<void*> mapped = MappedDevicePointer(*host), mapped_back = MappedDevicePointer(*back);
+  ASSERT_TRUE(mapped.ok() && mapped_back.ok());
+  auto* h = static_cast<unsigned char*>(host->get());
+  auto* hb = static_cast<unsigned char*>(back->get());
+  for (size_t i = 0; i < most; ++i) h[i] = static_cast<unsigned char>(rng());
+  Dev<unsigned char> dev(most + 16);
+  for (size_t bytes : {size_t(1), size_t(15), size_t(16), size_t(17), size_t(4099), most}) {
+    CUDA_OK(cudaMemset(dev.p, 0, most + 16));
+    std::memset(hb, 0xAB, most + 1);
+    ASSERT_TRUE(cuda::CopyBytes(*mapped, dev.p, bytes, nullptr).ok());
+    ASSERT_TRUE(cuda::CopyBytes(dev.p, *mapped_back, bytes, nullptr).ok());
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(std::memcmp(h, hb, bytes), 0) << bytes << " bytes, seed " << seed;
+    EXPECT_EQ(hb[bytes], 0xAB) << "wrote past " << bytes << " bytes";
+  }
+  EXPECT_EQ(cuda::CopyBytes(dev.p + 1, *mapped_back, 16, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The embedding gather with the batch-1 sums of squares: slot r gets row r's Σx², the slots after
+// the rows (which later kernels accumulate into) are zeroed, whatever they held.
+TEST(CudaKernelTest, EmbedRowsWritesSumsOfSquaresAndClearsTheRest) {
+  REQUIRE_GPU();
+  const unsigned seed = 9;
+  std::mt19937 rng(seed);
+  const int vocab = 37, hidden = 200, rows = 3, slots = 11;
+  const auto table = Random(size_t(vocab) * hidden, rng);
+  std::vector<__half> table_h(table.size());
+  for (size_t i = 0; i < table.size(); ++i) table_h[i] = __float2half(table[i]);
+  const std::vector<int32_t> tokens = {5, 36, 0};
+  Dev<__half> dt(table_h);
+  Dev<int32_t> dtok(tokens);
+  Dev<float> x(size_t(rows) * hidden), sumsq(std::vector<float>(slots, 7.0f));
+  ASSERT_TRUE(cuda::EmbedRows(dt.p, dtok.p, rows, hidden, x.p, sumsq.p, slots, nullptr).ok());
+  const auto got = sumsq.Get();
+  for (int r = 0; r < rows; ++r) {
+    double want = 0;
+    for (int i = 0; i < hidden; ++i) {
+      const double v = __half2float(table_h[size_t(tokens[r]) * hidden + i]);
+      want += v * v;
+    }
+    EXPECT_NEAR(got[r], want, 1e-4 * want) << "row " << r << " seed " << seed;
+  }
+  for (int i = rows; i < slots; ++i) EXPECT_EQ(got[i], 0.0f) << "slot " << i;
+  EXPECT_EQ(cuda::EmbedRows(dt.p, dtok.p, rows, hidden, x.p, nullptr, slots, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Every epilogue of the decode Gemv: plain, residual add + bias + output sum of squares, fused
@@ -691,27 +748,39 @@ TEST(CudaKernelTest, SamplingGreedyTopKTopP) {
   REQUIRE_GPU();
   const int vocab = 50021;  // odd on purpose
   std::mt19937 rng(5);
-  auto logits = Random(size_t(3) * vocab, rng);
+  auto logits = Random(size_t(4) * vocab, rng);
+  // Greedy: the lowest index of a tie, never NaN, also when the tie spans the CTAs a row's scan is
+  // split over (40003 is in another CTA's part than 17).
   logits[17] = 9.0f, logits[vocab + 40000] = 9.0f, logits[vocab + 40001] = 8.9f;
-  logits[40003] = 9.0f, logits[5] = std::nanf("");  // greedy: the lowest index of a tie, never NaN
+  logits[40003] = 9.0f, logits[5] = std::nanf("");
   logits[vocab - 1] = 8.99f;                        // past the 16-byte vectors of row 0
   logits[2 * vocab + 7] = 30.0f;
-  std::vector<cuda::SampleParams> p(3);
+  // Row 3 starts off a 16-byte boundary (scalar loads): a tie across parts, a NaN in front.
+  logits[3 * vocab + 45001] = 9.5f, logits[3 * vocab + 45002] = 9.5f, logits[3 * vocab + 30] = 9.5f;
+  logits[3 * vocab + 29] = std::nanf("");
+  std::vector<cuda::SampleParams> p(4);
   p[0] = {};                                                     // greedy
   p[1] = {.temperature = 1.0f, .top_p = 1.0f, .top_k = 2, .seed = 1, .position = 3};
   p[2] = {.temperature = 0.7f, .top_p = 0.5f, .top_k = 0, .seed = 2, .position = 9};
+  p[3] = {.temperature = 0.8f, .top_k = 1};                      // top_k 1 is greedy too
   Dev<float> dl(logits);
   std::set<int32_t> second;
   for (uint64_t seed = 0; seed < 64; ++seed) {
     p[1].seed = seed;
     Dev<cuda::SampleParams> dp(p);
-    Dev<int32_t> out(3);
-    ASSERT_TRUE(cuda::SampleRows(dl.p, 3, vocab, dp.p, out.p, nullptr).ok());
+    Dev<int32_t> out(4);
+    ASSERT_TRUE(cuda::SampleRows(dl.p, 4, vocab, dp.p, out.p, nullptr).ok());
     const auto o = out.Get();
     EXPECT_EQ(o[0], 17);
     second.insert(o[1]);
     EXPECT_EQ(o[2], 7);  // one token holds nearly all the mass: top_p 0.5 keeps only it
+    EXPECT_EQ(o[3], 30);
   }
+  // One row alone takes the widest split (8 CTAs a row): the same picks.
+  Dev<cuda::SampleParams> dp(std::vector<cuda::SampleParams>{p[0]});
+  Dev<int32_t> out(1);
+  ASSERT_TRUE(cuda::SampleRows(dl.p, 1, vocab, dp.p, out.p, nullptr).ok());
+  EXPECT_EQ(out.Get()[0], 17);
   EXPECT_EQ(second, (std::set<int32_t>{40000, 40001}));
 }
 

@@ -11,6 +11,7 @@
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/kernels/attention.h"
+#include "worker/backends/cuda/kernels/copy.h"
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
@@ -18,8 +19,10 @@
 namespace tailserve {
 
 struct CudaEngine::Buffers {
-  // Step inputs: one pinned host mirror, one device copy, uploaded together before each forward.
+  // Step inputs: one pinned host mirror, one device copy, uploaded together before each forward
+  // (a decode graph copies the mirror itself, through its mapped address).
   PinnedMemory host_inputs;
+  const void* mapped_inputs = nullptr;
   size_t inputs_bytes = 0;
   int32_t* tokens = nullptr;  // device [max_rows]
   int32_t* pos = nullptr;
@@ -34,10 +37,12 @@ struct CudaEngine::Buffers {
   cuda::SampleParams* h_params = nullptr;
   void* inputs = nullptr;  // device base
 
-  // Outputs, copied back after the forward.
+  // Outputs, one region copied back after the forward: out_tokens, then clamps at clamps_at.
   int32_t* out_tokens = nullptr;
   unsigned long long* clamps = nullptr;
-  PinnedMemory host_outputs;  // out_tokens then clamps
+  size_t clamps_at = 0, outputs_bytes = 0;
+  PinnedMemory host_outputs;
+  void* mapped_outputs = nullptr;
 
   int32_t* block_table = nullptr;  // [(max_sequences + 1), max_blocks_per_seq]
   PinnedMemory host_table;
@@ -139,6 +144,8 @@ absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
     const bool fp32 = spec.shape.size() == 1 || spec.name.find("block_sparse_moe.gate.") != std::string::npos;
     exact += static_cast<size_t>(n) * (fp32 ? 4 : 2) + 256;
   }
+  // Tied embeddings: the LM head is a copy of the table with the final norm's weight folded in.
+  if (c.tie_word_embeddings) exact += static_cast<size_t>(c.vocab_size * c.hidden_size) * 2 + 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(exact);
   if (!mem.ok()) return mem.status();
   weight_memory_ = *std::move(mem);
@@ -212,12 +219,12 @@ absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
   } while (0)
   const int64_t h = c.hidden_size, f = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
   TRY(matrix({"model.embed_tokens.weight"}, {{c.vocab_size, h}}, &embed_));
-  TRY(vector({"model.norm.weight"}, {h}, &final_norm_));
-  if (c.tie_word_embeddings) {
-    lm_head_ = embed_;
-  } else {
-    TRY(matrix({"lm_head.weight"}, {{c.vocab_size, h}}, &lm_head_));
-  }
+  // The final norm's weight is folded into the LM head like the layers' norms, so at batch 1 the
+  // LM head Gemv normalises in its epilogue and the step has no norm kernel before it.
+  std::vector<float> final_gamma;
+  TRY(t.ReadFloat("model.norm.weight", std::vector<int64_t>{h}, &final_gamma));
+  TRY(matrix({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {{c.vocab_size, h}}, &lm_head_,
+             &final_gamma));
   layers_.resize(static_cast<size_t>(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     Layer& L = layers_[l];
@@ -298,17 +305,26 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   absl::StatusOr<PinnedMemory> hin = PinnedAlloc(inputs_bytes);
   if (!hin.ok()) return hin.status();
   b.host_inputs = *std::move(hin);
+  absl::StatusOr<void*> mapped_in = MappedDevicePointer(b.host_inputs);
+  if (!mapped_in.ok()) return mapped_in.status();
+  b.mapped_inputs = *mapped_in;
   auto* hbase = static_cast<char*>(b.host_inputs.get());
   b.h_tokens = reinterpret_cast<int32_t*>(hbase + o_tokens);
   b.h_pos = reinterpret_cast<int32_t*>(hbase + o_pos);
   b.h_row_seq = reinterpret_cast<int32_t*>(hbase + o_seq);
   b.h_logit_src = reinterpret_cast<int32_t*>(hbase + o_src);
   b.h_params = reinterpret_cast<cuda::SampleParams*>(hbase + o_params);
-  b.out_tokens = a.Take<int32_t>(L);
-  b.clamps = a.Take<unsigned long long>(1);
-  absl::StatusOr<PinnedMemory> hout = PinnedAlloc(L * 4 + 8);
+  b.clamps_at = (L * 4 + 7) & ~size_t{7};
+  b.outputs_bytes = b.clamps_at + 8;
+  auto* outputs = a.Take<char>(b.outputs_bytes);
+  b.out_tokens = reinterpret_cast<int32_t*>(outputs);
+  b.clamps = reinterpret_cast<unsigned long long*>(outputs + b.clamps_at);
+  absl::StatusOr<PinnedMemory> hout = PinnedAlloc(b.outputs_bytes);
   if (!hout.ok()) return hout.status();
   b.host_outputs = *std::move(hout);
+  absl::StatusOr<void*> mapped_out = MappedDevicePointer(b.host_outputs);
+  if (!mapped_out.ok()) return mapped_out.status();
+  b.mapped_outputs = *mapped_out;
   b.block_table = a.Take<int32_t>(static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq);
   absl::StatusOr<PinnedMemory> htab = PinnedAlloc(static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq * 4);
   if (!htab.ok()) return htab.status();
@@ -415,8 +431,10 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
                         shape.splits <= cuda::kMaxClusterSplits &&
                         attention_tiles * kv_.kv_heads * shape.splits <= sm_count_;
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
-  if (fused) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(b.sumsq, 0, (2 * layers_.size() + 1) * sizeof(float), s));
-  TRY("embed", cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, fused ? sumsq(0) : nullptr, s));
+  // At batch 1 the embedding writes sumsq(0) and zeroes the slots the Gemvs accumulate into (no
+  // memset node in the graph).
+  const int sumsq_slots = fused ? static_cast<int>(2 * layers_.size() + 1) : 0;
+  TRY("embed", cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, fused ? sumsq(0) : nullptr, sumsq_slots, s));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     if (fused) {
@@ -469,9 +487,15 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
       }
     }
   }
-  if (logit_rows > 0) {
-    TRY("final_norm", cuda::RmsNormRows(b.x, b.logit_src, logit_rows, h, final_norm_, eps, b.final_xn, s));
+  if (logit_rows > 0 && fused) {  // the final norm in the LM head's epilogue (its weight folded into lm_head_)
+    TRY("lm_head", cuda::Gemv({.x_f32 = b.x, .k = h, .w = lm_head_, .n = static_cast<int>(c.vocab_size), .y = b.logits,
+                               .in_sumsq = sumsq(2 * layers_.size()), .eps = eps,
+                               .overlap_previous = shape.overlap_previous}, s));
+  } else if (logit_rows > 0) {
+    TRY("final_norm", cuda::RmsNormRows(b.x, b.logit_src, logit_rows, h, nullptr, eps, b.final_xn, s));
     TRY("lm_head", gemm_->Run(b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits));
+  }
+  if (logit_rows > 0) {
     if (decode) TRY("sample", cuda::SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params, b.out_tokens, s));
   }
 #undef TRY
@@ -585,8 +609,12 @@ absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* prof
   cudaStream_t s = stream_.get();
   cudaGraph_t graph;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  absl::Status st;
-  if (profile) {
+  // The step's inputs and outputs travel inside the graph, copied by kernels through the host
+  // mirrors' mapped addresses: no copies for the host to enqueue around each replay (the block
+  // table's changed rows still go before it), and no copy-engine nodes in the graph.
+  Buffers& b = *buf_;
+  absl::Status st = cuda::CopyBytes(b.mapped_inputs, b.inputs, b.inputs_bytes, s);
+  if (profile && st.ok()) {
     // External records become graph nodes whose timestamps can be read after the replay.
     const cudaError_t e = cudaEventRecordWithFlags(profile->events[0].get(), s, cudaEventRecordExternal);
     if (e != cudaSuccess) st = absl::InternalError(absl::StrCat("cudaEventRecordWithFlags: ", cudaGetErrorString(e)));
@@ -595,6 +623,7 @@ absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* prof
   profile_ = profile;
   if (st.ok()) st = Forward(rows, rows, true);
   profile_ = nullptr;
+  if (st.ok()) st = cuda::CopyBytes(b.out_tokens, b.mapped_outputs, b.outputs_bytes, s);
   const cudaError_t end = cudaStreamEndCapture(s, &graph);  // always, so the stream leaves capture mode
   CudaGraph owned(end == cudaSuccess ? graph : nullptr);
   if (!st.ok()) return st;
@@ -643,6 +672,13 @@ absl::Status CudaEngine::EnsureBlocks(SeqState& s, int64_t positions) {
 }
 
 absl::Status CudaEngine::UploadInputs() {
+  if (absl::Status s = UploadTableRows(); !s.ok()) return s;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf_->inputs, buf_->host_inputs.get(), buf_->inputs_bytes,
+                                                 cudaMemcpyHostToDevice, stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::UploadTableRows() {
   auto* table = static_cast<int32_t*>(buf_->host_table.get());
   for (size_t r = 0; r < table_dirty_.size(); ++r) {
     if (!table_dirty_[r]) continue;
@@ -651,8 +687,12 @@ absl::Status CudaEngine::UploadInputs() {
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf_->block_table + off, table + off, kv_.max_blocks_per_seq * 4,
                                                    cudaMemcpyHostToDevice, stream_.get()));
   }
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf_->inputs, buf_->host_inputs.get(), buf_->inputs_bytes,
-                                                 cudaMemcpyHostToDevice, stream_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::DownloadOutputs() {
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf_->host_outputs.get(), buf_->out_tokens, buf_->outputs_bytes,
+                                                 cudaMemcpyDeviceToHost, stream_.get()));
   return absl::OkStatus();
 }
 
@@ -740,20 +780,20 @@ absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t
                      .seed = sp.seed, .position = last + 1};
   }
   cudaStream_t s = stream_.get();
-  if (absl::Status st = UploadInputs(); !st.ok()) return st;
   auto graph = graphs_.find(bucket);
-  if (graph != graphs_.end()) {
+  if (graph != graphs_.end()) {  // the graph uploads the inputs and downloads the outputs itself
+    if (absl::Status st = UploadTableRows(); !st.ok()) return st;
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph->second.get(), s));
     ++graph_replays_;
-  } else if (absl::Status st = Forward(bucket, bucket, true); !st.ok()) {
-    return st;
+  } else {
+    if (absl::Status st = UploadInputs(); !st.ok()) return st;
+    if (absl::Status st = Forward(bucket, bucket, true); !st.ok()) return st;
+    if (absl::Status st = DownloadOutputs(); !st.ok()) return st;
   }
-  auto* out = static_cast<int32_t*>(b.host_outputs.get());
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, b.out_tokens, n * 4, cudaMemcpyDeviceToHost, s));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out + logit_rows_, b.clamps, 8, cudaMemcpyDeviceToHost, s));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-  for (int i = 0; i < n; ++i) (*next)[first + i] = out[i];
-  std::memcpy(&clamps_, out + logit_rows_, 8);
+  const auto* out = static_cast<const char*>(b.host_outputs.get());
+  std::memcpy(next->data() + first, out, static_cast<size_t>(n) * 4);
+  std::memcpy(&clamps_, out + b.clamps_at, 8);
   for (int i = 0; i < n; ++i) {
     SeqState& st = seqs_.at(batch[first + i].id);
     st.cached = static_cast<int64_t>(batch[first + i].tokens->size());

@@ -114,6 +114,10 @@ class CudaEngine final : public Engine {
   absl::Status UseDevice() const;
   // Copies the step inputs (and block-table rows changed since the last upload) to the device.
   absl::Status UploadInputs();
+  // Only the block-table rows: a decode graph copies the inputs itself.
+  absl::Status UploadTableRows();
+  // Copies the sampled tokens and the clamp count to the pinned host mirror (not synchronised).
+  absl::Status DownloadOutputs();
   absl::Status Prefill(std::span<const StepSequence> batch);
   absl::Status DecodeChunk(std::span<const StepSequence> batch, size_t first, size_t count, std::vector<int32_t>* next);
   // The smallest decode bucket holding `rows` rows (`rows` itself past the largest).
@@ -135,7 +139,6 @@ class CudaEngine final : public Engine {
   std::map<std::string, size_t> memory_;
   const __half* embed_ = nullptr;
   const __half* lm_head_ = nullptr;
-  const float* final_norm_ = nullptr;
   const float* inv_freq_ = nullptr;
   std::vector<Layer> layers_;
   std::unique_ptr<Buffers> buf_;

@@ -95,10 +95,17 @@ inline absl::StatusOr<DeviceMemory> DeviceAlloc(size_t bytes) {
   return DeviceMemory(p);
 }
 
+// Pinned and mapped: kernels may read and write it through MappedDevicePointer.
 inline absl::StatusOr<PinnedMemory> PinnedAlloc(size_t bytes) {
   void* p = nullptr;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, bytes));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocMapped));
   return PinnedMemory(p);
+}
+
+inline absl::StatusOr<void*> MappedDevicePointer(const PinnedMemory& host) {
+  void* d = nullptr;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&d, host.get(), 0));
+  return d;
 }
 
 // Hands out aligned slices of one allocation: everything the engine needs is carved from a few

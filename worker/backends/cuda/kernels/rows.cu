@@ -8,9 +8,13 @@
 namespace tailserve::cuda {
 namespace {
 
-__global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidden, float* x, float* sumsq) {
+__global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidden, float* x, float* sumsq,
+                            int sumsq_slots) {
   __shared__ float shared[32];
   const int r = blockIdx.x;
+  if (r == 0) {
+    for (int i = gridDim.x + threadIdx.x; i < sumsq_slots; i += blockDim.x) sumsq[i] = 0.0f;
+  }
   const __half* src = table + static_cast<int64_t>(tokens[r]) * hidden;
   float* dst = x + static_cast<int64_t>(r) * hidden;
   float sum = 0.0f;
@@ -140,9 +144,12 @@ int GridFor(int64_t total, int threads) {
 }  // namespace
 
 absl::Status EmbedRows(const __half* table, const int32_t* tokens, int rows, int hidden, float* x, float* sumsq,
-                       cudaStream_t stream) {
+                       int sumsq_slots, cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
-  EmbedKernel<<<rows, 256, 0, stream>>>(table, tokens, hidden, x, sumsq);
+  if (sumsq_slots > 0 && (sumsq == nullptr || sumsq_slots < rows)) {
+    return absl::InvalidArgumentError("EmbedRows: sumsq_slots needs sumsq and at least one slot a row");
+  }
+  EmbedKernel<<<rows, 256, 0, stream>>>(table, tokens, hidden, x, sumsq, sumsq_slots);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

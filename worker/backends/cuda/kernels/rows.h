@@ -12,9 +12,10 @@
 namespace tailserve::cuda {
 
 // x[r, :] = float(table[tokens[r], :]); with sumsq, also sumsq[r] = Σ x[r, :]² (what the first
-// norm, fused into a Gemv, needs).
+// norm, fused into a Gemv, needs), and sumsq[rows, sumsq_slots) = 0 (the slots later kernels
+// accumulate into: a graph then needs no memset before the step).
 absl::Status EmbedRows(const __half* table, const int32_t* tokens, int rows, int hidden, float* x, float* sumsq,
-                       cudaStream_t stream);
+                       int sumsq_slots, cudaStream_t stream);
 
 // out[r, :] = fp16(x[src[r], :] / rms(x[src[r], :]) * weight); src == nullptr means src[r] = r;
 // weight == nullptr means ones (the weight was folded into the consumer's matrix).

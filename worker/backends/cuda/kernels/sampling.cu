@@ -1,5 +1,8 @@
 #include "worker/backends/cuda/kernels/sampling.h"
 
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <cstdint>
 
 #include "common/splitmix.h"
@@ -11,6 +14,7 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kBisections = 40;
+constexpr int kMaxScanCtas = 8;  // a portable cluster
 
 // Sum over the row of exp(s - max) for scaled logits s >= threshold, and their count.
 __device__ void MassAbove(const float* l, int vocab, float inv_t, float max, float threshold, float* shared,
@@ -31,19 +35,25 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(const float* logits,
   __shared__ int best_i[32];
   __shared__ double scan[kThreads];
   const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int rank = blockIdx.z, ranks = gridDim.z;  // the row's scan is split over a cluster along z
   const float* l = logits + static_cast<int64_t>(row) * vocab;
   const SampleParams p = params[row];
 
   // Greedy (and the fallback): the largest logit, lowest index on ties. Each thread visits its
   // indices in increasing order, so `>` keeps its lowest; NaN never wins. 16-byte loads, 8 in
   // flight a thread (64 registers: hence the launch bounds' 1): the graph-profiled sample op of
-  // the 8B batch-1 step (128K logits from L2) went 14.8 → 10.5 µs from scalar loads.
+  // the 8B batch-1 step (128K logits from L2) went 14.8 → 10.5 µs from scalar loads. One SM
+  // still reads the row at ~50 GB/s, so a cluster of CTAs (SampleRows picks how many) scans
+  // contiguous parts of it and rank 0 merges their bests through distributed shared memory.
   float bv = -INFINITY;
   int bi = vocab;
-  int scalar_from = 0;
-  if ((reinterpret_cast<uintptr_t>(l) & 15) == 0) {
+  const bool vectors = (reinterpret_cast<uintptr_t>(l) & 15) == 0;
+  const int n4 = vectors ? vocab / 4 : 0, per4 = (n4 + ranks - 1) / ranks;
+  const int lo4 = min(n4, rank * per4), hi4 = min(n4, lo4 + per4);
+  const int tail = vocab - 4 * n4, per_tail = (tail + ranks - 1) / ranks;  // scalars past the vectors
+  const int scalar_from = 4 * n4 + min(tail, rank * per_tail), scalar_to = min(vocab, scalar_from + per_tail);
+  {
     const float4* l4 = reinterpret_cast<const float4*>(l);
-    const int n4 = vocab / 4;
     auto take = [&](const float4& v, int j) {
       if (v.x > bv) bv = v.x, bi = 4 * j;
       if (v.y > bv) bv = v.y, bi = 4 * j + 1;
@@ -51,18 +61,17 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(const float* logits,
       if (v.w > bv) bv = v.w, bi = 4 * j + 3;
     };
     constexpr int kInFlight = 8;
-    int j = threadIdx.x;
-    for (; j + (kInFlight - 1) * kThreads < n4; j += kInFlight * kThreads) {
+    int j = lo4 + threadIdx.x;
+    for (; j + (kInFlight - 1) * kThreads < hi4; j += kInFlight * kThreads) {
       float4 v[kInFlight];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) v[u] = l4[j + u * kThreads];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) take(v[u], j + u * kThreads);
     }
-    for (; j < n4; j += kThreads) take(l4[j], j);
-    scalar_from = 4 * n4;
+    for (; j < hi4; j += kThreads) take(l4[j], j);
   }
-  for (int i = scalar_from + threadIdx.x; i < vocab; i += kThreads) {
+  for (int i = scalar_from + threadIdx.x; i < scalar_to; i += kThreads) {
     if (l[i] > bv) bv = l[i], bi = i;
   }
   for (int o = 16; o > 0; o >>= 1) {
@@ -77,7 +86,27 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(const float* logits,
       if (best_v[w] > best_v[0] || (best_v[w] == best_v[0] && best_i[w] < best_i[0])) best_v[0] = best_v[w], best_i[0] = best_i[w];
     }
   }
-  __syncthreads();
+  if (ranks > 1) {
+    // Every CTA's best is in its best_v[0] / best_i[0]; the second barrier keeps the other CTAs'
+    // shared memory alive until rank 0 has read it. Only rank 0 goes on (sampling reads the row).
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    if (rank == 0 && threadIdx.x == 0) {
+      float v = best_v[0];
+      int i = best_i[0];
+      for (int r = 1; r < ranks; ++r) {
+        const float rv = *cluster.map_shared_rank(&best_v[0], r);
+        const int ri = *cluster.map_shared_rank(&best_i[0], r);
+        if (rv > v || (rv == v && ri < i)) v = rv, i = ri;
+      }
+      best_v[0] = v, best_i[0] = i;
+    }
+    cluster.sync();
+    if (rank != 0) return;
+  } else {
+    __syncthreads();
+  }
   const int argmax = best_i[0] < vocab ? best_i[0] : 0;
   if (p.temperature <= 0.0f || p.top_k == 1) {
     if (threadIdx.x == 0) out[row] = argmax;
@@ -166,8 +195,14 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(const float* logits,
 absl::Status SampleRows(const float* logits, int rows, int vocab, const SampleParams* params, int32_t* out,
                         cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
-  SampleKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, out);
-  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  // A CTA takes a whole SM (1024 threads × 64 registers): split each row's scan over as many CTAs
+  // as fit in half the SMs (a cluster must find its CTAs free SMs in one GPC), at most 8.
+  int device = 0, sms = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int ctas = std::clamp(sms / (2 * rows), 1, kMaxScanCtas);
+  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlappedInClusters(false, ctas, dim3(rows, 1, ctas), dim3(kThreads), 0,
+                                                                 stream, SampleKernel, logits, vocab, params, out));
   return absl::OkStatus();
 }
 
