@@ -174,9 +174,10 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
   const unsigned seed = 77;
   std::mt19937 rng(seed);
   const float eps = 1e-5f;
-  // k split 1, 2, 4 and 8 ways where n is small (the grid fits a wave); n = 20001 overflows a wave
-  // of the H200 whatever the split, which takes the finest.
-  for (auto [k, n_odd] : {std::pair{200, 77}, {520, 77}, {1032, 77}, {4096, 77}, {520, 20001}}) {
+  // k split 1, 2, 4 and 8 ways where n is small (the grid fits a wave; a lane keeps two steps of W
+  // loads: 129, 257 and 512 16-byte vectors); n = 20001 overflows a wave of the H200 whatever the
+  // split, which takes the finest such split (2 for k = 1032).
+  for (auto [k, n_odd] : {std::pair{200, 77}, {1032, 77}, {2056, 77}, {4096, 77}, {1032, 20001}}) {
     for (int mode = 0; mode < 4; ++mode) {
       const bool residual = mode == 1, normed = mode >= 2, swiglu = mode == 3;
       const int n = swiglu ? n_odd + 1 : n_odd;

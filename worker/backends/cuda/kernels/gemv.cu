@@ -190,13 +190,15 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
         "Gemv: RoPE needs y, an even head_dim dividing n and rope_cols <= n, a position and frequencies");
   }
   // The k split: the largest whose grid fits in one wave of resident CTAs (every CTA streams from
-  // the start, no tail wave), or where even no split overflows a wave, the finest (a short tail).
-  // On the 8B shape that is 2 for q/k/v, o and down, 8 for gate/up: 4.42 → 4.23 ms a step.
+  // the start, no tail wave), or where even no split overflows a wave, the finest (a short tail)
+  // that still leaves each lane two steps of W loads. On the 8B shape that is 2 for q/k/v, o and
+  // down, 8 for gate/up: 4.42 → 4.23 ms a step. The 1B's k = 2048 takes 4 for gate/up and the LM
+  // head, where 8 left a lane one step (bench/CUDA_NOTES.md).
   absl::StatusOr<int> wave = GemvWave();
   if (!wave.ok()) return wave.status();
   const int pairs = (a.n + 1) / 2, vecs = a.k / 8;
   int ks = 1;
-  for (int k = 2; k <= kWarps && vecs >= 32 * k; k *= 2) {
+  for (int k = 2; k <= kWarps && vecs >= 64 * k; k *= 2) {
     if (Blocks(pairs, k) <= *wave || Blocks(pairs, 1) > *wave) ks = k;
   }
   const dim3 block(kWarps * 32);
