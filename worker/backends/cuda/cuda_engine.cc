@@ -101,6 +101,13 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   absl::StatusOr<CudaStream> stream = MakeStream();
   if (!stream.ok()) return stream.status();
   stream_ = *std::move(stream);
+  absl::StatusOr<CudaStream> side = MakeStream();
+  if (!side.ok()) return side.status();
+  side_stream_ = *std::move(side);
+  absl::StatusOr<CudaEvent> fork = MakeEvent(), join = MakeEvent();
+  if (!fork.ok()) return fork.status();
+  if (!join.ok()) return join.status();
+  fork_ = *std::move(fork), join_ = *std::move(join);
   if (absl::Status s = LoadWeights(ckpt); !s.ok()) return s;
   if (absl::Status s = AllocateWorkspaces(); !s.ok()) return s;
   if (options_.use_graphs) {
@@ -314,7 +321,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.h_row_seq = reinterpret_cast<int32_t*>(hbase + o_seq);
   b.h_logit_src = reinterpret_cast<int32_t*>(hbase + o_src);
   b.h_params = reinterpret_cast<cuda::SampleParams*>(hbase + o_params);
-  b.clamps_at = (L * 4 + 7) & ~size_t{7};
+  b.clamps_at = (L * 4 + 15) & ~size_t{15};  // 16-byte aligned for CopyBytes
   b.outputs_bytes = b.clamps_at + 8;
   auto* outputs = a.Take<char>(b.outputs_bytes);
   b.out_tokens = reinterpret_cast<int32_t*>(outputs);
@@ -392,7 +399,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   return absl::OkStatus();
 }
 
-absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
+absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const GraphIo* io) {
   const ModelConfig& c = config_;
   Buffers& b = *buf_;
   cudaStream_t s = stream_.get();
@@ -434,7 +441,12 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
   // At batch 1 the embedding writes sumsq(0) and zeroes the slots the Gemvs accumulate into (no
   // memset node in the graph).
   const int sumsq_slots = fused ? static_cast<int>(2 * layers_.size() + 1) : 0;
-  TRY("embed", cuda::EmbedRows(embed_, b.tokens, rows, h, b.x, fused ? sumsq(0) : nullptr, sumsq_slots, s));
+  // In a graph the embedding reads the token ids from the host mirror itself, so it runs beside
+  // the kernel copying the other inputs (launched programmatically, it waits for that copy only
+  // before it exits).
+  TRY("embed", cuda::EmbedRows({.table = embed_, .tokens = io ? io->tokens : b.tokens, .rows = rows, .hidden = h,
+                                .x = b.x, .sumsq = fused ? sumsq(0) : nullptr, .sumsq_slots = sumsq_slots,
+                                .beside_previous = io != nullptr && shape.overlap_previous}, s));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     if (fused) {
@@ -487,6 +499,16 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
       }
     }
   }
+  if (io) {
+    // The clamp count is final after the last layer: a side branch copies it out while the LM
+    // head streams, instead of a copy kernel after the sampler.
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_.get(), s));
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_stream_.get(), fork_.get(), 0));
+    if (absl::Status st = cuda::CopyBytes(b.clamps, io->clamps, sizeof(*b.clamps), side_stream_.get()); !st.ok()) {
+      return st;
+    }
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_.get(), side_stream_.get()));
+  }
   if (logit_rows > 0 && fused) {  // the final norm in the LM head's epilogue (its weight folded into lm_head_)
     TRY("lm_head", cuda::Gemv({.x_f32 = b.x, .k = h, .w = lm_head_, .n = static_cast<int>(c.vocab_size), .y = b.logits,
                                .in_sumsq = sumsq(2 * layers_.size()), .eps = eps,
@@ -496,8 +518,12 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode) {
     TRY("lm_head", gemm_->Run(b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits));
   }
   if (logit_rows > 0) {
-    if (decode) TRY("sample", cuda::SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params, b.out_tokens, s));
+    if (decode) {
+      TRY("sample", cuda::SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params,
+                                     io ? io->sampled : b.out_tokens, s));
+    }
   }
+  if (io) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, join_.get(), 0));
 #undef TRY
   return absl::OkStatus();
 }
@@ -609,10 +635,17 @@ absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* prof
   cudaStream_t s = stream_.get();
   cudaGraph_t graph;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  // The step's inputs and outputs travel inside the graph, copied by kernels through the host
-  // mirrors' mapped addresses: no copies for the host to enqueue around each replay (the block
-  // table's changed rows still go before it), and no copy-engine nodes in the graph.
+  // The step's inputs and outputs travel inside the graph through the host mirrors' mapped
+  // addresses: a kernel copies the inputs, the embedding reads the token ids and the sampler
+  // writes the sampled ids there directly, a side branch copies the clamp count. No copies for the
+  // host to enqueue around each replay (the block table's changed rows still go before it), and
+  // no copy-engine nodes in the graph (~10 us each).
   Buffers& b = *buf_;
+  const ptrdiff_t tokens_at = reinterpret_cast<const char*>(b.h_tokens) - static_cast<const char*>(b.host_inputs.get());
+  const GraphIo io{
+      .tokens = reinterpret_cast<const int32_t*>(static_cast<const char*>(b.mapped_inputs) + tokens_at),
+      .sampled = static_cast<int32_t*>(b.mapped_outputs),
+      .clamps = reinterpret_cast<unsigned long long*>(static_cast<char*>(b.mapped_outputs) + b.clamps_at)};
   absl::Status st = cuda::CopyBytes(b.mapped_inputs, b.inputs, b.inputs_bytes, s);
   if (profile && st.ok()) {
     // External records become graph nodes whose timestamps can be read after the replay.
@@ -621,9 +654,8 @@ absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* prof
     profile->names.push_back("start");
   }
   profile_ = profile;
-  if (st.ok()) st = Forward(rows, rows, true);
+  if (st.ok()) st = Forward(rows, rows, true, &io);
   profile_ = nullptr;
-  if (st.ok()) st = cuda::CopyBytes(b.out_tokens, b.mapped_outputs, b.outputs_bytes, s);
   const cudaError_t end = cudaStreamEndCapture(s, &graph);  // always, so the stream leaves capture mode
   CudaGraph owned(end == cudaSuccess ? graph : nullptr);
   if (!st.ok()) return st;

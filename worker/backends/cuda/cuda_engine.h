@@ -99,10 +99,18 @@ class CudaEngine final : public Engine {
   struct Profile;
   // Captures a decode Forward(rows, rows, true) as a graph; with `profile`, an event after every op.
   absl::StatusOr<CudaGraphExec> CaptureForward(int rows, Profile* profile);
-  // Runs the layers over `rows` token rows whose inputs are already on the device; with
-  // `logit_rows` > 0 also the final norm and LM head of that many rows. `decode`: one row per
-  // sequence, and the logits are sampled; otherwise prefill rows, runs of consecutive positions.
-  absl::Status Forward(int rows, int logit_rows, bool decode);
+  // Where a decode graph's Forward takes the token ids and leaves the sampled ids and the clamp
+  // count: the host mirrors' mapped addresses, so no copy sits at either end of the step's chain.
+  struct GraphIo {
+    const int32_t* tokens;
+    int32_t* sampled;
+    unsigned long long* clamps;
+  };
+  // Runs the layers over `rows` token rows whose inputs are already on the device (except the
+  // token ids, with `io`); with `logit_rows` > 0 also the final norm and LM head of that many rows.
+  // `decode`: one row per sequence, and the logits are sampled; otherwise prefill rows, runs of
+  // consecutive positions.
+  absl::Status Forward(int rows, int logit_rows, bool decode, const GraphIo* io = nullptr);
   // Attention splits for `tiles` row tiles: enough CTAs to fill the GPU, no more.
   int SplitsFor(int tiles) const;
   absl::Status EnsureBlocks(SeqState& s, int64_t positions);
@@ -134,6 +142,9 @@ class CudaEngine final : public Engine {
   int logit_rows_ = 0;
 
   CudaStream stream_;
+  // A decode graph's side branch (the clamp count's copy, beside the LM head): fork and join.
+  CudaStream side_stream_;
+  CudaEvent fork_, join_;
   std::unique_ptr<cuda::GemmRunner> gemm_;
   DeviceMemory weight_memory_, kv_memory_, work_memory_;
   std::map<std::string, size_t> memory_;

@@ -4,13 +4,16 @@
 #include <cstdint>
 
 #include "worker/backends/cuda/cuda_check.h"
+#include "worker/backends/cuda/kernels/common.cuh"
 
 namespace tailserve::cuda {
 namespace {
 
 // 16-byte pieces across the grid (a step's inputs fit in one pass: one PCIe round trip per
-// thread), then the tail byte by byte.
+// thread), then the tail byte by byte. A follower launched programmatically may start at once
+// (the decode graph's embedding, which reads none of this).
 __global__ void CopyKernel(const uint4* src, uint4* dst, size_t vectors, size_t bytes) {
+  TriggerDependents();
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vectors; i += stride) dst[i] = src[i];
   const size_t tail = bytes - 16 * vectors;

@@ -8,8 +8,8 @@
 namespace tailserve::cuda {
 namespace {
 
-__global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidden, float* x, float* sumsq,
-                            int sumsq_slots) {
+__device__ __forceinline__ void EmbedOneRow(const __half* table, const int32_t* tokens, int hidden, float* x,
+                                             float* sumsq, int sumsq_slots) {
   __shared__ float shared[32];
   const int r = blockIdx.x;
   if (r == 0) {
@@ -26,6 +26,18 @@ __global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidd
   if (sumsq == nullptr) return;
   sum = BlockSum(sum, shared);
   if (threadIdx.x == 0) sumsq[r] = sum;
+}
+
+__global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidden, float* x, float* sumsq,
+                            int sumsq_slots) {
+  EmbedOneRow(table, tokens, hidden, x, sumsq, sumsq_slots);
+}
+
+// The same, launched beside the previous kernel (EmbedArgs::beside_previous).
+__global__ void EmbedBesideKernel(const __half* table, const int32_t* tokens, int hidden, float* x, float* sumsq,
+                                  int sumsq_slots) {
+  EmbedOneRow(table, tokens, hidden, x, sumsq, sumsq_slots);
+  GridDependencyWait();
 }
 
 // One block per row. kVec (hidden % 4 == 0, at most 4 float4 a thread: see RmsNormRows): each
@@ -143,13 +155,14 @@ int GridFor(int64_t total, int threads) {
 
 }  // namespace
 
-absl::Status EmbedRows(const __half* table, const int32_t* tokens, int rows, int hidden, float* x, float* sumsq,
-                       int sumsq_slots, cudaStream_t stream) {
-  if (rows == 0) return absl::OkStatus();
-  if (sumsq_slots > 0 && (sumsq == nullptr || sumsq_slots < rows)) {
+absl::Status EmbedRows(const EmbedArgs& a, cudaStream_t stream) {
+  if (a.rows == 0) return absl::OkStatus();
+  if (a.sumsq_slots > 0 && (a.sumsq == nullptr || a.sumsq_slots < a.rows)) {
     return absl::InvalidArgumentError("EmbedRows: sumsq_slots needs sumsq and at least one slot a row");
   }
-  EmbedKernel<<<rows, 256, 0, stream>>>(table, tokens, hidden, x, sumsq, sumsq_slots);
+  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(a.beside_previous, dim3(a.rows), dim3(256), 0, stream,
+                                                       a.beside_previous ? EmbedBesideKernel : EmbedKernel, a.table,
+                                                       a.tokens, a.hidden, a.x, a.sumsq, a.sumsq_slots));
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

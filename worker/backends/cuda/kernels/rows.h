@@ -11,11 +11,22 @@
 
 namespace tailserve::cuda {
 
+struct EmbedArgs {
+  const __half* table = nullptr;  // [vocab, hidden]
+  const int32_t* tokens = nullptr;  // [rows]: device memory or a mapped host address
+  int rows = 0, hidden = 0;
+  float* x = nullptr;  // [rows, hidden]
+  float* sumsq = nullptr;
+  int sumsq_slots = 0;
+  // Launched programmatically beside the previous kernel, whose outputs it must not read: it
+  // waits for that kernel only before it exits, so what follows still sees both complete.
+  bool beside_previous = false;
+};
+
 // x[r, :] = float(table[tokens[r], :]); with sumsq, also sumsq[r] = Σ x[r, :]² (what the first
 // norm, fused into a Gemv, needs), and sumsq[rows, sumsq_slots) = 0 (the slots later kernels
 // accumulate into: a graph then needs no memset before the step).
-absl::Status EmbedRows(const __half* table, const int32_t* tokens, int rows, int hidden, float* x, float* sumsq,
-                       int sumsq_slots, cudaStream_t stream);
+absl::Status EmbedRows(const EmbedArgs& args, cudaStream_t stream);
 
 // out[r, :] = fp16(x[src[r], :] / rms(x[src[r], :]) * weight); src == nullptr means src[r] = r;
 // weight == nullptr means ones (the weight was folded into the consumer's matrix).
