@@ -42,7 +42,9 @@ struct CudaEngine::Buffers {
   unsigned long long* clamps = nullptr;
   size_t clamps_at = 0, outputs_bytes = 0;
   PinnedMemory host_outputs;
-  void* mapped_outputs = nullptr;
+  // The host mirrors' mapped addresses a decode graph reads the token ids from and writes the
+  // sampled ids and clamp count to.
+  GraphIo graph_io{};
 
   int32_t* block_table = nullptr;  // [(max_sequences + 1), max_blocks_per_seq]
   PinnedMemory host_table;
@@ -315,6 +317,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   absl::StatusOr<void*> mapped_in = MappedDevicePointer(b.host_inputs);
   if (!mapped_in.ok()) return mapped_in.status();
   b.mapped_inputs = *mapped_in;
+  b.graph_io.tokens = reinterpret_cast<const int32_t*>(static_cast<const char*>(b.mapped_inputs) + o_tokens);
   auto* hbase = static_cast<char*>(b.host_inputs.get());
   b.h_tokens = reinterpret_cast<int32_t*>(hbase + o_tokens);
   b.h_pos = reinterpret_cast<int32_t*>(hbase + o_pos);
@@ -331,7 +334,8 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.host_outputs = *std::move(hout);
   absl::StatusOr<void*> mapped_out = MappedDevicePointer(b.host_outputs);
   if (!mapped_out.ok()) return mapped_out.status();
-  b.mapped_outputs = *mapped_out;
+  b.graph_io.sampled = static_cast<int32_t*>(*mapped_out);
+  b.graph_io.clamps = reinterpret_cast<unsigned long long*>(static_cast<char*>(*mapped_out) + b.clamps_at);
   b.block_table = a.Take<int32_t>(static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq);
   absl::StatusOr<PinnedMemory> htab = PinnedAlloc(static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq * 4);
   if (!htab.ok()) return htab.status();
@@ -517,11 +521,9 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     TRY("final_norm", cuda::RmsNormRows(b.x, b.logit_src, logit_rows, h, nullptr, eps, b.final_xn, s));
     TRY("lm_head", gemm_->Run(b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits));
   }
-  if (logit_rows > 0) {
-    if (decode) {
-      TRY("sample", cuda::SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params,
-                                     io ? io->sampled : b.out_tokens, s));
-    }
+  if (logit_rows > 0 && decode) {
+    TRY("sample", cuda::SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params,
+                                   io ? io->sampled : b.out_tokens, s));
   }
   if (io) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, join_.get(), 0));
 #undef TRY
@@ -641,11 +643,6 @@ absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* prof
   // host to enqueue around each replay (the block table's changed rows still go before it), and
   // no copy-engine nodes in the graph (~10 us each).
   Buffers& b = *buf_;
-  const ptrdiff_t tokens_at = reinterpret_cast<const char*>(b.h_tokens) - static_cast<const char*>(b.host_inputs.get());
-  const GraphIo io{
-      .tokens = reinterpret_cast<const int32_t*>(static_cast<const char*>(b.mapped_inputs) + tokens_at),
-      .sampled = static_cast<int32_t*>(b.mapped_outputs),
-      .clamps = reinterpret_cast<unsigned long long*>(static_cast<char*>(b.mapped_outputs) + b.clamps_at)};
   absl::Status st = cuda::CopyBytes(b.mapped_inputs, b.inputs, b.inputs_bytes, s);
   if (profile && st.ok()) {
     // External records become graph nodes whose timestamps can be read after the replay.
@@ -654,7 +651,7 @@ absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* prof
     profile->names.push_back("start");
   }
   profile_ = profile;
-  if (st.ok()) st = Forward(rows, rows, true, &io);
+  if (st.ok()) st = Forward(rows, rows, true, &b.graph_io);
   profile_ = nullptr;
   const cudaError_t end = cudaStreamEndCapture(s, &graph);  // always, so the stream leaves capture mode
   CudaGraph owned(end == cudaSuccess ? graph : nullptr);
