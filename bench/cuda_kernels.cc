@@ -26,7 +26,6 @@
 #include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/kernels/attention.h"
 #include "worker/backends/cuda/kernels/gemv.h"
-#include "worker/backends/cuda/kernels/mma_gemv.h"
 
 namespace tailserve {
 namespace {
@@ -113,16 +112,14 @@ std::pair<int, int> MaxKN(const std::vector<Projection>& projections) {
   return {max_k, max_n};
 }
 
-absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list, int reps, bool mma_sweep,
-                              cudaStream_t s) {
+absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list, int reps, cudaStream_t s) {
   const std::vector<Projection> projections = Projections(m);
   const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
   const auto [max_k, max_n] = MaxKN(projections);
   auto x16 = Filled(size_t(max_rows) * max_k * 2, 0x2c), x32 = Filled(size_t(max_rows) * max_k * 4, 0x3c);
   auto y = Filled(size_t(max_rows) * max_n * 4, 0), act = Filled(size_t(max_rows) * max_n * 2, 0);
   auto sums = Filled(size_t(max_rows) * 4, 0x3c), work = DeviceAlloc(32 << 20);
-  auto y16 = Filled(size_t(max_rows) * max_n * 2, 0);
-  for (auto* b : {&x16, &x32, &y, &act, &sums, &work, &y16}) {
+  for (auto* b : {&x16, &x32, &y, &act, &sums, &work}) {
     if (!b->ok()) return b->status();
   }
   absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm = cuda::GemmRunner::Create(s, work->get(), 32 << 20);
@@ -164,31 +161,6 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
       const double tbs = bytes / (*us * 1e-6) / 1e12;
       std::printf("| %s | %d | %d × %d | %s | %.1f | %.2f | %.0f%% |\n", p.name, rows, p.n, p.k,
                   gemv ? "Gemv" : "cuBLASLt", *us, tbs, 100.0 * tbs * 1e12 / kCopyBandwidth);
-      if (gemv || rows > cuda::kMmaGemvMaxRows) continue;
-      // The tensor-core Gemv with the epilogue the engine gives it (norm scale, residual with its
-      // fp16 copy and sums of squares, SwiGLU): with --mma-sweep every k split, else its pick.
-      cuda::MmaGemvArgs ma{.x = static_cast<const __half*>(x16->get()), .rows = rows, .k = p.k, .n = p.n};
-      if (p.f32_in) ma.in_sumsq = static_cast<const float*>(sums->get()), ma.eps = 1e-5f;
-      if (p.swiglu) ma.swiglu_out = static_cast<__half*>(act->get());
-      else ma.y = static_cast<float*>(y->get());
-      if (p.residual) {
-        ma.beta = 1.0f, ma.y16 = static_cast<__half*>(y16->get()), ma.out_sumsq = static_cast<float*>(sums->get());
-      }
-      std::vector<int> splits{0};
-      if (mma_sweep) splits = {1, 2, 4};
-      for (int split : splits) {
-        ma.split = split;
-        absl::StatusOr<double> mus = TimeGraph(s, reps, [&]() -> absl::Status {
-          ma.w = static_cast<const __half*>(w[launches++ % copies].get());
-          return cuda::MmaGemv(ma, s);
-        });
-        if (!mus.ok()) return mus.status();
-        const double mtbs = (2.0 * p.n * p.k + 2.0 * rows * p.k) / (*mus * 1e-6) / 1e12;
-        const std::string kernel = split == 0 ? std::string("MmaGemv")
-                                              : absl::StrCat("MmaGemv split ", split);
-        std::printf("| %s | %d | %d × %d | %s | %.1f | %.2f | %.0f%% |\n", p.name, rows, p.n, p.k, kernel.c_str(),
-                    *mus, mtbs, 100.0 * mtbs * 1e12 / kCopyBandwidth);
-      }
     }
   }
   return absl::OkStatus();
@@ -444,7 +416,7 @@ int main(int argc, char** argv) {
   Shape m{4096, 14336, 32, 8, 128};
   std::string rows = "1,16,64", contexts = "512,2048", kv = "fp8_e4m3";
   int reps = 50;
-  bool gemm_search = false, mma_sweep = false;
+  bool gemm_search = false;
   app.add_option("--hidden", m.hidden, "hidden size");
   app.add_option("--ffn", m.ffn, "FFN (intermediate) size");
   app.add_option("--heads", m.heads, "query heads");
@@ -455,7 +427,6 @@ int main(int argc, char** argv) {
   app.add_option("--kv", kv, "KV cache dtype: fp8_e4m3, fp8_e5m2, fp16");
   app.add_option("--reps", reps, "launches per timed graph");
   app.add_flag("--gemm-search", gemm_search, "only: time cuBLASLt's whole configuration space per projection");
-  app.add_flag("--mma-sweep", mma_sweep, "time the tensor-core Gemv at every k split");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) {
@@ -470,7 +441,7 @@ int main(int argc, char** argv) {
   std::printf("shape: hidden %d, ffn %d, heads %d/%d, head_dim %d; %d launches a timed graph\n\n", m.hidden, m.ffn,
               m.heads, m.kv_heads, m.head_dim, reps);
   absl::Status st = gemm_search ? SearchGemm(m, Ints(rows), reps, stream->get())
-                                : BenchProjections(m, Ints(rows), reps, mma_sweep, stream->get());
+                                : BenchProjections(m, Ints(rows), reps, stream->get());
   if (gemm_search) {
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;

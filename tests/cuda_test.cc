@@ -24,7 +24,6 @@
 #include "worker/backends/cuda/kernels/attention.h"
 #include "worker/backends/cuda/kernels/copy.h"
 #include "worker/backends/cuda/kernels/gemv.h"
-#include "worker/backends/cuda/kernels/mma_gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
 #include "worker/backends/cuda/kernels/sampling.h"
@@ -257,72 +256,6 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
       }
     }
   }
-}
-
-// The tensor-core Gemv for 2..16 rows, every k split, on k that ends mid-block and mid-chunk (200,
-// 1032, 4104) and n that ends mid-tile, against fp64 sums of the fp16-rounded inputs.
-TEST(CudaKernelTest, MmaGemvMatchesCpuOnOddSizes) {
-  REQUIRE_GPU();
-  const unsigned seed = 91;
-  std::mt19937 rng(seed);
-  const float eps = 1e-5f;
-  for (auto [k, n_odd] : {std::pair{200, 77}, {1032, 203}, {4104, 333}}) {
-    for (int rows : {1, 3, 16}) {
-      for (int mode = 0; mode < 4; ++mode) {
-        const bool residual = mode == 1, normed = mode >= 2, swiglu = mode == 3;
-        const int n = swiglu ? (n_odd + 15) / 16 * 16 : n_odd;
-        auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * k, rng, 0.05f);
-        const auto y0 = Random(size_t(rows) * n, rng), bias = Random(size_t(n), rng);
-        const std::vector<__half> xh = RoundToHalf(xf), wh = RoundToHalf(wf);
-        std::vector<float> in_ss(size_t(rows), 0.0f);
-        for (int r = 0; r < rows; ++r) {
-          for (int i = 0; i < k; ++i) in_ss[r] += xf[size_t(r) * k + i] * xf[size_t(r) * k + i];
-        }
-        std::vector<float> want(size_t(rows) * n), want_act(size_t(rows) * n / 2), want_ss(size_t(rows), 0.0f);
-        for (int r = 0; r < rows; ++r) {
-          const double inv = normed ? 1.0 / std::sqrt(in_ss[r] / k + eps) : 1.0;
-          for (int c = 0; c < n; ++c) {
-            double d = 0;
-            for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[size_t(c) * k + i];
-            d *= inv;
-            if (residual) d += bias[c] + y0[size_t(r) * n + c];
-            want[size_t(r) * n + c] = float(d);
-            want_ss[r] += float(d * d);
-          }
-          for (int i = 0; swiglu && i < n / 2; ++i) {  // tiles of 16 rows: 8 gate, then their 8 up
-            const double gt = want[size_t(r) * n + i / 8 * 16 + i % 8], up = want[size_t(r) * n + i / 8 * 16 + 8 + i % 8];
-            want_act[size_t(r) * n / 2 + i] = float(gt / (1 + std::exp(-gt)) * up);
-          }
-        }
-        Dev<__half> dx(xh), dw(wh), dact(size_t(rows) * n / 2), dy16(size_t(rows) * n);
-        Dev<float> dy(y0), dbias(bias), din(in_ss), dout{static_cast<size_t>(rows)};
-        for (int split : {0, 1, 2, 4}) {
-          dy.Put(y0), dout.Put(std::vector<float>(size_t(rows), 0.0f));
-          cuda::MmaGemvArgs a{.x = dx.p, .rows = rows, .k = k, .w = dw.p, .n = n, .split = split};
-          if (normed) a.in_sumsq = din.p, a.eps = eps;
-          if (swiglu) a.swiglu_out = dact.p;
-          else a.y = dy.p;
-          if (residual) a.beta = 1.0f, a.bias = dbias.p, a.y16 = dy16.p, a.out_sumsq = dout.p;
-          ASSERT_TRUE(cuda::MmaGemv(a, nullptr).ok());
-          const std::string what = "rows " + std::to_string(rows) + " n " + std::to_string(n) + " k " +
-                                   std::to_string(k) + " mode " + std::to_string(mode) + " split " +
-                                   std::to_string(split) + " seed " +
-                                   std::to_string(seed);
-          if (swiglu) {
-            EXPECT_LE(RelL2(ToFloats(dact.Get()), want_act), 2e-3) << what;  // fp16 output
-          } else {
-            EXPECT_LE(RelL2(dy.Get(), want), 1e-4) << what;  // the tensor cores' fp32 sums
-          }
-          if (residual) {
-            EXPECT_LE(RelL2(ToFloats(dy16.Get()), want), 1e-3) << what;
-            EXPECT_LE(RelL2(dout.Get(), want_ss), 1e-4) << what;
-          }
-        }
-      }
-    }
-  }
-  cuda::MmaGemvArgs bad{.rows = 17, .k = 64, .n = 16};
-  EXPECT_EQ(cuda::MmaGemv(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // A Gemv launched programmatically starts while its predecessor runs and must still read that

@@ -3,8 +3,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cstdint>
-
 namespace tailserve::cuda {
 
 __device__ __forceinline__ float WarpSum(float v) {
@@ -31,15 +29,6 @@ __device__ __forceinline__ float BlockReduce(float v, float* shared32, float ide
 __device__ __forceinline__ float BlockSum(float v, float* shared32) { return BlockReduce<WarpSum>(v, shared32, 0.0f); }
 __device__ __forceinline__ float BlockMax(float v, float* shared32) {
   return BlockReduce<WarpMax>(v, shared32, -INFINITY);
-}
-
-// D = A · B + D for one m16n8k16 tile (row-major A, column-major B): fp16 in, fp32 accumulate.
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ float Silu(float g) { return g / (1.0f + expf(-g)); }
