@@ -3,8 +3,8 @@
 // seconds of device time instead of minutes. Each row is the mean of `reps` launches captured in
 // one CUDA graph (so launch overhead is not counted), timed with CUDA events, beside the bytes the
 // launch must read ÷ 4.26 TB/s. Projections run as the engine runs them: the Gemv with its
-// epilogue for 1 row, cuBLASLt (algorithm timed first) above, where the RMSNorm and SwiGLU are
-// separate kernels this table does not include.
+// epilogue for 1 row, the SkinnyGemm for 2..64 rows beside cuBLASLt (algorithm timed first), where
+// the RMSNorm and SwiGLU are separate kernels this table does not include.
 #include <cublasLt.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -26,6 +26,7 @@
 #include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/kernels/attention.h"
 #include "worker/backends/cuda/kernels/gemv.h"
+#include "worker/backends/cuda/kernels/skinny_gemm.h"
 
 namespace tailserve {
 namespace {
@@ -112,17 +113,19 @@ std::pair<int, int> MaxKN(const std::vector<Projection>& projections) {
   return {max_k, max_n};
 }
 
-absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list, int reps, cudaStream_t s) {
+absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list, int reps,
+                              const std::vector<int>& skinny_ctas, cudaStream_t s) {
   const std::vector<Projection> projections = Projections(m);
   const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
   const auto [max_k, max_n] = MaxKN(projections);
   auto x16 = Filled(size_t(max_rows) * max_k * 2, 0x2c), x32 = Filled(size_t(max_rows) * max_k * 4, 0x3c);
   auto y = Filled(size_t(max_rows) * max_n * 4, 0), act = Filled(size_t(max_rows) * max_n * 2, 0);
-  auto sums = Filled(size_t(max_rows) * 4, 0x3c), work = DeviceAlloc(32 << 20);
+  auto sums = Filled(size_t(max_rows) * 4, 0x3c), work = DeviceAlloc(cuda::GemmRunner::WorkspaceBytes());
   for (auto* b : {&x16, &x32, &y, &act, &sums, &work}) {
     if (!b->ok()) return b->status();
   }
-  absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm = cuda::GemmRunner::Create(s, work->get(), 32 << 20);
+  absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm =
+      cuda::GemmRunner::Create(s, work->get(), cuda::GemmRunner::WorkspaceBytes());
   if (!gemm.ok()) return gemm.status();
   std::printf("| projection | rows | n × k | kernel | µs | TB/s | of 4.26 TB/s |\n|---|---:|---|---|---:|---:|---:|\n");
   for (const Projection& p : projections) {
@@ -142,25 +145,48 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
       if (p.swiglu) a.swiglu_out = static_cast<__half*>(act->get());
       else a.y = static_cast<float*>(y->get());
       if (p.residual) a.beta = 1.0f, a.out_sumsq = static_cast<float*>(sums->get());
+      bool overlap = false;
       auto launch = [&]() -> absl::Status {
         const auto* wp = static_cast<const __half*>(w[launches++ % copies].get());
         a.w = wp;
         if (gemv) return cuda::Gemv(a, s);
         return (*gemm)->Run(static_cast<const __half*>(x16->get()), rows, p.k, wp, p.n, p.residual ? 1.0f : 0.0f,
-                            static_cast<float*>(y->get()));
+                            static_cast<float*>(y->get()), overlap);
       };
-      if (!gemv) {  // time cuBLASLt's candidates for this shape first, as the engine does at start
-        (*gemm)->set_tuning(true);
-        if (absl::Status st = launch(); !st.ok()) return st;
-        (*gemm)->set_tuning(false);
-        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      const double bytes = 2.0 * p.n * p.k + (p.f32_in && gemv ? 4.0 : 2.0) * rows * p.k;  // the GEMMs read fp16 X
+      auto row = [&](const std::string& kernel) -> absl::Status {
+        absl::StatusOr<double> us = TimeGraph(s, reps, launch);
+        if (!us.ok()) return us.status();
+        const double tbs = bytes / (*us * 1e-6) / 1e12;
+        std::printf("| %s | %d | %d × %d | %s | %.1f | %.2f | %.0f%% |\n", p.name, rows, p.n, p.k, kernel.c_str(),
+                    *us, tbs, 100.0 * tbs * 1e12 / kCopyBandwidth);
+        return absl::OkStatus();
+      };
+      if (gemv) {
+        if (absl::Status st = row("Gemv"); !st.ok()) return st;
+        continue;
       }
-      absl::StatusOr<double> us = TimeGraph(s, reps, launch);
-      if (!us.ok()) return us.status();
-      const double bytes = 2.0 * p.n * p.k + (p.f32_in && gemv ? 4.0 : 2.0) * rows * p.k;  // cuBLASLt reads fp16 X
-      const double tbs = bytes / (*us * 1e-6) / 1e12;
-      std::printf("| %s | %d | %d × %d | %s | %.1f | %.2f | %.0f%% |\n", p.name, rows, p.n, p.k,
-                  gemv ? "Gemv" : "cuBLASLt", *us, tbs, 100.0 * tbs * 1e12 / kCopyBandwidth);
+      // cuBLASLt with its candidates for this shape timed first, as the engine does at start.
+      (*gemm)->set_skinny(false);
+      (*gemm)->set_tuning(true);
+      if (absl::Status st = launch(); !st.ok()) return st;
+      (*gemm)->set_tuning(false);
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      if (absl::Status st = row("cuBLASLt"); !st.ok()) return st;
+      (*gemm)->set_skinny(true);
+      if (rows > cuda::kSkinnyGemmMaxRows) continue;
+      // The SkinnyGemm alone, then each launch overlapping the one before (as o, gate/up and down
+      // follow each other once the norm and SwiGLU ride in their epilogues).
+      for (int ctas : skinny_ctas) {
+        (*gemm)->set_skinny_ctas(ctas);
+        const std::string split = ctas == 0 ? std::string() : absl::StrCat(", ", ctas, " CTAs");
+        for (bool o : {false, true}) {
+          overlap = o;
+          if (absl::Status st = row(absl::StrCat("SkinnyGemm", o ? " overlapped" : "", split)); !st.ok()) return st;
+        }
+        overlap = false;
+      }
+      (*gemm)->set_skinny_ctas(0);
     }
   }
   return absl::OkStatus();
@@ -262,6 +288,7 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
   }
   absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm = cuda::GemmRunner::Create(s, work->get(), kWork);
   if (!gemm.ok()) return gemm.status();
+  (*gemm)->set_skinny(false);  // cuBLASLt against cuBLASLt
   absl::StatusOr<CudaEvent> start = MakeEvent(), stop = MakeEvent();
   if (!start.ok()) return start.status();
   if (!stop.ok()) return stop.status();
@@ -427,6 +454,8 @@ int main(int argc, char** argv) {
   app.add_option("--kv", kv, "KV cache dtype: fp8_e4m3, fp8_e5m2, fp16");
   app.add_option("--reps", reps, "launches per timed graph");
   app.add_flag("--gemm-search", gemm_search, "only: time cuBLASLt's whole configuration space per projection");
+  std::string skinny_ctas = "0";
+  app.add_option("--skinny-ctas", skinny_ctas, "SkinnyGemm stream-K CTAs to time, comma-separated (0: one an SM)");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) {
@@ -441,7 +470,7 @@ int main(int argc, char** argv) {
   std::printf("shape: hidden %d, ffn %d, heads %d/%d, head_dim %d; %d launches a timed graph\n\n", m.hidden, m.ffn,
               m.heads, m.kv_heads, m.head_dim, reps);
   absl::Status st = gemm_search ? SearchGemm(m, Ints(rows), reps, stream->get())
-                                : BenchProjections(m, Ints(rows), reps, stream->get());
+                                : BenchProjections(m, Ints(rows), reps, Ints(skinny_ctas), stream->get());
   if (gemm_search) {
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;

@@ -1,0 +1,330 @@
+#include "worker/backends/cuda/kernels/skinny_gemm.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "worker/backends/cuda/cuda_check.h"
+#include "worker/backends/cuda/kernels/common.cuh"
+
+namespace tailserve::cuda {
+namespace {
+
+constexpr int kTileN = 128;                 // W rows (output columns) a tile
+constexpr int kTileK = 64;                  // k a stage: one 128-byte swizzle row
+constexpr int kWBytes = kTileN * kTileK * 2;  // 16 KB
+constexpr int kConsumerWarps = 4;           // 32 columns each
+constexpr int kThreads = (kConsumerWarps + 1) * 32;
+constexpr int kMaxTiles = 4096;             // counters in the workspace: n ≤ 524288
+constexpr int kMaxCtas = 1024;
+
+template <int RT>  // 16-row groups of X
+struct Config {
+  static constexpr int kXBytes = 16 * RT * kTileK * 2;
+  static constexpr int kStageBytes = kWBytes + kXBytes;  // a multiple of 1024 (the swizzle's span)
+  // Two CTAs an SM fit (≤ 113 KB each), so a follower launched programmatically finds room to
+  // start copying its W while this kernel's CTAs finish.
+  static constexpr int kStages = 108 * 1024 / kStageBytes;
+  static constexpr int kSmem = kStages * kStageBytes + 1024;  // + alignment slack
+  static constexpr int kAcc = 2 * 2 * RT * 4;  // a consumer thread's accumulators
+};
+
+struct Params {
+  int rows, k, n;
+  float* y;
+  float beta;
+  int* counters;    // [kMaxTiles]
+  float4* partials;  // [ctas][2][kAcc / 4][128]
+  int k_blocks, tiles, total, per_cta, extra;  // stream-K split: `extra` CTAs take per_cta + 1
+};
+
+__device__ __forceinline__ uint32_t Smem(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void BarrierInit(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(Smem(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void BarrierExpect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(Smem(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void BarrierArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(Smem(bar)) : "memory");
+}
+__device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @p bra DONE_%=;\n"
+      " bra WAIT_%=;\n DONE_%=:\n }" ::"r"(Smem(bar)),
+      "r"(parity)
+      : "memory");
+}
+// One 2D tile (coordinates: element along k, row) into shared memory, completing on `bar`.
+__device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int k0, int row0, uint64_t* bar,
+                                        uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(Smem(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(Smem(bar)), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ void LdMatrix4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// D += A · B for one m16n8k16 tile: fp16 in, fp32 accumulate.
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 128-byte rows under the TMA's
+// 128-byte swizzle (chunk index XOR row mod 8, rows counted from a 1024-byte-aligned base).
+__device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ int BeginOf(const Params& p, int cta) { return cta * p.per_cta + min(cta, p.extra); }
+__device__ __forceinline__ int OwnerOf(const Params& p, int it) {
+  const int long_span = p.extra * (p.per_cta + 1);
+  return it < long_span ? it / (p.per_cta + 1) : p.extra + (it - long_span) / p.per_cta;
+}
+
+// Consumer thread `tid` (0..127) of warp `warp`: its accumulators acc[mt][j][i] hold output column
+// tile·128 + 32·warp + 16·mt + g + 8·(i / 2) of row 8·j + 2·c + i % 2 (g = lane / 4, c = lane % 4).
+template <int RT>
+__device__ __forceinline__ void Epilogue(const Params& p, int tile, int warp, int lane,
+                                         const float (&acc)[2][2 * RT][4]) {
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int j = 0; j < 2 * RT; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = tile * kTileN + 32 * warp + 16 * mt + g + 8 * (i >> 1), row = 8 * j + 2 * c + (i & 1);
+        if (row >= p.rows || col >= p.n) continue;
+        float* at = p.y + static_cast<int64_t>(row) * p.n + col;
+        *at = p.beta != 0.0f ? acc[mt][j][i] + p.beta * *at : acc[mt][j][i];
+      }
+    }
+  }
+}
+
+// A finished run of k blocks of `tile`: written out if this CTA covered all of the tile's k;
+// otherwise left as a partial, and the last of the tile's CTAs to arrive sums them all in CTA
+// order and writes the tile.
+template <int RT>
+__device__ __forceinline__ void Flush(const Params& p, int cta, int begin, int end, int tile, int warp, int lane,
+                      float (&acc)[2][2 * RT][4], int* arrived_s) {
+  constexpr int kVecs = Config<RT>::kAcc / 4;
+  const int tid = warp * 32 + lane, first = tile * p.k_blocks, last = first + p.k_blocks - 1;
+  if (first >= begin && last < end) {
+    Epilogue<RT>(p, tile, warp, lane, acc);
+    return;
+  }
+  const int slot = tile == begin / p.k_blocks ? 0 : 1;
+  float4* mine = p.partials + (static_cast<int64_t>(cta) * 2 + slot) * kVecs * 128 + tid;
+  const float* flat = &acc[0][0][0];
+#pragma unroll
+  for (int v = 0; v < kVecs; ++v) mine[v * 128] = make_float4(flat[4 * v], flat[4 * v + 1], flat[4 * v + 2], flat[4 * v + 3]);
+  __threadfence();
+  asm volatile("bar.sync 1, 128;" ::: "memory");
+  const int from = OwnerOf(p, first), to = OwnerOf(p, last);
+  if (tid == 0) *arrived_s = atomicAdd(p.counters + tile, 1);
+  asm volatile("bar.sync 1, 128;" ::: "memory");
+  const bool finisher = *arrived_s == to - from;
+  asm volatile("bar.sync 1, 128;" ::: "memory");  // arrived_s is read before the next flush writes it
+  if (!finisher) return;
+  __threadfence();
+  float sum[2][2 * RT][4] = {};
+  float* total = &sum[0][0][0];
+  for (int j = from; j <= to; ++j) {
+    if (j == cta) {
+#pragma unroll
+      for (int i = 0; i < Config<RT>::kAcc; ++i) total[i] += flat[i];
+      continue;
+    }
+    const int theirs = tile == BeginOf(p, j) / p.k_blocks ? 0 : 1;
+    const float4* part = p.partials + (static_cast<int64_t>(j) * 2 + theirs) * kVecs * 128 + tid;
+#pragma unroll
+    for (int v = 0; v < kVecs; ++v) {
+      const float4 q = __ldcg(part + v * 128);
+      total[4 * v] += q.x, total[4 * v + 1] += q.y, total[4 * v + 2] += q.z, total[4 * v + 3] += q.w;
+    }
+  }
+  if (tid == 0) p.counters[tile] = 0;  // for the next launch
+  Epilogue<RT>(p, tile, warp, lane, sum);
+}
+
+template <int RT>
+__global__ void __launch_bounds__(kThreads, 2)
+    SkinnyGemmKernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map, Params p) {
+  using C = Config<RT>;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full_s[C::kStages], empty_s[C::kStages];
+  __shared__ int arrived_s;
+  unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cta = blockIdx.x;
+  const int begin = BeginOf(p, cta), end = begin + p.per_cta + (cta < p.extra ? 1 : 0);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::kStages; ++s) BarrierInit(&full_s[s], 1), BarrierInit(&empty_s[s], kConsumerWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == kConsumerWarps) {  // the producer
+    if (lane == 0) {
+      uint64_t stream_policy, keep_policy;  // W is read once; X by every CTA
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream_policy));
+      asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
+      auto load_w = [&](int it, int s) {
+        BarrierExpect(&full_s[s], C::kStageBytes);
+        TmaLoad(ring + s * C::kStageBytes, &w_map, (it % p.k_blocks) * kTileK, (it / p.k_blocks) * kTileN, &full_s[s],
+                stream_policy);
+      };
+      auto load_x = [&](int it, int s) {
+        TmaLoad(ring + s * C::kStageBytes + kWBytes, &x_map, (it % p.k_blocks) * kTileK, 0, &full_s[s], keep_policy);
+      };
+      const int early = min(C::kStages, end - begin);
+      for (int i = 0; i < early; ++i) load_w(begin + i, i);
+      GridDependencyWait();  // X is the previous kernel's output
+      for (int i = 0; i < early; ++i) load_x(begin + i, i);
+      for (int i = early; i < end - begin; ++i) {
+        const int s = i % C::kStages;
+        BarrierWait(&empty_s[s], ((i / C::kStages) - 1) & 1);
+        load_w(begin + i, s), load_x(begin + i, s);
+      }
+    }
+    return;
+  }
+
+  GridDependencyWait();  // y (beta) and the workspace are the previous kernel's
+  TriggerDependents();
+  float acc[2][2 * RT][4] = {};
+  const uint32_t ring_addr = Smem(ring);
+  // ldmatrix rows this lane addresses: of W (16 a matrix quad: rows, then the k half), of X (rows
+  // 8 at a time, the k half first).
+  const int w_row = 32 * warp + (lane & 7) + 8 * ((lane >> 3) & 1), w_half = lane >> 4;
+  const int x_row = (lane & 7) + 8 * (lane >> 4), x_half = (lane >> 3) & 1;
+  for (int i = 0; i < end - begin; ++i) {
+    const int s = i % C::kStages, it = begin + i;
+    BarrierWait(&full_s[s], (i / C::kStages) & 1);
+    const uint32_t w_base = ring_addr + s * C::kStageBytes, x_base = w_base + kWBytes;
+#pragma unroll
+    for (int ks = 0; ks < kTileK / 16; ++ks) {
+      uint32_t b[RT][4];
+#pragma unroll
+      for (int q = 0; q < RT; ++q) LdMatrix4(x_base + Swizzled(16 * q + x_row, 2 * ks + x_half), b[q]);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        uint32_t a[4];
+        LdMatrix4(w_base + Swizzled(w_row + 16 * mt, 2 * ks + w_half), a);
+#pragma unroll
+        for (int q = 0; q < RT; ++q) {
+          Mma(acc[mt][2 * q], a, b[q][0], b[q][1]);
+          Mma(acc[mt][2 * q + 1], a, b[q][2], b[q][3]);
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) BarrierArrive(&empty_s[s]);
+    if (it % p.k_blocks == p.k_blocks - 1 || i == end - begin - 1) {
+      Flush<RT>(p, cta, begin, end, it / p.k_blocks, warp, lane, acc, &arrived_s);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int j = 0; j < 2 * RT; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+        }
+      }
+    }
+  }
+}
+
+// cuTensorMapEncodeTiled through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A [rows, k] fp16 matrix as 64 × box_rows tiles, 128-byte swizzled, zeros past its edges.
+absl::Status Map(CUtensorMap* map, const __half* base, int k, int rows, int box_rows) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
+  if (encode == nullptr) return absl::InternalError("SkinnyGemm: the driver has no cuTensorMapEncodeTiled");
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
+  const cuuint32_t box[2] = {kTileK, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<__half*>(base), dims, strides, box,
+                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed: CUresult ", r));
+  return absl::OkStatus();
+}
+
+template <int RT>
+absl::Status Launch(const SkinnyGemmArgs& a, int ctas, cudaStream_t stream) {
+  using C = Config<RT>;
+  CUtensorMap w_map, x_map;
+  if (absl::Status s = Map(&w_map, a.w, a.k, a.n, kTileN); !s.ok()) return s;
+  if (absl::Status s = Map(&x_map, a.x, a.k, a.rows, 16 * RT); !s.ok()) return s;
+  Params p{};
+  p.rows = a.rows, p.k = a.k, p.n = a.n, p.y = a.y, p.beta = a.beta;
+  p.counters = static_cast<int*>(a.workspace);
+  p.partials = reinterpret_cast<float4*>(static_cast<char*>(a.workspace) + kMaxTiles * sizeof(int));
+  p.k_blocks = (a.k + kTileK - 1) / kTileK, p.tiles = (a.n + kTileN - 1) / kTileN;
+  p.total = p.k_blocks * p.tiles;
+  ctas = std::min(ctas, p.total);
+  p.per_cta = p.total / ctas, p.extra = p.total % ctas;
+  static const bool opted = [] {  // once per instance (the attribute is per function)
+    return cudaFuncSetAttribute(SkinnyGemmKernel<RT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem) ==
+           cudaSuccess;
+  }();
+  if (!opted) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(SkinnyGemmKernel<RT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(a.overlap_previous, dim3(ctas), dim3(kThreads), C::kSmem,
+                                                       stream, SkinnyGemmKernel<RT>, w_map, x_map, p));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t SkinnyGemmWorkspaceBytes(int ctas) {
+  return kMaxTiles * sizeof(int) + static_cast<size_t>(ctas) * 2 * Config<4>::kAcc * 128 * sizeof(float);
+}
+
+absl::Status SkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (a.rows < 1 || a.rows > kSkinnyGemmMaxRows || a.k <= 0 || a.k % 8 != 0 || a.n <= 0 ||
+      a.n > kMaxTiles * kTileN || a.x == nullptr || a.w == nullptr || a.y == nullptr || !aligned(a.x) ||
+      !aligned(a.w)) {
+    return absl::InvalidArgumentError(
+        "SkinnyGemm: 1..64 rows, k a multiple of 8, n ≤ 524288, x and w 16-byte aligned");
+  }
+  int ctas = a.ctas;
+  if (ctas <= 0) {
+    int device = 0;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&ctas, cudaDevAttrMultiProcessorCount, device));
+  }
+  if (ctas > kMaxCtas || a.workspace == nullptr || a.workspace_bytes < SkinnyGemmWorkspaceBytes(ctas)) {
+    return absl::InvalidArgumentError(absl::StrCat("SkinnyGemm: a workspace of ", SkinnyGemmWorkspaceBytes(ctas),
+                                                   " bytes for ", ctas, " CTAs (at most ", kMaxCtas, ")"));
+  }
+  if (a.rows <= 16) return Launch<1>(a, ctas, stream);
+  if (a.rows <= 32) return Launch<2>(a, ctas, stream);
+  return Launch<4>(a, ctas, stream);
+}
+
+}  // namespace tailserve::cuda
