@@ -113,8 +113,61 @@ std::pair<int, int> MaxKN(const std::vector<Projection>& projections) {
   return {max_k, max_n};
 }
 
+// One SkinnyGemm launch (after two others, as in a graph) with each CTA's %globaltimer stamps: where
+// a projection's time goes besides streaming W.
+absl::Status SkinnyTimeline(const Projection& p, int rows, const std::vector<DeviceMemory>& w, void* x, void* y,
+                            int variant, cudaStream_t s) {
+  int sms = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t work_bytes = cuda::SkinnyGemmWorkspaceBytes(sms);
+  auto work = Filled(work_bytes, 0), stamps = Filled(size_t(sms) * 4 * 8, 0);
+  if (!work.ok()) return work.status();
+  if (!stamps.ok()) return stamps.status();
+  {
+    int launches = 0;
+    absl::StatusOr<double> us = TimeGraph(s, 50, [&]() -> absl::Status {
+      return cuda::SkinnyGemm({.x = static_cast<const __half*>(x), .rows = rows, .k = p.k,
+                               .w = static_cast<const __half*>(w[launches++ % w.size()].get()), .n = p.n,
+                               .y = static_cast<float*>(y), .beta = p.residual ? 1.0f : 0.0f,
+                               .workspace = work->get(), .workspace_bytes = work_bytes, .overlap_previous = true,
+                               .variant = variant},
+                              s);
+    });
+    if (!us.ok()) return us.status();
+    const double tbs = (2.0 * p.n * p.k + 2.0 * rows * p.k) / (*us * 1e-6) / 1e12;
+    std::printf("| %s | %d | %d × %d | SkinnyGemm overlapped, variant %d | %.1f | %.2f | %.0f%% |\n", p.name, rows, p.n,
+                p.k, variant, *us, tbs, 100.0 * tbs * 1e12 / kCopyBandwidth);
+  }
+  for (int i = 0; i < 3; ++i) {
+    cuda::SkinnyGemmArgs a{.x = static_cast<const __half*>(x), .rows = rows, .k = p.k,
+                           .w = static_cast<const __half*>(w[i % w.size()].get()), .n = p.n,
+                           .y = static_cast<float*>(y), .beta = p.residual ? 1.0f : 0.0f, .workspace = work->get(),
+                           .workspace_bytes = work_bytes, .overlap_previous = true, .variant = variant};
+    if (i == 2) a.stamps = static_cast<unsigned long long*>(stamps->get());
+    if (absl::Status st = cuda::SkinnyGemm(a, s); !st.ok()) return st;
+  }
+  std::vector<unsigned long long> t(size_t(sms) * 4);
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(t.data(), stamps->get(), t.size() * 8, cudaMemcpyDeviceToHost, s));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  const int ctas = std::min(sms, ((p.n + 127) / 128) * ((p.k + 63) / 64));
+  unsigned long long t0 = ~0ull, t_end = 0;
+  std::vector<double> ramp, stream, tail, start;
+  for (int c = 0; c < ctas; ++c) t0 = std::min(t0, t[c * 4]), t_end = std::max(t_end, t[c * 4 + 3]);
+  for (int c = 0; c < ctas; ++c) {
+    start.push_back((t[c * 4] - t0) * 1e-3), ramp.push_back((t[c * 4 + 1] - t[c * 4]) * 1e-3);
+    stream.push_back((t[c * 4 + 2] - t[c * 4 + 1]) * 1e-3), tail.push_back((t[c * 4 + 3] - t[c * 4 + 2]) * 1e-3);
+  }
+  auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+  auto max = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+  std::printf("| %s | %d | variant %d timeline: span %.1f µs; CTA start +%.1f (max +%.1f); first stage after %.1f (max %.1f); "
+              "streaming %.1f (max %.1f); last flush %.1f (max %.1f) |\n",
+              p.name, rows, variant, (t_end - t0) * 1e-3, med(start), max(start), med(ramp), max(ramp), med(stream), max(stream),
+              med(tail), max(tail));
+  return absl::OkStatus();
+}
+
 absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list, int reps,
-                              const std::vector<int>& skinny_ctas, cudaStream_t s) {
+                              const std::vector<int>& skinny_ctas, bool timeline, cudaStream_t s) {
   const std::vector<Projection> projections = Projections(m);
   const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
   const auto [max_k, max_n] = MaxKN(projections);
@@ -187,6 +240,9 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
         overlap = false;
       }
       (*gemm)->set_skinny_ctas(0);
+      for (int v = 0; timeline && v < 4; ++v) {
+        if (absl::Status st = SkinnyTimeline(p, rows, w, x16->get(), y->get(), v, s); !st.ok()) return st;
+      }
     }
   }
   return absl::OkStatus();
@@ -455,6 +511,8 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "launches per timed graph");
   app.add_flag("--gemm-search", gemm_search, "only: time cuBLASLt's whole configuration space per projection");
   std::string skinny_ctas = "0";
+  bool timeline = false;
+  app.add_flag("--skinny-timeline", timeline, "also one SkinnyGemm launch's per-CTA timeline per projection");
   app.add_option("--skinny-ctas", skinny_ctas, "SkinnyGemm stream-K CTAs to time, comma-separated (0: one an SM)");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
@@ -470,7 +528,7 @@ int main(int argc, char** argv) {
   std::printf("shape: hidden %d, ffn %d, heads %d/%d, head_dim %d; %d launches a timed graph\n\n", m.hidden, m.ffn,
               m.heads, m.kv_heads, m.head_dim, reps);
   absl::Status st = gemm_search ? SearchGemm(m, Ints(rows), reps, stream->get())
-                                : BenchProjections(m, Ints(rows), reps, Ints(skinny_ctas), stream->get());
+                                : BenchProjections(m, Ints(rows), reps, Ints(skinny_ctas), timeline, stream->get());
   if (gemm_search) {
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;

@@ -25,9 +25,9 @@ template <int RT>  // 16-row groups of X
 struct Config {
   static constexpr int kXBytes = 16 * RT * kTileK * 2;
   static constexpr int kStageBytes = kWBytes + kXBytes;  // a multiple of 1024 (the swizzle's span)
-  // Two CTAs an SM fit (≤ 113 KB each), so a follower launched programmatically finds room to
-  // start copying its W while this kernel's CTAs finish.
-  static constexpr int kStages = 108 * 1024 / kStageBytes;
+  // One CTA an SM with as many stages as its shared memory holds: the bytes in flight are what
+  // bound the stream (6 stages, two CTAs an SM, ran o at 16 rows at 48% of the bandwidth).
+  static constexpr int kStages = (226 * 1024 - 1024) / kStageBytes;
   static constexpr int kSmem = kStages * kStageBytes + 1024;  // + alignment slack
   static constexpr int kAcc = 2 * 2 * RT * 4;  // a consumer thread's accumulators
 };
@@ -39,7 +39,16 @@ struct Params {
   int* counters;    // [kMaxTiles]
   float4* partials;  // [ctas][2][kAcc / 4][128]
   int k_blocks, tiles, total, per_cta, extra;  // stream-K split: `extra` CTAs take per_cta + 1
+  unsigned long long* stamps;  // SkinnyGemmArgs::stamps
+  int variant;
 };
+
+__device__ __forceinline__ void Stamp(const Params& p, int cta, int i) {
+  if (p.stamps == nullptr) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  p.stamps[cta * 4 + i] = t;
+}
 
 __device__ __forceinline__ uint32_t Smem(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
@@ -98,61 +107,113 @@ template <int RT>
 __device__ __forceinline__ void Epilogue(const Params& p, int tile, int warp, int lane,
                                          const float (&acc)[2][2 * RT][4]) {
   const int g = lane >> 2, c = lane & 3;
+  auto at = [&](int mt, int j, int i) -> float* {
+    const int col = tile * kTileN + 32 * warp + 16 * mt + g + 8 * (i >> 1), row = 8 * j + 2 * c + (i & 1);
+    return row < p.rows && col < p.n ? p.y + static_cast<int64_t>(row) * p.n + col : nullptr;
+  };
+  // Every residual load goes out before the first store: interleaved, each load waited behind the
+  // store before it (the compiler cannot tell they never alias), 16-64 L2 round trips in a row.
+  float old[2][2 * RT][4] = {};
+  if (p.beta != 0.0f) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int j = 0; j < 2 * RT; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (const float* y = at(mt, j, i)) old[mt][j][i] = p.beta * *y;
+        }
+      }
+    }
+  }
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
     for (int j = 0; j < 2 * RT; ++j) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int col = tile * kTileN + 32 * warp + 16 * mt + g + 8 * (i >> 1), row = 8 * j + 2 * c + (i & 1);
-        if (row >= p.rows || col >= p.n) continue;
-        float* at = p.y + static_cast<int64_t>(row) * p.n + col;
-        *at = p.beta != 0.0f ? acc[mt][j][i] + p.beta * *at : acc[mt][j][i];
+        if (float* y = at(mt, j, i)) *y = acc[mt][j][i] + old[mt][j][i];
       }
     }
   }
 }
 
+// Tile counters, as CUTLASS's stream-K barriers: one thread of each CTA publishes after a CTA
+// barrier (the release covers the other threads' partials) and the reader acquires before one.
+__device__ __forceinline__ int LoadAcquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ int AddAcqRel(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ void ConsumerSync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
+
 // A finished run of k blocks of `tile`: written out if this CTA covered all of the tile's k;
-// otherwise left as a partial, and the last of the tile's CTAs to arrive sums them all in CTA
-// order and writes the tile.
+// otherwise the last of the tile's CTAs to get there sums every CTA's part in CTA order (so the
+// result does not depend on who is last) and writes the tile, and the others leave theirs as
+// partials. The last is usually a CTA whose run ends in the tile (the CTA after it did its part at
+// its start), so it looks first and, finding the others done, publishes nothing.
 template <int RT>
 __device__ __forceinline__ void Flush(const Params& p, int cta, int begin, int end, int tile, int warp, int lane,
-                      float (&acc)[2][2 * RT][4], int* arrived_s) {
+                                      float (&acc)[2][2 * RT][4], int* flag_s) {
   constexpr int kVecs = Config<RT>::kAcc / 4;
   const int tid = warp * 32 + lane, first = tile * p.k_blocks, last = first + p.k_blocks - 1;
   if (first >= begin && last < end) {
     Epilogue<RT>(p, tile, warp, lane, acc);
     return;
   }
-  const int slot = tile == begin / p.k_blocks ? 0 : 1;
-  float4* mine = p.partials + (static_cast<int64_t>(cta) * 2 + slot) * kVecs * 128 + tid;
-  const float* flat = &acc[0][0][0];
+  const int from = OwnerOf(p, first), to = OwnerOf(p, last), others = to - from;
+  auto slot_of = [&](int j) {
+    return p.partials + (static_cast<int64_t>(j) * 2 + (tile == BeginOf(p, j) / p.k_blocks ? 0 : 1)) * kVecs * 128 + tid;
+  };
+  float* flat = &acc[0][0][0];
+  if (tid == 0) *flag_s = LoadAcquire(p.counters + tile) == others;
+  ConsumerSync();
+  const bool last_to_arrive = *flag_s;
+  ConsumerSync();  // flag_s read before thread 0 writes it again
+  if (!last_to_arrive) {
+    float4* mine = slot_of(cta);
 #pragma unroll
-  for (int v = 0; v < kVecs; ++v) mine[v * 128] = make_float4(flat[4 * v], flat[4 * v + 1], flat[4 * v + 2], flat[4 * v + 3]);
-  __threadfence();
-  asm volatile("bar.sync 1, 128;" ::: "memory");
-  const int from = OwnerOf(p, first), to = OwnerOf(p, last);
-  if (tid == 0) *arrived_s = atomicAdd(p.counters + tile, 1);
-  asm volatile("bar.sync 1, 128;" ::: "memory");
-  const bool finisher = *arrived_s == to - from;
-  asm volatile("bar.sync 1, 128;" ::: "memory");  // arrived_s is read before the next flush writes it
-  if (!finisher) return;
-  __threadfence();
+    for (int v = 0; v < kVecs; ++v) mine[v * 128] = make_float4(flat[4 * v], flat[4 * v + 1], flat[4 * v + 2], flat[4 * v + 3]);
+    ConsumerSync();
+    if (tid == 0) *flag_s = AddAcqRel(p.counters + tile, 1) == others;
+    ConsumerSync();
+    const bool now_last = *flag_s;
+    ConsumerSync();
+    if (!now_last) return;
+  }
+  // Every other part is published. Loads for up to 4 / RT CTAs at a time go out together.
+  constexpr int kBatch = 4 / RT;
   float sum[2][2 * RT][4] = {};
   float* total = &sum[0][0][0];
-  for (int j = from; j <= to; ++j) {
-    if (j == cta) {
+  for (int j0 = from; j0 <= to; j0 += kBatch) {
+    float4 q[kBatch][kVecs];
 #pragma unroll
-      for (int i = 0; i < Config<RT>::kAcc; ++i) total[i] += flat[i];
-      continue;
+    for (int b = 0; b < kBatch; ++b) {
+      const int j = j0 + b;
+      if (j > to || j == cta) continue;
+      const float4* part = slot_of(j);
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) q[b][v] = __ldcg(part + v * 128);
     }
-    const int theirs = tile == BeginOf(p, j) / p.k_blocks ? 0 : 1;
-    const float4* part = p.partials + (static_cast<int64_t>(j) * 2 + theirs) * kVecs * 128 + tid;
 #pragma unroll
-    for (int v = 0; v < kVecs; ++v) {
-      const float4 q = __ldcg(part + v * 128);
-      total[4 * v] += q.x, total[4 * v + 1] += q.y, total[4 * v + 2] += q.z, total[4 * v + 3] += q.w;
+    for (int b = 0; b < kBatch; ++b) {
+      const int j = j0 + b;
+      if (j > to) continue;
+      if (j == cta) {
+#pragma unroll
+        for (int i = 0; i < Config<RT>::kAcc; ++i) total[i] += flat[i];
+        continue;
+      }
+#pragma unroll
+      for (int v = 0; v < kVecs; ++v) {
+        total[4 * v] += q[b][v].x, total[4 * v + 1] += q[b][v].y, total[4 * v + 2] += q[b][v].z;
+        total[4 * v + 3] += q[b][v].w;
+      }
     }
   }
   if (tid == 0) p.counters[tile] = 0;  // for the next launch
@@ -160,16 +221,19 @@ __device__ __forceinline__ void Flush(const Params& p, int cta, int begin, int e
 }
 
 template <int RT>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, 1)
     SkinnyGemmKernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map, Params p) {
   using C = Config<RT>;
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_s[C::kStages], empty_s[C::kStages];
-  __shared__ int arrived_s;
+  __shared__ int flag_s;
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cta = blockIdx.x;
   const int begin = BeginOf(p, cta), end = begin + p.per_cta + (cta < p.extra ? 1 : 0);
   if (threadIdx.x == 0) {
+    Stamp(p, cta, 0);
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&w_map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
     for (int s = 0; s < C::kStages; ++s) BarrierInit(&full_s[s], 1), BarrierInit(&empty_s[s], kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -178,8 +242,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (warp == kConsumerWarps) {  // the producer
     if (lane == 0) {
       uint64_t stream_policy, keep_policy;  // W is read once; X by every CTA
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream_policy));
-      asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
+      if (p.variant & 2) {
+        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(stream_policy));
+        keep_policy = stream_policy;
+      } else {
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream_policy));
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
+      }
       auto load_w = [&](int it, int s) {
         BarrierExpect(&full_s[s], C::kStageBytes);
         TmaLoad(ring + s * C::kStageBytes, &w_map, (it % p.k_blocks) * kTileK, (it / p.k_blocks) * kTileN, &full_s[s],
@@ -212,6 +281,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int i = 0; i < end - begin; ++i) {
     const int s = i % C::kStages, it = begin + i;
     BarrierWait(&full_s[s], (i / C::kStages) & 1);
+    if (i == 0 && threadIdx.x == 0) Stamp(p, cta, 1);
     const uint32_t w_base = ring_addr + s * C::kStageBytes, x_base = w_base + kWBytes;
 #pragma unroll
     for (int ks = 0; ks < kTileK / 16; ++ks) {
@@ -231,8 +301,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncwarp();
     if (lane == 0) BarrierArrive(&empty_s[s]);
+    if (i == end - begin - 1 && threadIdx.x == 0) Stamp(p, cta, 2);
     if (it % p.k_blocks == p.k_blocks - 1 || i == end - begin - 1) {
-      Flush<RT>(p, cta, begin, end, it / p.k_blocks, warp, lane, acc, &arrived_s);
+      Flush<RT>(p, cta, begin, end, it / p.k_blocks, warp, lane, acc, &flag_s);
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -243,6 +314,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
   }
+  if (threadIdx.x == 0) Stamp(p, cta, 3);
 }
 
 // cuTensorMapEncodeTiled through the runtime (no link against libcuda).
@@ -261,7 +333,7 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
 }
 
 // A [rows, k] fp16 matrix as 64 × box_rows tiles, 128-byte swizzled, zeros past its edges.
-absl::Status Map(CUtensorMap* map, const __half* base, int k, int rows, int box_rows) {
+absl::Status Map(CUtensorMap* map, const __half* base, int k, int rows, int box_rows, bool promote) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
   if (encode == nullptr) return absl::InternalError("SkinnyGemm: the driver has no cuTensorMapEncodeTiled");
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
@@ -269,7 +341,8 @@ absl::Status Map(CUtensorMap* map, const __half* base, int k, int rows, int box_
   const cuuint32_t box[2] = {kTileK, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<__half*>(base), dims, strides, box,
                             unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            promote ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed: CUresult ", r));
   return absl::OkStatus();
 }
@@ -278,21 +351,24 @@ template <int RT>
 absl::Status Launch(const SkinnyGemmArgs& a, int ctas, cudaStream_t stream) {
   using C = Config<RT>;
   CUtensorMap w_map, x_map;
-  if (absl::Status s = Map(&w_map, a.w, a.k, a.n, kTileN); !s.ok()) return s;
-  if (absl::Status s = Map(&x_map, a.x, a.k, a.rows, 16 * RT); !s.ok()) return s;
+  if (absl::Status s = Map(&w_map, a.w, a.k, a.n, kTileN, a.variant & 1); !s.ok()) return s;
+  if (absl::Status s = Map(&x_map, a.x, a.k, a.rows, 16 * RT, a.variant & 1); !s.ok()) return s;
   Params p{};
   p.rows = a.rows, p.k = a.k, p.n = a.n, p.y = a.y, p.beta = a.beta;
   p.counters = static_cast<int*>(a.workspace);
   p.partials = reinterpret_cast<float4*>(static_cast<char*>(a.workspace) + kMaxTiles * sizeof(int));
   p.k_blocks = (a.k + kTileK - 1) / kTileK, p.tiles = (a.n + kTileN - 1) / kTileN;
   p.total = p.k_blocks * p.tiles;
+  p.stamps = a.stamps, p.variant = a.variant;
   ctas = std::min(ctas, p.total);
   p.per_cta = p.total / ctas, p.extra = p.total % ctas;
-  static const bool opted = [] {  // once per instance (the attribute is per function)
-    return cudaFuncSetAttribute(SkinnyGemmKernel<RT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem) ==
-           cudaSuccess;
+  // Once per instance (the attributes are the function's): room for the ring, and the whole of
+  // shared memory's carveout (the kernel reads nothing through L1).
+  static const cudaError_t opted = [] {
+    const cudaError_t e = cudaFuncSetAttribute(SkinnyGemmKernel<RT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+    return e != cudaSuccess ? e : cudaFuncSetAttribute(SkinnyGemmKernel<RT>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
   }();
-  if (!opted) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(SkinnyGemmKernel<RT>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(opted);
   TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(a.overlap_previous, dim3(ctas), dim3(kThreads), C::kSmem,
                                                        stream, SkinnyGemmKernel<RT>, w_map, x_map, p));
   return absl::OkStatus();

@@ -38,7 +38,11 @@ struct SkinnyGemmArgs {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   bool overlap_previous = false;
-  int ctas = 0;  // CTAs of the stream-K split; 0: one an SM (device 0's count)
+  int ctas = 0;  // CTAs of the stream-K split; 0: one an SM
+  // Debug timeline (the benchmark's): if set, [ctas][4] %globaltimer stamps of each CTA's start,
+  // first stage arrived, last stage consumed and end.
+  unsigned long long* stamps = nullptr;
+  int variant = 0;  // experiment: 1 L2 promotion to 256 B, 2 no eviction hints
 };
 
 // Workspace for `ctas` CTAs (the most any launch uses) and n up to 524288.
