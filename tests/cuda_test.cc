@@ -296,7 +296,8 @@ TEST(CudaKernelTest, OverlappedGemvWaitsForItsPredecessor) {
 // The stream-K projection for 1..64 rows on k that ends mid-stage (200, 1032, 4104) and n that
 // ends mid-tile, with the run of (tile, k block) pairs split over 1, 7, one-an-SM and 200 CTAs:
 // tiles summed from 2..17 CTAs' partials and CTAs spanning several tiles. Every launch runs twice
-// (the first must leave the workspace's counters zeroed for the second), against fp64 sums.
+// (the first must leave the workspace's counters zeroed for the second), against fp64 sums; then
+// once more with SwiGLU in the epilogue.
 TEST(CudaKernelTest, SkinnyGemmMatchesCpuOnOddSizes) {
   REQUIRE_GPU();
   const unsigned seed = 93;
@@ -333,6 +334,23 @@ TEST(CudaKernelTest, SkinnyGemmMatchesCpuOnOddSizes) {
           EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "rows " << rows << " k " << k << " n " << n << " ctas " << ctas
                                                   << " beta " << beta << " launch " << again << " seed " << seed;
         }
+        // SwiGLU in the epilogue over W's first n_even rows (gate, up interleaved).
+        const int n_even = n & ~1;
+        std::vector<float> want_act(size_t(rows) * n_even / 2);
+        for (int r = 0; r < rows; ++r) {
+          for (int i = 0; i < n_even / 2; ++i) {
+            const double gt = xw[size_t(r) * n + 2 * i], up = xw[size_t(r) * n + 2 * i + 1];
+            want_act[size_t(r) * n_even / 2 + i] = float(gt / (1 + std::exp(-gt)) * up);
+          }
+        }
+        Dev<__half> dact(want_act.size());
+        const absl::Status st = cuda::SkinnyGemm({.x = dx.p, .rows = rows, .k = k, .w = dw.p, .n = n_even,
+                                                  .swiglu_out = dact.p, .workspace = work.p,
+                                                  .workspace_bytes = work_bytes, .ctas = ctas},
+                                                 nullptr);
+        ASSERT_TRUE(st.ok()) << st;
+        EXPECT_LE(RelL2(ToFloats(dact.Get()), want_act), 2e-3)  // fp16 output
+            << "swiglu rows " << rows << " k " << k << " n " << n_even << " ctas " << ctas << " seed " << seed;
       }
     }
   }
@@ -349,6 +367,8 @@ TEST(CudaKernelTest, SkinnyGemmMatchesCpuOnOddSizes) {
   bad.rows = 2, bad.k = 60;
   EXPECT_EQ(cuda::SkinnyGemm(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
   bad.k = 64, bad.workspace_bytes = 16;
+  EXPECT_EQ(cuda::SkinnyGemm(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  bad.workspace_bytes = work_bytes, bad.swiglu_out = dx.p;  // two outputs
   EXPECT_EQ(cuda::SkinnyGemm(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 

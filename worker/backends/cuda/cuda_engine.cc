@@ -486,8 +486,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     if (L.b_o) TRY("bias", cuda::AddBias(b.x, rows, h, L.b_o, s));
     TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, nullptr, eps, b.xn, s));  // weight folded into gate/up
     if (c.num_experts == 0) {
-      TRY("gemm_gate_up", gemm_->Run(b.xn, rows, h, L.w_gate_up, 2 * f, 0.0f, b.gate_up, shape.overlap_previous));
-      TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
+      TRY("gemm_gate_up",
+          gemm_->RunSwiGlu(b.xn, rows, h, L.w_gate_up, 2 * f, b.gate_up, b.act, shape.overlap_previous));
       TRY("gemm_down", gemm_->Run(b.act, rows, f, L.w_down, h, 1.0f, b.x, shape.overlap_previous));
     } else {
       // Every expert runs over every row and rows it did not route to get weight 0: wasteful
@@ -496,8 +496,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       TRY("moe_router", cuda::MoeRouterLogits(b.x, rows, h, L.mlp_norm, eps, L.w_router, E, b.router_logits, s));
       TRY("moe_route", cuda::MoeRoute(b.router_logits, rows, E, static_cast<int>(c.experts_per_token), b.route_weights, s));
       for (int e = 0; e < E; ++e) {
-        TRY("gemm_gate_up", gemm_->Run(b.xn, rows, h, L.expert_gate_up[e], 2 * f, 0.0f, b.gate_up, shape.overlap_previous));
-        TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
+        TRY("gemm_gate_up", gemm_->RunSwiGlu(b.xn, rows, h, L.expert_gate_up[e], 2 * f, b.gate_up, b.act,
+                                             shape.overlap_previous));
         TRY("gemm_down", gemm_->Run(b.act, rows, f, L.expert_down[e], h, 0.0f, b.expert_out, shape.overlap_previous));
         TRY("moe_combine", cuda::AddScaledRows(b.x, b.expert_out, b.route_weights + e, E, rows, h, s));
       }
@@ -519,7 +519,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                .overlap_previous = shape.overlap_previous}, s));
   } else if (logit_rows > 0) {
     TRY("final_norm", cuda::RmsNormRows(b.x, b.logit_src, logit_rows, h, nullptr, eps, b.final_xn, s));
-    TRY("lm_head", gemm_->Run(b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits, shape.overlap_previous));
+    TRY("lm_head", gemm_->Run(b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits,
+                              shape.overlap_previous));
   }
   if (logit_rows > 0 && decode) {
     TRY("sample", cuda::SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params,

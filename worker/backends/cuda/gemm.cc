@@ -8,6 +8,7 @@
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/cuda_resources.h"
 #include "worker/backends/cuda/kernels/gemv.h"
+#include "worker/backends/cuda/kernels/rows.h"
 #include "worker/backends/cuda/kernels/skinny_gemm.h"
 
 namespace tailserve::cuda {
@@ -121,14 +122,31 @@ absl::Status GemmRunner::Tune(Plan& plan, const __half* x, const __half* w, floa
   return absl::OkStatus();
 }
 
+bool GemmRunner::TakesSkinny(const __half* x, int rows, int k, const __half* w) const {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return skinny_ && rows >= 2 && rows <= kSkinnyGemmMaxRows && k % 8 == 0 && aligned(x) && aligned(w);
+}
+
+absl::Status GemmRunner::RunSwiGlu(const __half* x, int rows, int k, const __half* w, int n, float* scratch,
+                                   __half* out, bool overlap_previous) {
+  if (rows == 0) return absl::OkStatus();
+  if (TakesSkinny(x, rows, k, w)) {
+    return SkinnyGemm({.x = x, .rows = rows, .k = k, .w = w, .n = n, .swiglu_out = out,
+                       .workspace = skinny_workspace_, .workspace_bytes = skinny_workspace_bytes_,
+                       .overlap_previous = overlap_previous, .ctas = skinny_ctas_},
+                      stream_);
+  }
+  if (absl::Status s = Run(x, rows, k, w, n, 0.0f, scratch, overlap_previous); !s.ok()) return s;
+  return SwiGlu(scratch, rows, n / 2, out, stream_);
+}
+
 absl::Status GemmRunner::Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y,
                              bool overlap_previous) {
   if (rows == 0) return absl::OkStatus();
   if (rows == 1 && k % 8 == 0) {
     return Gemv({.x = x, .k = k, .w = w, .n = n, .y = y, .beta = beta, .overlap_previous = overlap_previous}, stream_);
   }
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (skinny_ && rows <= kSkinnyGemmMaxRows && k % 8 == 0 && aligned(x) && aligned(w)) {
+  if (TakesSkinny(x, rows, k, w)) {
     return SkinnyGemm({.x = x, .rows = rows, .k = k, .w = w, .n = n, .y = y, .beta = beta,
                        .workspace = skinny_workspace_, .workspace_bytes = skinny_workspace_bytes_,
                        .overlap_previous = overlap_previous, .ctas = skinny_ctas_},

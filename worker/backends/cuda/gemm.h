@@ -32,6 +32,11 @@ class GemmRunner {
   // finishes (programmatic launch; the SkinnyGemm and the Gemv only).
   absl::Status Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y,
                    bool overlap_previous = false);
+  // out[rows, n / 2] (fp16) = silu(gate)·up of X·Wᵀ, W's rows gate and up interleaved: in the
+  // SkinnyGemm's epilogue where it takes the shape, else Run into `scratch` (fp32 [rows, n]) and the
+  // SwiGLU kernel.
+  absl::Status RunSwiGlu(const __half* x, int rows, int k, const __half* w, int n, float* scratch, __half* out,
+                         bool overlap_previous = false);
 
   // While on (never during graph capture), the first Run of a shape times up to 8 of cuBLASLt's
   // candidate algorithms on that very call (same buffers; beta = 1 calls accumulate several
@@ -54,6 +59,7 @@ class GemmRunner {
   cublasStatus_t Matmul(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const __half* x, const __half* w,
                         float beta, float* y);
   absl::Status Tune(Plan& plan, const __half* x, const __half* w, float beta, float* y);
+  bool TakesSkinny(const __half* x, int rows, int k, const __half* w) const;
 
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;  // cuBLASLt's

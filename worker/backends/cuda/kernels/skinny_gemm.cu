@@ -36,6 +36,7 @@ struct Params {
   int rows, k, n;
   float* y;
   float beta;
+  __half* swiglu_out;
   int* counters;    // [kMaxTiles]
   float4* partials;  // [ctas][2][kAcc / 4][128]
   int k_blocks, tiles, total, per_cta, extra;  // stream-K split: `extra` CTAs take per_cta + 1
@@ -111,6 +112,25 @@ __device__ __forceinline__ void Epilogue(const Params& p, int tile, int warp, in
     const int col = tile * kTileN + 32 * warp + 16 * mt + g + 8 * (i >> 1), row = 8 * j + 2 * c + (i & 1);
     return row < p.rows && col < p.n ? p.y + static_cast<int64_t>(row) * p.n + col : nullptr;
   };
+  if (p.swiglu_out != nullptr) {
+    // Gate and up interleaved (columns 2i, 2i + 1): lane (g, c) holds column g of a pair whose
+    // other column lane (g + 1, c), four lanes on, holds.
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int j = 0; j < 2 * RT; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float up = __shfl_xor_sync(0xffffffffu, acc[mt][j][i], 4);
+          const int col = tile * kTileN + 32 * warp + 16 * mt + g + 8 * (i >> 1), row = 8 * j + 2 * c + (i & 1);
+          if ((g & 1) == 0 && row < p.rows && col < p.n) {
+            p.swiglu_out[static_cast<int64_t>(row) * (p.n / 2) + col / 2] = __float2half(Silu(acc[mt][j][i]) * up);
+          }
+        }
+      }
+    }
+    return;
+  }
   // Every residual load goes out before the first store: interleaved, each load waited behind the
   // store before it (the compiler cannot tell they never alias), 16-64 L2 round trips in a row.
   float old[2][2 * RT][4] = {};
@@ -354,7 +374,7 @@ absl::Status Launch(const SkinnyGemmArgs& a, int ctas, cudaStream_t stream) {
   if (absl::Status s = Map(&w_map, a.w, a.k, a.n, kTileN, a.variant & 1); !s.ok()) return s;
   if (absl::Status s = Map(&x_map, a.x, a.k, a.rows, 16 * RT, a.variant & 1); !s.ok()) return s;
   Params p{};
-  p.rows = a.rows, p.k = a.k, p.n = a.n, p.y = a.y, p.beta = a.beta;
+  p.rows = a.rows, p.k = a.k, p.n = a.n, p.y = a.y, p.beta = a.beta, p.swiglu_out = a.swiglu_out;
   p.counters = static_cast<int*>(a.workspace);
   p.partials = reinterpret_cast<float4*>(static_cast<char*>(a.workspace) + kMaxTiles * sizeof(int));
   p.k_blocks = (a.k + kTileK - 1) / kTileK, p.tiles = (a.n + kTileN - 1) / kTileN;
@@ -383,10 +403,11 @@ size_t SkinnyGemmWorkspaceBytes(int ctas) {
 absl::Status SkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (a.rows < 1 || a.rows > kSkinnyGemmMaxRows || a.k <= 0 || a.k % 8 != 0 || a.n <= 0 ||
-      a.n > kMaxTiles * kTileN || a.x == nullptr || a.w == nullptr || a.y == nullptr || !aligned(a.x) ||
-      !aligned(a.w)) {
+      a.n > kMaxTiles * kTileN || a.x == nullptr || a.w == nullptr || (a.y == nullptr) == (a.swiglu_out == nullptr) ||
+      (a.swiglu_out != nullptr && a.n % 2 != 0) || !aligned(a.x) || !aligned(a.w)) {
     return absl::InvalidArgumentError(
-        "SkinnyGemm: 1..64 rows, k a multiple of 8, n ≤ 524288, x and w 16-byte aligned");
+        "SkinnyGemm: 1..64 rows, k a multiple of 8, n ≤ 524288, one output (SwiGLU: n even), x and w 16-byte "
+        "aligned");
   }
   int ctas = a.ctas;
   if (ctas <= 0) {

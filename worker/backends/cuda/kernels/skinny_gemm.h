@@ -31,8 +31,11 @@ struct SkinnyGemmArgs {
   int k = 0;                  // a multiple of 8
   const __half* w = nullptr;  // [n, k], 16-byte aligned
   int n = 0;
-  float* y = nullptr;  // [rows, n]
+  // One output: y (fp32 [rows, n]) = X·Wᵀ + beta·y, or swiglu_out (fp16 [rows, n / 2]) =
+  // silu(gate)·up with W's rows gate and up interleaved (2i, 2i + 1), as the engine lays them out.
+  float* y = nullptr;
   float beta = 0.0f;
+  __half* swiglu_out = nullptr;
   // SkinnyGemmWorkspaceBytes(ctas) bytes, zeroed once before the first launch; each launch
   // leaves it zeroed again.
   void* workspace = nullptr;
