@@ -4,7 +4,7 @@
 # Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|ab|soak|kernels]
 # (kernels [args]: the projections and attention alone at the 8B shape, no checkpoint: seconds, for kernel work;
 # args go to tailserve-bench-kernels, e.g. --gemm-search; ab: the 8B decode at batch 16/64 with the
-# SkinnyGemm and with cuBLASLt for 2..64 rows (TAILSERVE_DEBUG_GEMM=cublaslt), alternating processes)
+# SkinnyGemm and with cuBLASLt for 2..32 rows (TAILSERVE_DEBUG_GEMM=cublaslt), alternating processes)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -45,8 +45,8 @@ mkdir -p /tmp/ckpt
 if [ "$MODE" = ab ]; then
   for round in $(seq "${AB_ROUNDS:-2}"); do
     for gemm in skinny cublaslt; do
-      echo "== 8B decode, round $round, 2..64 rows through $gemm"
-      TAILSERVE_DEBUG_GEMM=$gemm $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512 \
+      echo "== 8B decode, round $round, 2..32 rows through $gemm"
+      TAILSERVE_DEBUG_GEMM=$gemm $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,32,64 --contexts 512 \
         --prefills 512 2>&1 | tee -a "$OUT/ab_8b.md"
     done
   done

@@ -1,7 +1,7 @@
 #pragma once
 // The GEMM every projection uses: Y[rows, n] (fp32) = X[rows, k] (fp16) · W[n, k]ᵀ (fp16, the HF
 // nn.Linear layout) + beta · Y, fp32 accumulation. beta = 1 fuses the residual add into the
-// projection that produces it. One row goes to the streaming Gemv kernel, 2..64 rows to the
+// projection that produces it. One row goes to the streaming Gemv kernel, 2..32 rows to the
 // stream-K SkinnyGemm (kernels/skinny_gemm.h), more through cuBLASLt, whose algorithm for each
 // shape is timed once at start (Tuning) rather than taken from the heuristic: at 16-64 rows the
 // heuristic's first choice streamed the 8B shape's o/down/qkv weights at only 2.2-2.9 TB/s.
@@ -45,7 +45,7 @@ class GemmRunner {
   int tuned_shapes() const { return tuned_; }
   // CTAs of the SkinnyGemm's stream-K split (0: one an SM; at most two an SM). For the benchmark.
   void set_skinny_ctas(int ctas) { skinny_ctas_ = ctas; }
-  // Off: 2..64 rows through cuBLASLt too (the benchmark's comparison). Its default is on unless
+  // Off: 2..32 rows through cuBLASLt too (the benchmark's comparison). Its default is on unless
   // the debug knob TAILSERVE_DEBUG_GEMM=cublaslt (read at Create) says otherwise, for A/B runs.
   void set_skinny(bool on) { skinny_ = on; }
 

@@ -105,13 +105,33 @@ __device__ __forceinline__ int OwnerOf(const Params& p, int it) {
 // Consumer thread `tid` (0..127) of warp `warp`: its accumulators acc[mt][j][i] hold output column
 // tile·128 + 32·warp + 16·mt + g + 8·(i / 2) of row 8·j + 2·c + i % 2 (g = lane / 4, c = lane % 4).
 template <int RT>
+__device__ __forceinline__ float* OutputAt(const Params& p, int tile, int warp, int lane, int mt, int j, int i) {
+  const int col = tile * kTileN + 32 * warp + 16 * mt + (lane >> 2) + 8 * (i >> 1), row = 8 * j + 2 * (lane & 3) + (i & 1);
+  return row < p.rows && col < p.n ? p.y + static_cast<int64_t>(row) * p.n + col : nullptr;
+}
+
+// beta · y over the thread's outputs of `tile`, loaded when the CTA starts on the tile so that the
+// loads have landed by its epilogue (each one a round trip to L2 otherwise, behind the tile's last
+// stage). Zeros without a residual.
+template <int RT>
+__device__ __forceinline__ void LoadResidual(const Params& p, int tile, int warp, int lane, float (&old)[2][2 * RT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int j = 0; j < 2 * RT; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float* y = p.beta != 0.0f && p.swiglu_out == nullptr ? OutputAt<RT>(p, tile, warp, lane, mt, j, i) : nullptr;
+        old[mt][j][i] = y != nullptr ? p.beta * *y : 0.0f;
+      }
+    }
+  }
+}
+
+template <int RT>
 __device__ __forceinline__ void Epilogue(const Params& p, int tile, int warp, int lane,
-                                         const float (&acc)[2][2 * RT][4]) {
+                                         const float (&acc)[2][2 * RT][4], const float (&old)[2][2 * RT][4]) {
   const int g = lane >> 2, c = lane & 3;
-  auto at = [&](int mt, int j, int i) -> float* {
-    const int col = tile * kTileN + 32 * warp + 16 * mt + g + 8 * (i >> 1), row = 8 * j + 2 * c + (i & 1);
-    return row < p.rows && col < p.n ? p.y + static_cast<int64_t>(row) * p.n + col : nullptr;
-  };
   if (p.swiglu_out != nullptr) {
     // Gate and up interleaved (columns 2i, 2i + 1): lane (g, c) holds column g of a pair whose
     // other column lane (g + 1, c), four lanes on, holds.
@@ -131,28 +151,13 @@ __device__ __forceinline__ void Epilogue(const Params& p, int tile, int warp, in
     }
     return;
   }
-  // Every residual load goes out before the first store: interleaved, each load waited behind the
-  // store before it (the compiler cannot tell they never alias), 16-64 L2 round trips in a row.
-  float old[2][2 * RT][4] = {};
-  if (p.beta != 0.0f) {
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-      for (int j = 0; j < 2 * RT; ++j) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if (const float* y = at(mt, j, i)) old[mt][j][i] = p.beta * *y;
-        }
-      }
-    }
-  }
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
     for (int j = 0; j < 2 * RT; ++j) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if (float* y = at(mt, j, i)) *y = acc[mt][j][i] + old[mt][j][i];
+        if (float* y = OutputAt<RT>(p, tile, warp, lane, mt, j, i)) *y = acc[mt][j][i] + old[mt][j][i];
       }
     }
   }
@@ -160,9 +165,9 @@ __device__ __forceinline__ void Epilogue(const Params& p, int tile, int warp, in
 
 // Tile counters, as CUTLASS's stream-K barriers: one thread of each CTA publishes after a CTA
 // barrier (the release covers the other threads' partials) and the reader acquires before one.
-__device__ __forceinline__ int LoadAcquire(const int* p) {
+__device__ __forceinline__ int LoadRelaxed(const int* p) {
   int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 __device__ __forceinline__ int AddAcqRel(int* p, int v) {
@@ -176,22 +181,28 @@ __device__ __forceinline__ void ConsumerSync() { asm volatile("bar.sync 1, 128;"
 // otherwise the last of the tile's CTAs to get there sums every CTA's part in CTA order (so the
 // result does not depend on who is last) and writes the tile, and the others leave theirs as
 // partials. The last is usually a CTA whose run ends in the tile (the CTA after it did its part at
-// its start), so it looks first and, finding the others done, publishes nothing.
+// its start): `peek`, thread 0's look at the tile's counter a few stages before, tells it so, and
+// it publishes nothing.
 template <int RT>
 __device__ __forceinline__ void Flush(const Params& p, int cta, int begin, int end, int tile, int warp, int lane,
-                                      float (&acc)[2][2 * RT][4], int* flag_s) {
+                                      const float (&acc)[2][2 * RT][4], const float (&old)[2][2 * RT][4], int peek,
+                                      int* flag_s) {
   constexpr int kVecs = Config<RT>::kAcc / 4;
   const int tid = warp * 32 + lane, first = tile * p.k_blocks, last = first + p.k_blocks - 1;
   if (first >= begin && last < end) {
-    Epilogue<RT>(p, tile, warp, lane, acc);
+    Epilogue<RT>(p, tile, warp, lane, acc, old);
     return;
   }
   const int from = OwnerOf(p, first), to = OwnerOf(p, last), others = to - from;
   auto slot_of = [&](int j) {
     return p.partials + (static_cast<int64_t>(j) * 2 + (tile == BeginOf(p, j) / p.k_blocks ? 0 : 1)) * kVecs * 128 + tid;
   };
-  float* flat = &acc[0][0][0];
-  if (tid == 0) *flag_s = LoadAcquire(p.counters + tile) == others;
+  const float* flat = &acc[0][0][0];
+  if (tid == 0) {
+    const bool seen_all = peek == others;
+    if (seen_all) asm volatile("fence.acq_rel.gpu;" ::: "memory");  // with the relaxed peek: an acquire
+    *flag_s = seen_all;
+  }
   ConsumerSync();
   const bool last_to_arrive = *flag_s;
   ConsumerSync();  // flag_s read before thread 0 writes it again
@@ -237,7 +248,7 @@ __device__ __forceinline__ void Flush(const Params& p, int cta, int begin, int e
     }
   }
   if (tid == 0) p.counters[tile] = 0;  // for the next launch
-  Epilogue<RT>(p, tile, warp, lane, sum);
+  Epilogue<RT>(p, tile, warp, lane, sum, old);
 }
 
 template <int RT>
@@ -298,8 +309,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 8 at a time, the k half first).
   const int w_row = 32 * warp + (lane & 7) + 8 * ((lane >> 3) & 1), w_half = lane >> 4;
   const int x_row = (lane & 7) + 8 * (lane >> 4), x_half = (lane >> 3) & 1;
+  float old[2][2 * RT][4];
+  // This CTA's run of the current tile ends at iteration seg_last; thread 0 looks at the tile's
+  // counter at peek_at, a few stages before.
+  int seg_last = -1, peek_at = -1, peek = -1;
   for (int i = 0; i < end - begin; ++i) {
-    const int s = i % C::kStages, it = begin + i;
+    const int s = i % C::kStages, it = begin + i, tile = it / p.k_blocks;
+    if (i > seg_last) {  // a new tile
+      LoadResidual<RT>(p, tile, warp, lane, old);
+      seg_last = min(end, (tile + 1) * p.k_blocks) - 1 - begin;
+      peek_at = max(i, seg_last - 2), peek = -1;
+    }
+    if (threadIdx.x == 0 && i == peek_at) peek = LoadRelaxed(p.counters + tile);
     BarrierWait(&full_s[s], (i / C::kStages) & 1);
     if (i == 0 && threadIdx.x == 0) Stamp(p, cta, 1);
     const uint32_t w_base = ring_addr + s * C::kStageBytes, x_base = w_base + kWBytes;
@@ -322,8 +343,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
     if (lane == 0) BarrierArrive(&empty_s[s]);
     if (i == end - begin - 1 && threadIdx.x == 0) Stamp(p, cta, 2);
-    if (it % p.k_blocks == p.k_blocks - 1 || i == end - begin - 1) {
-      Flush<RT>(p, cta, begin, end, it / p.k_blocks, warp, lane, acc, &flag_s);
+    if (i == seg_last) {
+      Flush<RT>(p, cta, begin, end, tile, warp, lane, acc, old, peek, &flag_s);
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -397,7 +418,7 @@ absl::Status Launch(const SkinnyGemmArgs& a, int ctas, cudaStream_t stream) {
 }  // namespace
 
 size_t SkinnyGemmWorkspaceBytes(int ctas) {
-  return kMaxTiles * sizeof(int) + static_cast<size_t>(ctas) * 2 * Config<4>::kAcc * 128 * sizeof(float);
+  return kMaxTiles * sizeof(int) + static_cast<size_t>(ctas) * 2 * Config<2>::kAcc * 128 * sizeof(float);
 }
 
 absl::Status SkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
@@ -406,7 +427,7 @@ absl::Status SkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
       a.n > kMaxTiles * kTileN || a.x == nullptr || a.w == nullptr || (a.y == nullptr) == (a.swiglu_out == nullptr) ||
       (a.swiglu_out != nullptr && a.n % 2 != 0) || !aligned(a.x) || !aligned(a.w)) {
     return absl::InvalidArgumentError(
-        "SkinnyGemm: 1..64 rows, k a multiple of 8, n ≤ 524288, one output (SwiGLU: n even), x and w 16-byte "
+        "SkinnyGemm: 1..32 rows, k a multiple of 8, n ≤ 524288, one output (SwiGLU: n even), x and w 16-byte "
         "aligned");
   }
   int ctas = a.ctas;
@@ -420,8 +441,7 @@ absl::Status SkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
                                                    " bytes for ", ctas, " CTAs (at most ", kMaxCtas, ")"));
   }
   if (a.rows <= 16) return Launch<1>(a, ctas, stream);
-  if (a.rows <= 32) return Launch<2>(a, ctas, stream);
-  return Launch<4>(a, ctas, stream);
+  return Launch<2>(a, ctas, stream);
 }
 
 }  // namespace tailserve::cuda
