@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/cuda_resources.h"
@@ -123,46 +124,58 @@ absl::Status SkinnyTimeline(const Projection& p, int rows, const std::vector<Dev
   auto work = Filled(work_bytes, 0), stamps = Filled(size_t(sms) * 4 * 8, 0);
   if (!work.ok()) return work.status();
   if (!stamps.ok()) return stamps.status();
-  {
-    int launches = 0;
-    absl::StatusOr<double> us = TimeGraph(s, 50, [&]() -> absl::Status {
-      return cuda::SkinnyGemm({.x = static_cast<const __half*>(x), .rows = rows, .k = p.k,
-                               .w = static_cast<const __half*>(w[launches++ % w.size()].get()), .n = p.n,
-                               .y = static_cast<float*>(y), .beta = p.residual ? 1.0f : 0.0f,
-                               .workspace = work->get(), .workspace_bytes = work_bytes, .overlap_previous = true,
-                               .variant = variant},
-                              s);
-    });
-    if (!us.ok()) return us.status();
-    const double tbs = (2.0 * p.n * p.k + 2.0 * rows * p.k) / (*us * 1e-6) / 1e12;
-    std::printf("| %s | %d | %d × %d | SkinnyGemm overlapped, variant %d | %.1f | %.2f | %.0f%% |\n", p.name, rows, p.n,
-                p.k, variant, *us, tbs, 100.0 * tbs * 1e12 / kCopyBandwidth);
-  }
-  for (int i = 0; i < 3; ++i) {
-    cuda::SkinnyGemmArgs a{.x = static_cast<const __half*>(x), .rows = rows, .k = p.k,
-                           .w = static_cast<const __half*>(w[i % w.size()].get()), .n = p.n,
-                           .y = static_cast<float*>(y), .beta = p.residual ? 1.0f : 0.0f, .workspace = work->get(),
-                           .workspace_bytes = work_bytes, .overlap_previous = true, .variant = variant};
-    if (i == 2) a.stamps = static_cast<unsigned long long*>(stamps->get());
-    if (absl::Status st = cuda::SkinnyGemm(a, s); !st.ok()) return st;
-  }
-  std::vector<unsigned long long> t(size_t(sms) * 4);
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(t.data(), stamps->get(), t.size() * 8, cudaMemcpyDeviceToHost, s));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
   const int ctas = std::min(sms, ((p.n + 127) / 128) * ((p.k + 63) / 64));
-  unsigned long long t0 = ~0ull, t_end = 0;
-  std::vector<double> ramp, stream, tail, start;
-  for (int c = 0; c < ctas; ++c) t0 = std::min(t0, t[c * 4]), t_end = std::max(t_end, t[c * 4 + 3]);
-  for (int c = 0; c < ctas; ++c) {
-    start.push_back((t[c * 4] - t0) * 1e-3), ramp.push_back((t[c * 4 + 1] - t[c * 4]) * 1e-3);
-    stream.push_back((t[c * 4 + 2] - t[c * 4 + 1]) * 1e-3), tail.push_back((t[c * 4 + 3] - t[c * 4 + 2]) * 1e-3);
+  // Two stamped launches (each after two unstamped ones): are the slow CTAs on the same SMs?
+  std::vector<std::vector<double>> stream_of_sm(2, std::vector<double>(sms, -1.0));
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 3; ++i) {
+      cuda::SkinnyGemmArgs a{.x = static_cast<const __half*>(x), .rows = rows, .k = p.k,
+                             .w = static_cast<const __half*>(w[(3 * round + i) % w.size()].get()), .n = p.n,
+                             .y = static_cast<float*>(y), .beta = p.residual ? 1.0f : 0.0f, .workspace = work->get(),
+                             .workspace_bytes = work_bytes, .overlap_previous = true, .variant = variant};
+      if (i == 2) a.stamps = static_cast<unsigned long long*>(stamps->get());
+      if (absl::Status st = cuda::SkinnyGemm(a, s); !st.ok()) return st;
+    }
+    std::vector<unsigned long long> t(size_t(sms) * 4);
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(t.data(), stamps->get(), t.size() * 8, cudaMemcpyDeviceToHost, s));
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    constexpr unsigned long long kTime = (1ull << 56) - 1;
+    unsigned long long t0 = ~0ull, t_end = 0;
+    for (int c = 0; c < ctas; ++c) t0 = std::min(t0, t[c * 4] & kTime), t_end = std::max(t_end, t[c * 4 + 3]);
+    std::vector<double> ramp, stream, tail, start;
+    std::vector<std::pair<double, int>> slow;  // (streaming µs, CTA)
+    for (int c = 0; c < ctas; ++c) {
+      const unsigned long long begin = t[c * 4] & kTime;
+      const int sm = int(t[c * 4] >> 56);
+      start.push_back((begin - t0) * 1e-3), ramp.push_back((t[c * 4 + 1] - begin) * 1e-3);
+      stream.push_back((t[c * 4 + 2] - t[c * 4 + 1]) * 1e-3), tail.push_back((t[c * 4 + 3] - t[c * 4 + 2]) * 1e-3);
+      if (sm < sms) stream_of_sm[round][sm] = stream.back();
+      slow.push_back({stream.back(), c});
+    }
+    std::sort(slow.rbegin(), slow.rend());
+    auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+    auto max = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+    std::string slowest;
+    for (int i = 0; i < 6 && i < int(slow.size()); ++i) {
+      absl::StrAppend(&slowest, i ? ", " : "", "CTA ", slow[i].second, " SM ", int(t[slow[i].second * 4] >> 56), " ",
+                      absl::StrFormat("%.1f", slow[i].first));
+    }
+    std::printf("| %s | %d | variant %d timeline: span %.1f µs; CTA start +%.1f (max +%.1f); first stage after %.1f "
+                "(max %.1f); streaming %.1f (max %.1f); last flush %.1f (max %.1f); slowest: %s |\n",
+                p.name, rows, variant, (t_end - t0) * 1e-3, med(start), max(start), med(ramp), max(ramp), med(stream),
+                max(stream), med(tail), max(tail), slowest.c_str());
   }
-  auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
-  auto max = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
-  std::printf("| %s | %d | variant %d timeline: span %.1f µs; CTA start +%.1f (max +%.1f); first stage after %.1f (max %.1f); "
-              "streaming %.1f (max %.1f); last flush %.1f (max %.1f) |\n",
-              p.name, rows, variant, (t_end - t0) * 1e-3, med(start), max(start), med(ramp), max(ramp), med(stream), max(stream),
-              med(tail), max(tail));
+  // Correlation of an SM's streaming time between the two launches (1: the SM, 0: chance).
+  double sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0;
+  int n = 0;
+  for (int sm = 0; sm < sms; ++sm) {
+    const double a = stream_of_sm[0][sm], b = stream_of_sm[1][sm];
+    if (a < 0 || b < 0) continue;
+    sx += a, sy += b, sxx += a * a, syy += b * b, sxy += a * b, ++n;
+  }
+  const double cov = sxy / n - sx / n * sy / n, va = sxx / n - sx / n * sx / n, vb = syy / n - sy / n * sy / n;
+  std::printf("| %s | %d | variant %d: streaming time of an SM, launch 1 against 2: correlation %.2f over %d SMs |\n",
+              p.name, rows, variant, cov / std::sqrt(std::max(va * vb, 1e-30)), n);
   return absl::OkStatus();
 }
 
@@ -240,7 +253,7 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
         overlap = false;
       }
       (*gemm)->set_skinny_ctas(0);
-      for (int v = 0; timeline && v < 4; ++v) {
+      for (int v = 0; timeline && v < 1; ++v) {
         if (absl::Status st = SkinnyTimeline(p, rows, w, x16->get(), y->get(), v, s); !st.ok()) return st;
       }
     }

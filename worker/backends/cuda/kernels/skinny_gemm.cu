@@ -48,6 +48,11 @@ __device__ __forceinline__ void Stamp(const Params& p, int cta, int i) {
   if (p.stamps == nullptr) return;
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  if (i == 0) {  // the SM in the top byte
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    t |= static_cast<unsigned long long>(sm) << 56;
+  }
   p.stamps[cta * 4 + i] = t;
 }
 
