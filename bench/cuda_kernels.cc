@@ -3,8 +3,8 @@
 // seconds of device time instead of minutes. Each row is the mean of `reps` launches captured in
 // one CUDA graph (so launch overhead is not counted), timed with CUDA events, beside the bytes the
 // launch must read ÷ 4.26 TB/s. Projections run as the engine runs them: the Gemv with its
-// epilogue for 1 row, the SkinnyGemm for 2..64 rows beside cuBLASLt (algorithm timed first), where
-// the RMSNorm and SwiGLU are separate kernels this table does not include.
+// epilogue for 1 row, cuBLASLt (algorithm timed first) above, where the RMSNorm and SwiGLU are
+// separate kernels this table does not include.
 #include <cublasLt.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -20,14 +20,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/cuda_resources.h"
 #include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/kernels/attention.h"
 #include "worker/backends/cuda/kernels/gemv.h"
-#include "worker/backends/cuda/kernels/skinny_gemm.h"
 
 namespace tailserve {
 namespace {
@@ -114,84 +112,17 @@ std::pair<int, int> MaxKN(const std::vector<Projection>& projections) {
   return {max_k, max_n};
 }
 
-// One SkinnyGemm launch (after two others, as in a graph) with each CTA's %globaltimer stamps: where
-// a projection's time goes besides streaming W.
-absl::Status SkinnyTimeline(const Projection& p, int rows, const std::vector<DeviceMemory>& w, void* x, void* y,
-                            int variant, cudaStream_t s) {
-  int sms = 0;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const size_t work_bytes = cuda::SkinnyGemmWorkspaceBytes(sms);
-  auto work = Filled(work_bytes, 0), stamps = Filled(size_t(sms) * 4 * 8, 0);
-  if (!work.ok()) return work.status();
-  if (!stamps.ok()) return stamps.status();
-  const int ctas = std::min(sms, ((p.n + 127) / 128) * ((p.k + 63) / 64));
-  // Two stamped launches (each after two unstamped ones): are the slow CTAs on the same SMs?
-  std::vector<std::vector<double>> stream_of_sm(2, std::vector<double>(sms, -1.0));
-  for (int round = 0; round < 2; ++round) {
-    for (int i = 0; i < 3; ++i) {
-      cuda::SkinnyGemmArgs a{.x = static_cast<const __half*>(x), .rows = rows, .k = p.k,
-                             .w = static_cast<const __half*>(w[(3 * round + i) % w.size()].get()), .n = p.n,
-                             .y = static_cast<float*>(y), .beta = p.residual ? 1.0f : 0.0f, .workspace = work->get(),
-                             .workspace_bytes = work_bytes, .overlap_previous = true, .variant = variant};
-      if (i == 2) a.stamps = static_cast<unsigned long long*>(stamps->get());
-      if (absl::Status st = cuda::SkinnyGemm(a, s); !st.ok()) return st;
-    }
-    std::vector<unsigned long long> t(size_t(sms) * 4);
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(t.data(), stamps->get(), t.size() * 8, cudaMemcpyDeviceToHost, s));
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-    constexpr unsigned long long kTime = (1ull << 56) - 1;
-    unsigned long long t0 = ~0ull, t_end = 0;
-    for (int c = 0; c < ctas; ++c) t0 = std::min(t0, t[c * 4] & kTime), t_end = std::max(t_end, t[c * 4 + 3]);
-    std::vector<double> ramp, stream, tail, start;
-    std::vector<std::pair<double, int>> slow;  // (streaming µs, CTA)
-    for (int c = 0; c < ctas; ++c) {
-      const unsigned long long begin = t[c * 4] & kTime;
-      const int sm = int(t[c * 4] >> 56);
-      start.push_back((begin - t0) * 1e-3), ramp.push_back((t[c * 4 + 1] - begin) * 1e-3);
-      stream.push_back((t[c * 4 + 2] - t[c * 4 + 1]) * 1e-3), tail.push_back((t[c * 4 + 3] - t[c * 4 + 2]) * 1e-3);
-      if (sm < sms) stream_of_sm[round][sm] = stream.back();
-      slow.push_back({stream.back(), c});
-    }
-    std::sort(slow.rbegin(), slow.rend());
-    auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
-    auto max = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
-    std::string slowest;
-    for (int i = 0; i < 6 && i < int(slow.size()); ++i) {
-      absl::StrAppend(&slowest, i ? ", " : "", "CTA ", slow[i].second, " SM ", int(t[slow[i].second * 4] >> 56), " ",
-                      absl::StrFormat("%.1f", slow[i].first));
-    }
-    std::printf("| %s | %d | variant %d timeline: span %.1f µs; CTA start +%.1f (max +%.1f); first stage after %.1f "
-                "(max %.1f); streaming %.1f (max %.1f); last flush %.1f (max %.1f); slowest: %s |\n",
-                p.name, rows, variant, (t_end - t0) * 1e-3, med(start), max(start), med(ramp), max(ramp), med(stream),
-                max(stream), med(tail), max(tail), slowest.c_str());
-  }
-  // Correlation of an SM's streaming time between the two launches (1: the SM, 0: chance).
-  double sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0;
-  int n = 0;
-  for (int sm = 0; sm < sms; ++sm) {
-    const double a = stream_of_sm[0][sm], b = stream_of_sm[1][sm];
-    if (a < 0 || b < 0) continue;
-    sx += a, sy += b, sxx += a * a, syy += b * b, sxy += a * b, ++n;
-  }
-  const double cov = sxy / n - sx / n * sy / n, va = sxx / n - sx / n * sx / n, vb = syy / n - sy / n * sy / n;
-  std::printf("| %s | %d | variant %d: streaming time of an SM, launch 1 against 2: correlation %.2f over %d SMs |\n",
-              p.name, rows, variant, cov / std::sqrt(std::max(va * vb, 1e-30)), n);
-  return absl::OkStatus();
-}
-
-absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list, int reps,
-                              const std::vector<int>& skinny_ctas, bool timeline, cudaStream_t s) {
+absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list, int reps, cudaStream_t s) {
   const std::vector<Projection> projections = Projections(m);
   const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
   const auto [max_k, max_n] = MaxKN(projections);
   auto x16 = Filled(size_t(max_rows) * max_k * 2, 0x2c), x32 = Filled(size_t(max_rows) * max_k * 4, 0x3c);
   auto y = Filled(size_t(max_rows) * max_n * 4, 0), act = Filled(size_t(max_rows) * max_n * 2, 0);
-  auto sums = Filled(size_t(max_rows) * 4, 0x3c), work = DeviceAlloc(cuda::GemmRunner::WorkspaceBytes());
+  auto sums = Filled(size_t(max_rows) * 4, 0x3c), work = DeviceAlloc(32 << 20);
   for (auto* b : {&x16, &x32, &y, &act, &sums, &work}) {
     if (!b->ok()) return b->status();
   }
-  absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm =
-      cuda::GemmRunner::Create(s, work->get(), cuda::GemmRunner::WorkspaceBytes());
+  absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm = cuda::GemmRunner::Create(s, work->get(), 32 << 20);
   if (!gemm.ok()) return gemm.status();
   std::printf("| projection | rows | n × k | kernel | µs | TB/s | of 4.26 TB/s |\n|---|---:|---|---|---:|---:|---:|\n");
   for (const Projection& p : projections) {
@@ -211,51 +142,25 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
       if (p.swiglu) a.swiglu_out = static_cast<__half*>(act->get());
       else a.y = static_cast<float*>(y->get());
       if (p.residual) a.beta = 1.0f, a.out_sumsq = static_cast<float*>(sums->get());
-      bool overlap = false;
       auto launch = [&]() -> absl::Status {
         const auto* wp = static_cast<const __half*>(w[launches++ % copies].get());
         a.w = wp;
         if (gemv) return cuda::Gemv(a, s);
         return (*gemm)->Run(static_cast<const __half*>(x16->get()), rows, p.k, wp, p.n, p.residual ? 1.0f : 0.0f,
-                            static_cast<float*>(y->get()), overlap);
+                            static_cast<float*>(y->get()));
       };
-      const double bytes = 2.0 * p.n * p.k + (p.f32_in && gemv ? 4.0 : 2.0) * rows * p.k;  // the GEMMs read fp16 X
-      auto row = [&](const std::string& kernel) -> absl::Status {
-        absl::StatusOr<double> us = TimeGraph(s, reps, launch);
-        if (!us.ok()) return us.status();
-        const double tbs = bytes / (*us * 1e-6) / 1e12;
-        std::printf("| %s | %d | %d × %d | %s | %.1f | %.2f | %.0f%% |\n", p.name, rows, p.n, p.k, kernel.c_str(),
-                    *us, tbs, 100.0 * tbs * 1e12 / kCopyBandwidth);
-        return absl::OkStatus();
-      };
-      if (gemv) {
-        if (absl::Status st = row("Gemv"); !st.ok()) return st;
-        continue;
+      if (!gemv) {  // time cuBLASLt's candidates for this shape first, as the engine does at start
+        (*gemm)->set_tuning(true);
+        if (absl::Status st = launch(); !st.ok()) return st;
+        (*gemm)->set_tuning(false);
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
       }
-      // cuBLASLt with its candidates for this shape timed first, as the engine does at start.
-      (*gemm)->set_skinny(false);
-      (*gemm)->set_tuning(true);
-      if (absl::Status st = launch(); !st.ok()) return st;
-      (*gemm)->set_tuning(false);
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-      if (absl::Status st = row("cuBLASLt"); !st.ok()) return st;
-      (*gemm)->set_skinny(true);
-      if (rows > cuda::kSkinnyGemmMaxRows) continue;
-      // The SkinnyGemm alone, then each launch overlapping the one before (as o, gate/up and down
-      // follow each other once the norm and SwiGLU ride in their epilogues).
-      for (int ctas : skinny_ctas) {
-        (*gemm)->set_skinny_ctas(ctas);
-        const std::string split = ctas == 0 ? std::string() : absl::StrCat(", ", ctas, " CTAs");
-        for (bool o : {false, true}) {
-          overlap = o;
-          if (absl::Status st = row(absl::StrCat("SkinnyGemm", o ? " overlapped" : "", split)); !st.ok()) return st;
-        }
-        overlap = false;
-      }
-      (*gemm)->set_skinny_ctas(0);
-      for (int v = 0; timeline && v < 1; ++v) {
-        if (absl::Status st = SkinnyTimeline(p, rows, w, x16->get(), y->get(), v, s); !st.ok()) return st;
-      }
+      absl::StatusOr<double> us = TimeGraph(s, reps, launch);
+      if (!us.ok()) return us.status();
+      const double bytes = 2.0 * p.n * p.k + (p.f32_in && gemv ? 4.0 : 2.0) * rows * p.k;  // cuBLASLt reads fp16 X
+      const double tbs = bytes / (*us * 1e-6) / 1e12;
+      std::printf("| %s | %d | %d × %d | %s | %.1f | %.2f | %.0f%% |\n", p.name, rows, p.n, p.k,
+                  gemv ? "Gemv" : "cuBLASLt", *us, tbs, 100.0 * tbs * 1e12 / kCopyBandwidth);
     }
   }
   return absl::OkStatus();
@@ -357,7 +262,6 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
   }
   absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm = cuda::GemmRunner::Create(s, work->get(), kWork);
   if (!gemm.ok()) return gemm.status();
-  (*gemm)->set_skinny(false);  // cuBLASLt against cuBLASLt
   absl::StatusOr<CudaEvent> start = MakeEvent(), stop = MakeEvent();
   if (!start.ok()) return start.status();
   if (!stop.ok()) return stop.status();
@@ -523,10 +427,6 @@ int main(int argc, char** argv) {
   app.add_option("--kv", kv, "KV cache dtype: fp8_e4m3, fp8_e5m2, fp16");
   app.add_option("--reps", reps, "launches per timed graph");
   app.add_flag("--gemm-search", gemm_search, "only: time cuBLASLt's whole configuration space per projection");
-  std::string skinny_ctas = "0";
-  bool timeline = false;
-  app.add_flag("--skinny-timeline", timeline, "also one SkinnyGemm launch's per-CTA timeline per projection");
-  app.add_option("--skinny-ctas", skinny_ctas, "SkinnyGemm stream-K CTAs to time, comma-separated (0: one an SM)");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) {
@@ -541,7 +441,7 @@ int main(int argc, char** argv) {
   std::printf("shape: hidden %d, ffn %d, heads %d/%d, head_dim %d; %d launches a timed graph\n\n", m.hidden, m.ffn,
               m.heads, m.kv_heads, m.head_dim, reps);
   absl::Status st = gemm_search ? SearchGemm(m, Ints(rows), reps, stream->get())
-                                : BenchProjections(m, Ints(rows), reps, Ints(skinny_ctas), timeline, stream->get());
+                                : BenchProjections(m, Ints(rows), reps, stream->get());
   if (gemm_search) {
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;

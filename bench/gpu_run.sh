@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # One device run (see ../shared/gpu/README.md): GPU tests, kernel tests under compute-sanitizer,
 # then the decode/prefill benchmark on synthetic Llama-3.2-1B and Llama-3.1-8B checkpoints.
-# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|ab|soak|kernels]
+# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|soak|kernels]
 # (kernels [args]: the projections and attention alone at the 8B shape, no checkpoint: seconds, for kernel work;
-# args go to tailserve-bench-kernels, e.g. --gemm-search; ab: the 8B decode at batch 16/64 with the
-# SkinnyGemm and with cuBLASLt for 2..32 rows (TAILSERVE_DEBUG_GEMM=cublaslt), alternating processes)
+# args go to tailserve-bench-kernels, e.g. --gemm-search)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -40,17 +39,9 @@ fi
 echo "== checkpoints"
 mkdir -p /tmp/ckpt
 # A warm machine keeps /tmp: reuse checkpoints a previous call made.
-[ "$MODE" = bench8b ] || [ "$MODE" = ab ] || [ -f /tmp/ckpt/l1b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
+[ "$MODE" = bench8b ] || [ -f /tmp/ckpt/l1b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
 [ -f /tmp/ckpt/l8b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.1-8b --vocab 128256 --out /tmp/ckpt/l8b ) 2>&1 | tail -4
-if [ "$MODE" = ab ]; then
-  for round in $(seq "${AB_ROUNDS:-2}"); do
-    for gemm in skinny cublaslt; do
-      echo "== 8B decode, round $round, 2..32 rows through $gemm"
-      TAILSERVE_DEBUG_GEMM=$gemm $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,32,64 --contexts 512 \
-        --prefills 512 2>&1 | tee -a "$OUT/ab_8b.md"
-    done
-  done
-elif [ "$MODE" = bench8b ]; then
+if [ "$MODE" = bench8b ]; then
   echo "== bench 8B (decode only)"
   $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512,2048 --prefills 512 2>&1 | tee "$OUT/bench_8b.md"
 elif [ "$MODE" = check ] || [ "$MODE" = bench ]; then

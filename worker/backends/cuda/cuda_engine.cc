@@ -63,7 +63,7 @@ struct CudaEngine::Buffers {
   __half* final_xn = nullptr;  // [logit_rows, h]
   float* logits = nullptr;          // [logit_rows, vocab]
   void* cublas_workspace = nullptr;
-  size_t cublas_workspace_bytes = cuda::GemmRunner::WorkspaceBytes();  // cuBLASLt + SkinnyGemm
+  size_t cublas_workspace_bytes = 32 << 20;
 };
 
 CudaEngine::CudaEngine(const CudaEngineOptions& options) : options_(options) {}
@@ -287,7 +287,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                             256 + R * h * 4 + R * h * 2 + R * (qd + 2 * kvd) * 4 + R * qd * 2 + R * 2 * f * 4 +
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
-                            (2 * static_cast<size_t>(c.num_layers) + 1) * 4 + cuda::GemmRunner::WorkspaceBytes() + 64 * 256;
+                            (2 * static_cast<size_t>(c.num_layers) + 1) * 4 + (32 << 20) + 64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
   work_memory_ = *std::move(mem);
@@ -463,7 +463,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       TRY("gemm_qkv", cuda::Gemv(qkv, s));
     } else {
       TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, nullptr, eps, b.xn, s));  // weight folded into w_qkv
-      TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv, shape.overlap_previous));
+      TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
     }
     if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
@@ -482,13 +482,13 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                    .out_sumsq = sumsq(2 * l + 2), .overlap_previous = shape.overlap_previous}, s));
       continue;
     }
-    TRY("gemm_o", gemm_->Run(b.attn, rows, qd, L.w_o, h, 1.0f, b.x, shape.overlap_previous));  // residual add fused into the GEMM
+    TRY("gemm_o", gemm_->Run(b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM
     if (L.b_o) TRY("bias", cuda::AddBias(b.x, rows, h, L.b_o, s));
     TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, nullptr, eps, b.xn, s));  // weight folded into gate/up
     if (c.num_experts == 0) {
-      TRY("gemm_gate_up",
-          gemm_->RunSwiGlu(b.xn, rows, h, L.w_gate_up, 2 * f, b.gate_up, b.act, shape.overlap_previous));
-      TRY("gemm_down", gemm_->Run(b.act, rows, f, L.w_down, h, 1.0f, b.x, shape.overlap_previous));
+      TRY("gemm_gate_up", gemm_->Run(b.xn, rows, h, L.w_gate_up, 2 * f, 0.0f, b.gate_up));
+      TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
+      TRY("gemm_down", gemm_->Run(b.act, rows, f, L.w_down, h, 1.0f, b.x));
     } else {
       // Every expert runs over every row and rows it did not route to get weight 0: wasteful
       // (experts / top_k times the FLOPs) but shape-static, so it lives in the graph.
@@ -496,9 +496,9 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       TRY("moe_router", cuda::MoeRouterLogits(b.x, rows, h, L.mlp_norm, eps, L.w_router, E, b.router_logits, s));
       TRY("moe_route", cuda::MoeRoute(b.router_logits, rows, E, static_cast<int>(c.experts_per_token), b.route_weights, s));
       for (int e = 0; e < E; ++e) {
-        TRY("gemm_gate_up", gemm_->RunSwiGlu(b.xn, rows, h, L.expert_gate_up[e], 2 * f, b.gate_up, b.act,
-                                             shape.overlap_previous));
-        TRY("gemm_down", gemm_->Run(b.act, rows, f, L.expert_down[e], h, 0.0f, b.expert_out, shape.overlap_previous));
+        TRY("gemm_gate_up", gemm_->Run(b.xn, rows, h, L.expert_gate_up[e], 2 * f, 0.0f, b.gate_up));
+        TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
+        TRY("gemm_down", gemm_->Run(b.act, rows, f, L.expert_down[e], h, 0.0f, b.expert_out));
         TRY("moe_combine", cuda::AddScaledRows(b.x, b.expert_out, b.route_weights + e, E, rows, h, s));
       }
     }
@@ -519,8 +519,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                .overlap_previous = shape.overlap_previous}, s));
   } else if (logit_rows > 0) {
     TRY("final_norm", cuda::RmsNormRows(b.x, b.logit_src, logit_rows, h, nullptr, eps, b.final_xn, s));
-    TRY("lm_head", gemm_->Run(b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits,
-                              shape.overlap_previous));
+    TRY("lm_head", gemm_->Run(b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits));
   }
   if (logit_rows > 0 && decode) {
     TRY("sample", cuda::SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params,

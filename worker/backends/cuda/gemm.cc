@@ -1,15 +1,11 @@
 #include "worker/backends/cuda/gemm.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/cuda_resources.h"
 #include "worker/backends/cuda/kernels/gemv.h"
-#include "worker/backends/cuda/kernels/rows.h"
-#include "worker/backends/cuda/kernels/skinny_gemm.h"
 
 namespace tailserve::cuda {
 
@@ -26,26 +22,10 @@ struct GemmRunner::Plan {
   }
 };
 
-namespace {
-constexpr size_t kCublasLtWorkspaceBytes = 32 << 20;
-constexpr int kSkinnyMaxCtas = 264;  // two an SM on an H200, for --skinny-ctas sweeps
-}  // namespace
-
-size_t GemmRunner::WorkspaceBytes() { return kCublasLtWorkspaceBytes + SkinnyGemmWorkspaceBytes(kSkinnyMaxCtas); }
-
 absl::StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::Create(cudaStream_t stream, void* workspace,
                                                                 size_t workspace_bytes) {
-  const size_t skinny_bytes = SkinnyGemmWorkspaceBytes(kSkinnyMaxCtas);
-  if (workspace_bytes < skinny_bytes + (1 << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat("GemmRunner: a workspace of at least ", skinny_bytes + (1 << 20),
-                                                   " bytes"));
-  }
   std::unique_ptr<GemmRunner> r(new GemmRunner());
-  r->stream_ = stream, r->workspace_ = workspace, r->workspace_bytes_ = workspace_bytes - skinny_bytes;
-  r->skinny_workspace_ = static_cast<char*>(workspace) + r->workspace_bytes_, r->skinny_workspace_bytes_ = skinny_bytes;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(r->skinny_workspace_, 0, skinny_bytes, stream));
-  const char* debug = std::getenv("TAILSERVE_DEBUG_GEMM");
-  r->skinny_ = debug == nullptr || std::strcmp(debug, "cublaslt") != 0;
+  r->stream_ = stream, r->workspace_ = workspace, r->workspace_bytes_ = workspace_bytes;
   absl::StatusOr<CublasLtHandle> lt = MakeCublasLt();
   if (!lt.ok()) return lt.status();
   r->lt_ = *std::move(lt);
@@ -122,35 +102,10 @@ absl::Status GemmRunner::Tune(Plan& plan, const __half* x, const __half* w, floa
   return absl::OkStatus();
 }
 
-bool GemmRunner::TakesSkinny(const __half* x, int rows, int k, const __half* w) const {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return skinny_ && rows >= 2 && rows <= kSkinnyGemmMaxRows && k % 8 == 0 && aligned(x) && aligned(w);
-}
-
-absl::Status GemmRunner::RunSwiGlu(const __half* x, int rows, int k, const __half* w, int n, float* scratch,
-                                   __half* out, bool overlap_previous) {
-  if (rows == 0) return absl::OkStatus();
-  if (TakesSkinny(x, rows, k, w)) {
-    return SkinnyGemm({.x = x, .rows = rows, .k = k, .w = w, .n = n, .swiglu_out = out,
-                       .workspace = skinny_workspace_, .workspace_bytes = skinny_workspace_bytes_,
-                       .overlap_previous = overlap_previous, .ctas = skinny_ctas_},
-                      stream_);
-  }
-  if (absl::Status s = Run(x, rows, k, w, n, 0.0f, scratch, overlap_previous); !s.ok()) return s;
-  return SwiGlu(scratch, rows, n / 2, out, stream_);
-}
-
-absl::Status GemmRunner::Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y,
-                             bool overlap_previous) {
+absl::Status GemmRunner::Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y) {
   if (rows == 0) return absl::OkStatus();
   if (rows == 1 && k % 8 == 0) {
-    return Gemv({.x = x, .k = k, .w = w, .n = n, .y = y, .beta = beta, .overlap_previous = overlap_previous}, stream_);
-  }
-  if (TakesSkinny(x, rows, k, w)) {
-    return SkinnyGemm({.x = x, .rows = rows, .k = k, .w = w, .n = n, .y = y, .beta = beta,
-                       .workspace = skinny_workspace_, .workspace_bytes = skinny_workspace_bytes_,
-                       .overlap_previous = overlap_previous, .ctas = skinny_ctas_},
-                      stream_);
+    return Gemv({.x = x, .k = k, .w = w, .n = n, .y = y, .beta = beta}, stream_);
   }
   absl::StatusOr<Plan*> plan = PlanFor(rows, k, n, beta != 0.0f);
   if (!plan.ok()) return plan.status();
