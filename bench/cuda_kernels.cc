@@ -120,7 +120,7 @@ absl::Status SkinnyTimeline(const Projection& p, int rows, const std::vector<Dev
                             int variant, cudaStream_t s) {
   int sms = 0;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const size_t work_bytes = cuda::SkinnyGemmWorkspaceBytes(sms);
+  const size_t work_bytes = cuda::SkinnyGemmWorkspaceBytes();
   auto work = Filled(work_bytes, 0), stamps = Filled(size_t(sms) * 4 * 8, 0);
   if (!work.ok()) return work.status();
   if (!stamps.ok()) return stamps.status();

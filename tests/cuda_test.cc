@@ -302,7 +302,7 @@ TEST(CudaKernelTest, SkinnyGemmMatchesCpuOnOddSizes) {
   REQUIRE_GPU();
   const unsigned seed = 93;
   std::mt19937 rng(seed);
-  const size_t work_bytes = cuda::SkinnyGemmWorkspaceBytes(200);
+  const size_t work_bytes = cuda::SkinnyGemmWorkspaceBytes();
   Dev<char> work(work_bytes);
   CUDA_OK(cudaMemset(work.p, 0, work_bytes));
   int launch = 0;
@@ -380,7 +380,7 @@ TEST(CudaKernelTest, OverlappedSkinnyGemmWaitsForItsPredecessor) {
   const unsigned seed = 94;
   std::mt19937 rng(seed);
   const int rows = 16, k = 4096, n = 6000;
-  const size_t work_bytes = cuda::SkinnyGemmWorkspaceBytes(1024);
+  const size_t work_bytes = cuda::SkinnyGemmWorkspaceBytes();
   Dev<char> work(work_bytes);
   CUDA_OK(cudaMemset(work.p, 0, work_bytes));
   auto resid = Random(size_t(rows) * k, rng), w1f = Random(size_t(n) * k, rng, 0.02f),

@@ -28,14 +28,13 @@ struct GemmRunner::Plan {
 
 namespace {
 constexpr size_t kCublasLtWorkspaceBytes = 32 << 20;
-constexpr int kSkinnyMaxCtas = 264;  // two an SM on an H200, for --skinny-ctas sweeps
 }  // namespace
 
-size_t GemmRunner::WorkspaceBytes() { return kCublasLtWorkspaceBytes + SkinnyGemmWorkspaceBytes(kSkinnyMaxCtas); }
+size_t GemmRunner::WorkspaceBytes() { return kCublasLtWorkspaceBytes + SkinnyGemmWorkspaceBytes(); }
 
 absl::StatusOr<std::unique_ptr<GemmRunner>> GemmRunner::Create(cudaStream_t stream, void* workspace,
                                                                 size_t workspace_bytes) {
-  const size_t skinny_bytes = SkinnyGemmWorkspaceBytes(kSkinnyMaxCtas);
+  const size_t skinny_bytes = SkinnyGemmWorkspaceBytes();
   if (workspace_bytes < skinny_bytes + (1 << 20)) {
     return absl::InvalidArgumentError(absl::StrCat("GemmRunner: a workspace of at least ", skinny_bytes + (1 << 20),
                                                    " bytes"));

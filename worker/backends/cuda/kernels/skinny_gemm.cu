@@ -32,14 +32,20 @@ struct Config {
   static constexpr int kAcc = 2 * 2 * RT * 4;  // a consumer thread's accumulators
 };
 
+constexpr int kMaxUnits = 1024;  // partial slots in the workspace (a tile split in more than one unit)
+
 struct Params {
   int rows, k, n;
   float* y;
   float beta;
   __half* swiglu_out;
-  int* counters;    // [kMaxTiles]
-  float4* partials;  // [ctas][2][kAcc / 4][128]
-  int k_blocks, tiles, total, per_cta, extra;  // stream-K split: `extra` CTAs take per_cta + 1
+  int* counters;     // [kMaxTiles]: units of the tile published
+  int* work;         // [2]: units handed out past the first wave, CTAs done
+  float4* partials;  // [units][kAcc / 4][128]
+  // Work units: split `split` of tile t covers k blocks [split · unit_blocks, +unit_blocks) (the last
+  // fewer); unit u is (u / splits, u % splits). CTA c starts on unit c and then takes the next
+  // unhanded one, so faster SMs take more.
+  int k_blocks, tiles, splits, unit_blocks, units;
   unsigned long long* stamps;  // SkinnyGemmArgs::stamps
   int variant;
 };
@@ -101,11 +107,6 @@ __device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-__device__ __forceinline__ int BeginOf(const Params& p, int cta) { return cta * p.per_cta + min(cta, p.extra); }
-__device__ __forceinline__ int OwnerOf(const Params& p, int it) {
-  const int long_span = p.extra * (p.per_cta + 1);
-  return it < long_span ? it / (p.per_cta + 1) : p.extra + (it - long_span) / p.per_cta;
-}
 
 // Consumer thread `tid` (0..127) of warp `warp`: its accumulators acc[mt][j][i] hold output column
 // tile·128 + 32·warp + 16·mt + g + 8·(i / 2) of row 8·j + 2·c + i % 2 (g = lane / 4, c = lane % 4).
@@ -182,26 +183,22 @@ __device__ __forceinline__ int AddAcqRel(int* p, int v) {
 }
 __device__ __forceinline__ void ConsumerSync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
 
-// A finished run of k blocks of `tile`: written out if this CTA covered all of the tile's k;
-// otherwise the last of the tile's CTAs to get there sums every CTA's part in CTA order (so the
-// result does not depend on who is last) and writes the tile, and the others leave theirs as
-// partials. The last is usually a CTA whose run ends in the tile (the CTA after it did its part at
-// its start): `peek`, thread 0's look at the tile's counter a few stages before, tells it so, and
-// it publishes nothing.
+// A finished unit (split `split` of `tile`): written out when it is the tile's only split;
+// otherwise the tile's last unit to finish sums every split's part in split order (so the result
+// does not depend on which finished last) and writes the tile, and the others leave theirs as
+// partials. `peek` is thread 0's look at the tile's counter when the unit started.
 template <int RT>
-__device__ __forceinline__ void Flush(const Params& p, int cta, int begin, int end, int tile, int warp, int lane,
-                                      const float (&acc)[2][2 * RT][4], const float (&old)[2][2 * RT][4], int peek,
-                                      int* flag_s) {
+__device__ __forceinline__ void Flush(const Params& p, int unit, int warp, int lane, const float (&acc)[2][2 * RT][4],
+                                      int peek, int* flag_s) {
   constexpr int kVecs = Config<RT>::kAcc / 4;
-  const int tid = warp * 32 + lane, first = tile * p.k_blocks, last = first + p.k_blocks - 1;
-  if (first >= begin && last < end) {
+  const int tid = warp * 32 + lane, tile = unit / p.splits, split = unit % p.splits, others = p.splits - 1;
+  float old[2][2 * RT][4];
+  if (p.splits == 1) {
+    LoadResidual<RT>(p, tile, warp, lane, old);
     Epilogue<RT>(p, tile, warp, lane, acc, old);
     return;
   }
-  const int from = OwnerOf(p, first), to = OwnerOf(p, last), others = to - from;
-  auto slot_of = [&](int j) {
-    return p.partials + (static_cast<int64_t>(j) * 2 + (tile == BeginOf(p, j) / p.k_blocks ? 0 : 1)) * kVecs * 128 + tid;
-  };
+  auto slot_of = [&](int u) { return p.partials + static_cast<int64_t>(u) * kVecs * 128 + tid; };
   const float* flat = &acc[0][0][0];
   if (tid == 0) {
     const bool seen_all = peek == others;
@@ -212,7 +209,7 @@ __device__ __forceinline__ void Flush(const Params& p, int cta, int begin, int e
   const bool last_to_arrive = *flag_s;
   ConsumerSync();  // flag_s read before thread 0 writes it again
   if (!last_to_arrive) {
-    float4* mine = slot_of(cta);
+    float4* mine = slot_of(unit);
 #pragma unroll
     for (int v = 0; v < kVecs; ++v) mine[v * 128] = make_float4(flat[4 * v], flat[4 * v + 1], flat[4 * v + 2], flat[4 * v + 3]);
     ConsumerSync();
@@ -222,25 +219,25 @@ __device__ __forceinline__ void Flush(const Params& p, int cta, int begin, int e
     ConsumerSync();
     if (!now_last) return;
   }
-  // Every other part is published. Loads for up to 4 / RT CTAs at a time go out together.
+  // Every other split is published: the residual and up to 4 / RT partials at a time go out together.
+  LoadResidual<RT>(p, tile, warp, lane, old);
   constexpr int kBatch = 4 / RT;
   float sum[2][2 * RT][4] = {};
   float* total = &sum[0][0][0];
-  for (int j0 = from; j0 <= to; j0 += kBatch) {
+  const int first = tile * p.splits;
+  for (int b0 = 0; b0 < p.splits; b0 += kBatch) {
     float4 q[kBatch][kVecs];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int j = j0 + b;
-      if (j > to || j == cta) continue;
-      const float4* part = slot_of(j);
+      if (b0 + b >= p.splits || b0 + b == split) continue;
+      const float4* part = slot_of(first + b0 + b);
 #pragma unroll
       for (int v = 0; v < kVecs; ++v) q[b][v] = __ldcg(part + v * 128);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int j = j0 + b;
-      if (j > to) continue;
-      if (j == cta) {
+      if (b0 + b >= p.splits) continue;
+      if (b0 + b == split) {
 #pragma unroll
         for (int i = 0; i < Config<RT>::kAcc; ++i) total[i] += flat[i];
         continue;
@@ -262,10 +259,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   using C = Config<RT>;
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_s[C::kStages], empty_s[C::kStages];
+  __shared__ int unit_s[C::kStages];  // the unit a stage belongs to; -1: no more
   __shared__ int flag_s;
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cta = blockIdx.x;
-  const int begin = BeginOf(p, cta), end = begin + p.per_cta + (cta < p.extra ? 1 : 0);
   if (threadIdx.x == 0) {
     Stamp(p, cta, 0);
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&w_map)) : "memory");
@@ -285,23 +282,45 @@ __global__ void __launch_bounds__(kThreads, 1)
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream_policy));
         asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
       }
-      auto load_w = [&](int it, int s) {
-        BarrierExpect(&full_s[s], C::kStageBytes);
-        TmaLoad(ring + s * C::kStageBytes, &w_map, (it % p.k_blocks) * kTileK, (it / p.k_blocks) * kTileN, &full_s[s],
-                stream_policy);
+      // Stages before the wait get W only (constant); their X (the previous kernel's output) and
+      // the work counter (which the previous launch resets at its end) wait for it.
+      int pending_kb[C::kStages];
+      bool waited = false;
+      auto wait_previous = [&](int issued) {
+        GridDependencyWait();
+        for (int s = 0; s < issued && s < C::kStages; ++s) {
+          TmaLoad(ring + s * C::kStageBytes + kWBytes, &x_map, pending_kb[s] * kTileK, 0, &full_s[s], keep_policy);
+        }
+        waited = true;
       };
-      auto load_x = [&](int it, int s) {
-        TmaLoad(ring + s * C::kStageBytes + kWBytes, &x_map, (it % p.k_blocks) * kTileK, 0, &full_s[s], keep_policy);
-      };
-      const int early = min(C::kStages, end - begin);
-      for (int i = 0; i < early; ++i) load_w(begin + i, i);
-      GridDependencyWait();  // X is the previous kernel's output
-      for (int i = 0; i < early; ++i) load_x(begin + i, i);
-      for (int i = early; i < end - begin; ++i) {
-        const int s = i % C::kStages;
-        BarrierWait(&empty_s[s], ((i / C::kStages) - 1) & 1);
-        load_w(begin + i, s), load_x(begin + i, s);
+      int i = 0;  // stages issued
+      for (int unit = cta; unit < p.units;) {
+        const int tile = unit / p.splits, kb0 = (unit % p.splits) * p.unit_blocks;
+        const int kb1 = min(p.k_blocks, kb0 + p.unit_blocks);
+        for (int kb = kb0; kb < kb1; ++kb, ++i) {
+          const int s = i % C::kStages;
+          if (i >= C::kStages) {
+            if (!waited) wait_previous(C::kStages);  // the consumers need those stages' X first
+            BarrierWait(&empty_s[s], ((i / C::kStages) - 1) & 1);
+          }
+          unit_s[s] = unit;
+          BarrierExpect(&full_s[s], C::kStageBytes);
+          TmaLoad(ring + s * C::kStageBytes, &w_map, kb * kTileK, tile * kTileN, &full_s[s], stream_policy);
+          if (waited) {
+            TmaLoad(ring + s * C::kStageBytes + kWBytes, &x_map, kb * kTileK, 0, &full_s[s], keep_policy);
+          } else {
+            pending_kb[s] = kb;
+          }
+        }
+        if (!waited) wait_previous(i);
+        // A dozen stages are in flight: the counter's round trip hides behind them.
+        unit = p.units > int(gridDim.x) ? int(gridDim.x) + atomicAdd(p.work, 1) : p.units;
       }
+      if (!waited) wait_previous(i);
+      const int s = i % C::kStages;  // the end: a stage with no unit and no bytes
+      if (i >= C::kStages) BarrierWait(&empty_s[s], ((i / C::kStages) - 1) & 1);
+      unit_s[s] = -1;
+      BarrierArrive(&full_s[s]);
     }
     return;
   }
@@ -314,20 +333,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 8 at a time, the k half first).
   const int w_row = 32 * warp + (lane & 7) + 8 * ((lane >> 3) & 1), w_half = lane >> 4;
   const int x_row = (lane & 7) + 8 * (lane >> 4), x_half = (lane >> 3) & 1;
-  float old[2][2 * RT][4];
-  // This CTA's run of the current tile ends at iteration seg_last; thread 0 looks at the tile's
-  // counter at peek_at, a few stages before.
-  int seg_last = -1, peek_at = -1, peek = -1;
-  for (int i = 0; i < end - begin; ++i) {
-    const int s = i % C::kStages, it = begin + i, tile = it / p.k_blocks;
-    if (i > seg_last) {  // a new tile
-      LoadResidual<RT>(p, tile, warp, lane, old);
-      seg_last = min(end, (tile + 1) * p.k_blocks) - 1 - begin;
-      peek_at = max(i, seg_last - 2), peek = -1;
-    }
-    if (threadIdx.x == 0 && i == peek_at) peek = LoadRelaxed(p.counters + tile);
+  int unit = -1, left = 0, peek = -1;  // the unit being summed, its stages still to come
+  for (int i = 0;; ++i) {
+    const int s = i % C::kStages;
     BarrierWait(&full_s[s], (i / C::kStages) & 1);
     if (i == 0 && threadIdx.x == 0) Stamp(p, cta, 1);
+    const int stage_unit = unit_s[s];
+    if (stage_unit < 0) break;
+    if (left == 0) {  // a new unit
+      unit = stage_unit;
+      const int kb0 = (unit % p.splits) * p.unit_blocks;
+      left = min(p.k_blocks, kb0 + p.unit_blocks) - kb0;
+      if (threadIdx.x == 0 && p.splits > 1) peek = LoadRelaxed(p.counters + unit / p.splits);
+    }
     const uint32_t w_base = ring_addr + s * C::kStageBytes, x_base = w_base + kWBytes;
 #pragma unroll
     for (int ks = 0; ks < kTileK / 16; ++ks) {
@@ -347,9 +365,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncwarp();
     if (lane == 0) BarrierArrive(&empty_s[s]);
-    if (i == end - begin - 1 && threadIdx.x == 0) Stamp(p, cta, 2);
-    if (i == seg_last) {
-      Flush<RT>(p, cta, begin, end, tile, warp, lane, acc, old, peek, &flag_s);
+    if (--left == 0) {
+      Flush<RT>(p, unit, warp, lane, acc, peek, &flag_s);
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -360,7 +377,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (threadIdx.x == 0) Stamp(p, cta, 3);
+  if (threadIdx.x == 0) Stamp(p, cta, 2), Stamp(p, cta, 3);
+  // The last CTA to finish resets the work counter for the next launch (every CTA's producer has
+  // asked for its last unit before its end stage, which this CTA's consumers have seen).
+  ConsumerSync();
+  if (threadIdx.x == 0 && AddAcqRel(p.work + 1, 1) == int(gridDim.x) - 1) p.work[0] = 0, p.work[1] = 0;
 }
 
 // cuTensorMapEncodeTiled through the runtime (no link against libcuda).
@@ -402,12 +423,20 @@ absl::Status Launch(const SkinnyGemmArgs& a, int ctas, cudaStream_t stream) {
   Params p{};
   p.rows = a.rows, p.k = a.k, p.n = a.n, p.y = a.y, p.beta = a.beta, p.swiglu_out = a.swiglu_out;
   p.counters = static_cast<int*>(a.workspace);
-  p.partials = reinterpret_cast<float4*>(static_cast<char*>(a.workspace) + kMaxTiles * sizeof(int));
+  p.work = p.counters + kMaxTiles;
+  p.partials = reinterpret_cast<float4*>(static_cast<char*>(a.workspace) + (kMaxTiles + 4) * sizeof(int));
   p.k_blocks = (a.k + kTileK - 1) / kTileK, p.tiles = (a.n + kTileN - 1) / kTileN;
-  p.total = p.k_blocks * p.tiles;
+  // About four units a CTA (balance at the end costs a unit's time), no more partial slots than
+  // there are, and no unit shorter than it needs to be.
+  int splits = std::max(1, std::min(p.k_blocks, (4 * ctas + p.tiles - 1) / p.tiles));
+  if (a.variant & 4) splits = std::min(p.k_blocks, 2 * splits);
+  if (a.variant & 8) splits = std::max(1, splits / 2);
+  if (splits > 1) splits = std::max(1, std::min(splits, kMaxUnits / p.tiles));
+  p.unit_blocks = (p.k_blocks + splits - 1) / splits;
+  p.splits = (p.k_blocks + p.unit_blocks - 1) / p.unit_blocks;
+  p.units = p.tiles * p.splits;
   p.stamps = a.stamps, p.variant = a.variant;
-  ctas = std::min(ctas, p.total);
-  p.per_cta = p.total / ctas, p.extra = p.total % ctas;
+  ctas = std::min(ctas, p.units);
   // Once per instance (the attributes are the function's): room for the ring, and the whole of
   // shared memory's carveout (the kernel reads nothing through L1).
   static const cudaError_t opted = [] {
@@ -422,8 +451,8 @@ absl::Status Launch(const SkinnyGemmArgs& a, int ctas, cudaStream_t stream) {
 
 }  // namespace
 
-size_t SkinnyGemmWorkspaceBytes(int ctas) {
-  return kMaxTiles * sizeof(int) + static_cast<size_t>(ctas) * 2 * Config<2>::kAcc * 128 * sizeof(float);
+size_t SkinnyGemmWorkspaceBytes() {
+  return (kMaxTiles + 4) * sizeof(int) + static_cast<size_t>(kMaxUnits) * Config<2>::kAcc * 128 * sizeof(float);
 }
 
 absl::Status SkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
@@ -441,9 +470,9 @@ absl::Status SkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&ctas, cudaDevAttrMultiProcessorCount, device));
   }
-  if (ctas > kMaxCtas || a.workspace == nullptr || a.workspace_bytes < SkinnyGemmWorkspaceBytes(ctas)) {
-    return absl::InvalidArgumentError(absl::StrCat("SkinnyGemm: a workspace of ", SkinnyGemmWorkspaceBytes(ctas),
-                                                   " bytes for ", ctas, " CTAs (at most ", kMaxCtas, ")"));
+  if (ctas > kMaxCtas || a.workspace == nullptr || a.workspace_bytes < SkinnyGemmWorkspaceBytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("SkinnyGemm: a workspace of ", SkinnyGemmWorkspaceBytes(),
+                                                   " bytes and at most ", kMaxCtas, " CTAs"));
   }
   if (a.rows <= 16) return Launch<1>(a, ctas, stream);
   return Launch<2>(a, ctas, stream);

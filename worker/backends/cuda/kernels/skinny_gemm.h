@@ -39,8 +39,8 @@ struct SkinnyGemmArgs {
   float* y = nullptr;
   float beta = 0.0f;
   __half* swiglu_out = nullptr;
-  // SkinnyGemmWorkspaceBytes(ctas) bytes, zeroed once before the first launch; each launch
-  // leaves it zeroed again.
+  // SkinnyGemmWorkspaceBytes() bytes, zeroed once before the first launch; each launch leaves it
+  // zeroed again. Launches sharing a workspace must be on one stream.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   bool overlap_previous = false;
@@ -48,11 +48,11 @@ struct SkinnyGemmArgs {
   // Debug timeline (the benchmark's): if set, [ctas][4] %globaltimer stamps of each CTA's start,
   // first stage arrived, last stage consumed and end.
   unsigned long long* stamps = nullptr;
-  int variant = 0;  // experiment: 1 L2 promotion to 256 B, 2 no eviction hints
+  int variant = 0;  // experiment: 1 L2 promotion to 256 B, 2 no eviction hints, 4 twice the splits, 8 half
 };
 
-// Workspace for `ctas` CTAs (the most any launch uses) and n up to 524288.
-size_t SkinnyGemmWorkspaceBytes(int ctas);
+// Workspace for any launch (n up to 524288, up to 1024 CTAs).
+size_t SkinnyGemmWorkspaceBytes();
 
 // InvalidArgument on a shape or alignment it does not take; the TMA descriptor's or the launch's
 // error otherwise.
