@@ -125,6 +125,21 @@ absl::Status SkinnyTimeline(const Projection& p, int rows, const std::vector<Dev
   if (!work.ok()) return work.status();
   if (!stamps.ok()) return stamps.status();
   const int ctas = std::min(sms, ((p.n + 127) / 128) * ((p.k + 63) / 64));
+  for (int v : {0, 4, 8}) {  // the unit split as chosen, twice as fine, half as fine
+    int launches = 0;
+    absl::StatusOr<double> us = TimeGraph(s, 50, [&]() -> absl::Status {
+      return cuda::SkinnyGemm({.x = static_cast<const __half*>(x), .rows = rows, .k = p.k,
+                               .w = static_cast<const __half*>(w[launches++ % w.size()].get()), .n = p.n,
+                               .y = static_cast<float*>(y), .beta = p.residual ? 1.0f : 0.0f,
+                               .workspace = work->get(), .workspace_bytes = work_bytes, .overlap_previous = true,
+                               .variant = v},
+                              s);
+    });
+    if (!us.ok()) return us.status();
+    const double tbs = (2.0 * p.n * p.k + 2.0 * rows * p.k) / (*us * 1e-6) / 1e12;
+    std::printf("| %s | %d | %d × %d | SkinnyGemm overlapped, variant %d | %.1f | %.2f | %.0f%% |\n", p.name, rows, p.n,
+                p.k, v, *us, tbs, 100.0 * tbs * 1e12 / kCopyBandwidth);
+  }
   // Two stamped launches (each after two unstamped ones): are the slow CTAs on the same SMs?
   std::vector<std::vector<double>> stream_of_sm(2, std::vector<double>(sms, -1.0));
   for (int round = 0; round < 2; ++round) {
