@@ -399,12 +399,11 @@ void CpuRope(float* x, int hd, int pos, const std::vector<float>& inv) {
 // RopeWriteKv (no bias); returns qkv with its q heads rotated, as attention reads them.
 std::vector<float> CacheRows(PagedFixture& f, const int32_t* dtable, const std::vector<float>& qkv,
                              const std::vector<int32_t>& row_seq, const std::vector<int32_t>& row_pos, int heads,
-                             const std::vector<float>& inv, unsigned long long* clamps,
-                             const std::vector<float>& bias = {}) {
-  Dev<float> dqkv(qkv), dinv(inv), dbias(bias.empty() ? std::vector<float>{0.0f} : bias);
+                             const std::vector<float>& inv, unsigned long long* clamps) {
+  Dev<float> dqkv(qkv), dinv(inv);
   Dev<int32_t> dseq(row_seq), dpos(row_pos);
-  EXPECT_TRUE(cuda::RopeWriteKv(dqkv.p, bias.empty() ? nullptr : dbias.p, int(row_seq.size()), heads,
-                                {dseq.p, dpos.p, dtable}, f.g, f.view(), dinv.p, clamps, nullptr)
+  EXPECT_TRUE(cuda::RopeWriteKv(dqkv.p, nullptr, int(row_seq.size()), heads, {dseq.p, dpos.p, dtable}, f.g, f.view(),
+                                dinv.p, clamps, nullptr)
                   .ok());
   return dqkv.Get();
 }
@@ -586,11 +585,9 @@ TEST(CudaKernelTest, GemvRopeRotatesQAndKHeads) {
   }
 }
 
-// Decode with new_kv: the rows' own K/V arrive in the q rows while the cache holds poison (NaN
-// bytes and scales) at their slots, either rotated and biased (the batch-1 path) or as cuBLASLt
-// leaves them, with the bias and RoPE left to the attention (rope_inv_freq, batches > 1). The
-// attention must equal attention over the cache RopeWriteKv wrote, and leave the cache holding what
-// RopeWriteKv would have.
+// Decode with new_kv (the batch-1 path): the rows' own K/V arrive rotated in the q rows while the
+// cache holds poison (NaN bytes and scales) at their slots. The attention must equal attention over
+// the cache RopeWriteKv wrote, and leave the cache holding what RopeWriteKv would have.
 TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
   REQUIRE_GPU();
   const KvCase kc = GetParam();
@@ -606,23 +603,21 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
     for (int p = 0; p < lens[s]; ++p) row_seq.push_back(int32_t(s)), row_pos.push_back(p);
   }
   const int rows = int(row_seq.size()), width = (heads + 2 * kv_heads) * hd, seqs = int(lens.size());
-  const auto qkv = Random(size_t(rows) * width, rng, 2.0f), bias = Random(width, rng, 0.5f);
+  const auto qkv = Random(size_t(rows) * width, rng, 2.0f);
   std::vector<float> inv(hd / 2);
   for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / hd);
   Dev<int32_t> dtable(f.table);
   Dev<unsigned long long> clamps(1);
   CUDA_OK(cudaMemset(clamps.p, 0, 8));
-  const auto rotated = CacheRows(f, dtable.p, qkv, row_seq, row_pos, heads, inv, clamps.p, bias);
-  // Each sequence's last position as a decode row: q as RopeWriteKv left it, k and v as cached;
-  // and (raw) the whole row as the projection wrote it.
-  std::vector<float> last(size_t(seqs) * width), raw(last.size());
+  const auto rotated = CacheRows(f, dtable.p, qkv, row_seq, row_pos, heads, inv, clamps.p);
+  // Each sequence's last position as a decode row: q as RopeWriteKv left it, k and v as cached.
+  std::vector<float> last(size_t(seqs) * width);
   std::vector<int32_t> last_seq(seqs), last_pos(seqs), slots(seqs);
   Dev<float> head(hd);
   for (int s = 0, r = -1; s < seqs; ++s) {
     r += lens[s];
     last_seq[s] = s, last_pos[s] = lens[s] - 1;
     std::copy_n(rotated.data() + size_t(r) * width, heads * hd, last.data() + size_t(s) * width);
-    std::copy_n(qkv.data() + size_t(r) * width, width, raw.data() + size_t(s) * width);
     const int block = f.table[size_t(s) * f.g.max_blocks_per_seq + last_pos[s] / 16];
     slots[s] = block * 16 + last_pos[s] % 16;
     for (int kh = 0; kh < kv_heads; ++kh) {
@@ -633,7 +628,7 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
       }
     }
   }
-  Dev<float> dlast(last), draw(raw), dbias(bias), dinv(inv);
+  Dev<float> dlast(last);
   Dev<int32_t> dlast_seq(last_seq), dlast_pos(last_pos);
   const RowMeta meta{dlast_seq.p, dlast_pos.p, dtable.p};
   // Each new_kv run merges as its reference does: 3, 11 and 16 splits in a cluster, 32 with the
@@ -645,36 +640,28 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
     Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
     Dev<__half> cached(size_t(seqs) * heads * hd), fresh(cached.n);
     ASSERT_TRUE(cuda::PagedAttention(dlast.p, shape, meta, f.g, f.view(), ws.p, cached.p, nullptr).ok());
-    for (int rope = 0; rope < 2; ++rope) {
-      for (int s = 0; s < seqs; ++s) {  // poison: NaN in both FP8 formats, NaN scales
-        CUDA_OK(cudaMemset(f.k.p + size_t(slots[s]) * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
-        CUDA_OK(cudaMemset(f.v.p + size_t(slots[s]) * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
-        CUDA_OK(cudaMemset(f.ks.p + size_t(slots[s]) * kv_heads, 0xff, size_t(kv_heads) * 4));
-        CUDA_OK(cudaMemset(f.vs.p + size_t(slots[s]) * kv_heads, 0xff, size_t(kv_heads) * 4));
-      }
-      shape.new_kv = true;
-      if (rope) shape.rope_inv_freq = dinv.p, shape.qkv_bias = dbias.p;
-      ASSERT_TRUE(
-          cuda::PagedAttention(rope ? draw.p : dlast.p, shape, meta, f.g, f.view(), ws.p, fresh.p, nullptr, clamps.p).ok());
-      const std::string what = std::string(KvDtypeName(kc.dtype)) + " splits " + std::to_string(splits) + " window " +
-                               std::to_string(window) + " rope " + std::to_string(rope) + " seed " + std::to_string(seed);
-      EXPECT_LE(RelL2(ToFloats(fresh.Get()), ToFloats(cached.Get())), 1e-3) << what;
-      for (int s = 0; s < seqs; ++s) {
-        for (int kh = 0; kh < kv_heads; ++kh) {
-          for (int value = 0; value < 2; ++value) {
-            const int block = slots[s] / 16;
-            ASSERT_TRUE(cuda::ReadKvForTest(f.g, f.view(), value, block, slots[s] % 16, kh, head.p, nullptr).ok());
-            const float* want = last.data() + size_t(s) * width + (heads + value * kv_heads + kh) * hd;
-            EXPECT_LE(RelL2(head.Get(), std::vector<float>(want, want + hd)), 1e-6) << what << " seq " << s;
-          }
+    for (int s = 0; s < seqs; ++s) {  // poison: NaN in both FP8 formats, NaN scales
+      CUDA_OK(cudaMemset(f.k.p + size_t(slots[s]) * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
+      CUDA_OK(cudaMemset(f.v.p + size_t(slots[s]) * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
+      CUDA_OK(cudaMemset(f.ks.p + size_t(slots[s]) * kv_heads, 0xff, size_t(kv_heads) * 4));
+      CUDA_OK(cudaMemset(f.vs.p + size_t(slots[s]) * kv_heads, 0xff, size_t(kv_heads) * 4));
+    }
+    shape.new_kv = true;
+    ASSERT_TRUE(cuda::PagedAttention(dlast.p, shape, meta, f.g, f.view(), ws.p, fresh.p, nullptr, clamps.p).ok());
+    const std::string what = std::string(KvDtypeName(kc.dtype)) + " splits " + std::to_string(splits) + " window " +
+                             std::to_string(window) + " seed " + std::to_string(seed);
+    EXPECT_LE(RelL2(ToFloats(fresh.Get()), ToFloats(cached.Get())), 1e-3) << what;
+    for (int s = 0; s < seqs; ++s) {
+      for (int kh = 0; kh < kv_heads; ++kh) {
+        for (int value = 0; value < 2; ++value) {
+          const int block = slots[s] / 16;
+          ASSERT_TRUE(cuda::ReadKvForTest(f.g, f.view(), value, block, slots[s] % 16, kh, head.p, nullptr).ok());
+          const float* want = last.data() + size_t(s) * width + (heads + value * kv_heads + kh) * hd;
+          EXPECT_LE(RelL2(head.Get(), std::vector<float>(want, want + hd)), 1e-6) << what << " seq " << s;
         }
       }
     }
   }
-  cuda::AttentionShape rope_without_new_kv{.rows = seqs, .heads = heads, .q_stride = width, .splits = 1,
-                                           .rope_inv_freq = dinv.p};
-  EXPECT_EQ(cuda::PagedAttention(draw.p, rope_without_new_kv, meta, f.g, f.view(), nullptr, nullptr, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(clamps.Get()[0], 0u);
 }
 

@@ -430,13 +430,11 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // Gemv epilogues (see gemv.h), 7 kernels a layer instead of 10; a norm's input sum of squares is
   // accumulated by the Gemv that writes the residual. Larger batches go through cuBLAS.
   const bool fused = rows == 1 && c.num_experts == 0 && h % 8 == 0 && qd % 8 == 0 && f % 8 == 0;
-  // Decode on the tensor-core attention has no RoPE kernel (3.4 us a layer on the 8B shape at
-  // batch 1): the attention CTA holding the new position writes its K/V to the cache. At batch 1
-  // the q/k/v Gemv's epilogue adds the bias and rotates; above it cuBLASLt leaves q/k/v as they
-  // are and the attention adds the bias and rotates them itself (rope_inv_freq).
-  shape.new_kv = decode && cuda::AttentionTakesNewKv(kv_);
-  if (shape.new_kv && !fused) shape.rope_inv_freq = inv_freq_;
-  // The attention after RoPE or the q/k/v projection, and at batch 1 every Gemv after its predecessor,
+  // Batch-1 decode on the tensor-core attention: RoPE rides in the q/k/v Gemv's epilogue and the
+  // attention CTA holding the new position writes its K/V to the cache, so there is no RoPE kernel
+  // (3.4 us a layer on the 8B shape, for one token).
+  shape.new_kv = fused && decode && cuda::AttentionTakesNewKv(kv_);
+  // The attention after RoPE or the q/k/v Gemv, and at batch 1 every Gemv after its predecessor,
   // start programmatically on the engine's own stream (common.cuh); not when profiling, where an
   // event sits between two ops and each is timed alone.
   shape.overlap_previous = profile_ == nullptr;
@@ -467,7 +465,6 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, nullptr, eps, b.xn, s));  // weight folded into w_qkv
       TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
     }
-    if (shape.rope_inv_freq) shape.qkv_bias = L.b_qkv;
     if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
                                              inv_freq_, b.clamps, s));

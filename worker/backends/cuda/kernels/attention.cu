@@ -334,9 +334,6 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
   if (shape.new_kv && (!UsesMma(g) || shape.runs || clamps == nullptr)) {
     return absl::InvalidArgumentError("PagedAttention: new_kv needs the tensor-core kernel, decode rows and a clamp counter");
   }
-  if ((shape.rope_inv_freq != nullptr && !shape.new_kv) || (shape.qkv_bias != nullptr && shape.rope_inv_freq == nullptr)) {
-    return absl::InvalidArgumentError("PagedAttention: rope_inv_freq goes with new_kv, qkv_bias with rope_inv_freq");
-  }
   const bool cluster_merge = shape.cluster_merge;
   if (cluster_merge && (!UsesMma(g) || shape.runs || shape.splits < 2 || shape.splits > kMaxClusterSplits)) {
     return absl::InvalidArgumentError("PagedAttention: cluster_merge needs the tensor-core kernel, decode rows and 2-16 splits");
@@ -353,8 +350,7 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
       launched = LaunchMaybeOverlappedInClusters(shape.overlap_previous, cluster_z, grid, dim3(mma_attention::kWarps * 32),
                                                  0, stream, kernel, q, shape.rows, shape.heads, shape.q_stride,
                                                  shape.sliding_window, shape.splits, shape.scale, meta, g, layer,
-                                                 workspace, out, shape.new_kv, shape.rope_inv_freq, shape.qkv_bias, clamps,
-                                                 cluster_merge);
+                                                 workspace, out, shape.new_kv, clamps, cluster_merge);
     });
     TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   } else {

@@ -32,13 +32,6 @@ struct AttentionShape {
   // the batch-1 q/k/v Gemv with RoPE leaves them so), and the CTA whose split holds that position
   // encodes them into the cache as RopeWriteKv would, counting clamps in PagedAttention's `clamps`.
   bool new_kv = false;
-  // With new_kv: when set, the row's q, k and v arrive as the projection left them (cuBLASLt at
-  // batch > 1), and the kernel adds `qkv_bias` (null: none; the row's width) and rotates q and the
-  // new k by the row's position with these [head_dim / 2] inverse frequencies, in fp32 exactly as
-  // RopeWriteKv would, so no RoPE kernel runs before it. q stays unrotated in memory. Null: q, k
-  // and v arrive rotated and biased (the batch-1 q/k/v Gemv's epilogue).
-  const float* rope_inv_freq = nullptr;
-  const float* qkv_bias = nullptr;
   // Launch the tensor-core kernel with programmatic stream serialization: its prologue and, when
   // decoding, its first tile of previously cached keys (with new_kv, also the tile holding the new
   // position, whose rows the writer overwrites) overlap the kernel before it (RoPE or the

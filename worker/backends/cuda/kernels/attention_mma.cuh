@@ -119,10 +119,7 @@ struct Stage {
 // own causal (and sliding-window) mask. Any row layout is correct; runs only make it fast.
 // new_kv (decode only): each row's own position is not cached yet; its K and V (rotated, fp32) sit
 // in the row after the q heads, as the batch-1 q/k/v Gemv leaves them, and the CTA whose split
-// holds that position encodes them into the cache (clamps counted) and into its tile. With
-// rope_inv_freq (batch > 1, q/k/v from cuBLASLt) they arrive unrotated and without the bias: every
-// CTA adds the bias and rotates its q fragments, and the writer its K (V: the bias only), with one
-// (cos, sin) table a CTA computed before the wait, as RopeWriteKv would (same fp32 operations).
+// holds that position encodes them into the cache (clamps counted) and into its tile.
 // cluster_merge (decode only, launched with clusters of `splits` CTAs along z): the splits merge
 // through distributed shared memory and write the output, no partials and no combine kernel (the
 // combine cost ~3 µs a layer at batch 1: a kernel boundary plus two L2 round trips).
@@ -130,8 +127,7 @@ template <KvDtype D, int HD, bool kTiled>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
     AttentionMmaKernel(const float* q, int rows, int heads, int q_stride, int sliding_window, int splits, float scale,
                        RowMeta meta, KvGeometry g, KvLayerView layer, float* partial, __half* out, bool new_kv,
-                       const float* rope_inv_freq, const float* qkv_bias, unsigned long long* clamps,
-                       bool cluster_merge) {
+                       unsigned long long* clamps, bool cluster_merge) {
   static_assert(HD == 32 || HD == 64 || HD == 128, "head_dim 32, 64 or 128 (the decode Vᵀ loads take HD / 8 bytes)");
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();
@@ -145,7 +141,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
   constexpr int kHalves = kTiled ? 2 : 1;  // mma row halves in use: rows qg (and qg + 8)
   __shared__ Stage<HD> stages[kWarps][2];
   __shared__ alignas(16) float fresh_s[2][kTiled ? 4 : HD];  // new_kv: the row's own K, V
-  __shared__ float2 rope_s[kTiled ? 1 : HD / 2];               // rope_inv_freq: (cos, sin) of pair i at pos0
 
   const int kv_head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -254,14 +249,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
     // scales in the stage before use). Prefill tiles hold this step's keys: they wait.
     const bool early = !kTiled && t0 < end && (new_kv || t0 + kKeys <= pos0);
     if (early) issue(t0, 0, &scale_cur);
-    // The angles depend on the position alone (an input, not the previous kernel's output): the
-    // table is made before the wait, each pair's sincosf once a CTA rather than once a lane.
-    const bool rope = !kTiled && rope_inv_freq != nullptr;
-    if (rope && threadIdx.x < HD / 2) {
-      float si, co;
-      sincosf(static_cast<float>(pos0) * rope_inv_freq[threadIdx.x], &si, &co);
-      rope_s[threadIdx.x] = make_float2(co, si);
-    }
     GridDependencyWait();
     TriggerDependents();  // the batch-1 o Gemv after it may launch (common.cuh)
     // new_kv: the warp whose tile holds pos0 copies its K and V after the wait (they are the
@@ -280,35 +267,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
     // Q fragments (scaled into the exp2 domain); rows past the run are zero. a0/a2: row qg, dims
     // 2qc.. and 2qc + 8..; a1/a3: the same for row qg + 8 (always zero when decoding).
     uint32_t qa[kChunks][2 * kHalves];
-    if constexpr (!kTiled) {
-      if (rope) {
-        // Dim d and its rotation partner d + HD / 2 sit in chunks kc and kc + kChunks / 2 of the
-        // same lane: add the bias, rotate (RopeWriteKv's fp32 formula), then scale and round.
-        __syncthreads();  // rope_s
-        const float qs = scale * kLog2e;
-        const int head = kv_head * group + qg;
-        const float* qrow = q + static_cast<int64_t>(r0) * q_stride + head * HD;
-        const float* brow = qkv_bias ? qkv_bias + head * HD : nullptr;
-#pragma unroll
-        for (int kc = 0; kc < kChunks / 2; ++kc) {
-          float a[4], c[4];
-          const int dims[4] = {kc * 16 + 2 * qc, kc * 16 + 2 * qc + 1, kc * 16 + 2 * qc + 8, kc * 16 + 2 * qc + 9};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int d = dims[e];
-            a[e] = c[e] = 0.0f;  // mma rows past the group stay zero
-            if (row_ok[0]) a[e] = qrow[d], c[e] = qrow[d + HD / 2];
-            if (row_ok[0] && brow) a[e] += brow[d], c[e] += brow[d + HD / 2];
-            const float2 cs = rope_s[d];
-            const float ra = a[e] * cs.x - c[e] * cs.y, rc = c[e] * cs.x + a[e] * cs.y;
-            a[e] = ra * qs, c[e] = rc * qs;
-          }
-          qa[kc][0] = PackHalf2(a[0], a[1]), qa[kc][1] = PackHalf2(a[2], a[3]);
-          qa[kc + kChunks / 2][0] = PackHalf2(c[0], c[1]), qa[kc + kChunks / 2][1] = PackHalf2(c[2], c[3]);
-        }
-      }
-    }
-    if (!rope) {
+    {
       const float qs = scale * kLog2e;
 #pragma unroll
       for (int h = 0; h < kHalves; ++h) {
@@ -350,33 +309,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
           constexpr int kPer = HD / 32;
           float x[kPer], amax = 0.0f;
 #pragma unroll
-          for (int j = 0; j < kPer; ++j) x[j] = fresh_s[which][lane + 32 * j];
-          if (rope) {  // dim lane + 32j pairs with j ± kPer / 2 (HD 32: the lane 16 away)
-            if (qkv_bias) {
-              const float* b = qkv_bias + (heads + which * kvh + kv_head) * HD;
-#pragma unroll
-              for (int j = 0; j < kPer; ++j) x[j] += b[lane + 32 * j];
-            }
-            if (which == 0) {
-              float y[kPer];
-#pragma unroll
-              for (int j = 0; j < kPer; ++j) {
-                const int d = lane + 32 * j;
-                float other;
-                if constexpr (kPer >= 2) {
-                  other = x[(j + kPer / 2) % kPer];
-                } else {
-                  other = __shfl_xor_sync(0xffffffffu, x[j], 16);
-                }
-                const float2 cs = rope_s[d % (HD / 2)];
-                y[j] = d < HD / 2 ? x[j] * cs.x - other * cs.y : x[j] * cs.x + other * cs.y;
-              }
-#pragma unroll
-              for (int j = 0; j < kPer; ++j) x[j] = y[j];
-            }
-          }
-#pragma unroll
-          for (int j = 0; j < kPer; ++j) amax = fmaxf(amax, fabsf(x[j]));
+          for (int j = 0; j < kPer; ++j) x[j] = fresh_s[which][lane + 32 * j], amax = fmaxf(amax, fabsf(x[j]));
           const float sc = HeadScale<Codec>(WarpMax(amax)), inv = 1.0f / sc;
           new_scale[which] = sc;
           uint8_t* tile = which ? stages[warp][s].v : stages[warp][s].k;
