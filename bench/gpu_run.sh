@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One device run (see ../shared/gpu/README.md): GPU tests, kernel tests under compute-sanitizer,
 # then the decode/prefill benchmark on synthetic Llama-3.2-1B and Llama-3.1-8B checkpoints.
-# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|soak|kernels]
+# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|ab|soak|kernels]
 # (kernels [args]: the projections and attention alone at the 8B shape, no checkpoint: seconds, for kernel work;
-# args go to tailserve-bench-kernels, e.g. --gemm-search)
+# args go to tailserve-bench-kernels, e.g. --gemm-search; ab: decode at 512 tokens, batch 1/16/64, of a baseline
+# build packed as .gpu/bin/tailserve-bench-cuda-base against this one, in alternating processes, AB_ROUNDS (2)
+# rounds on the 8B and the 1B shape)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -41,7 +43,21 @@ mkdir -p /tmp/ckpt
 # A warm machine keeps /tmp: reuse checkpoints a previous call made.
 [ "$MODE" = bench8b ] || [ -f /tmp/ckpt/l1b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
 [ -f /tmp/ckpt/l8b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.1-8b --vocab 128256 --out /tmp/ckpt/l8b ) 2>&1 | tail -4
-if [ "$MODE" = bench8b ]; then
+if [ "$MODE" = ab ]; then
+  echo "== A/B: base = tailserve-bench-cuda-base, new = tailserve-bench-cuda (P50 ms, 512 tokens)"
+  for m in l8b l1b; do
+    for round in $(seq "${AB_ROUNDS:-2}"); do
+      for which in base new; do
+        bin=tailserve-bench-cuda; [ "$which" = base ] && bin=tailserve-bench-cuda-base
+        $R $bin --model /tmp/ckpt/$m --batches 1,16,64 --contexts 512 --prefills 512 > /tmp/ab_one.md 2>&1
+        { echo "### $m round $round $which"; cat /tmp/ab_one.md; } >> "$OUT/ab.md"
+        printf '%s %s round %s:' "$m" "$which" "$round"
+        awk -F'|' '/^\| (1|16|64) \| 512 \|/{printf " b%s %s", $2+0, $4+0}' /tmp/ab_one.md
+        echo
+      done
+    done
+  done
+elif [ "$MODE" = bench8b ]; then
   echo "== bench 8B (decode only)"
   $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512,2048 --prefills 512 2>&1 | tee "$OUT/bench_8b.md"
 elif [ "$MODE" = check ] || [ "$MODE" = bench ]; then
