@@ -26,6 +26,7 @@
 #include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/kernels/attention.h"
 #include "worker/backends/cuda/kernels/gemv.h"
+#include "worker/backends/cuda/kernels/rows.h"
 
 namespace tailserve {
 namespace {
@@ -60,7 +61,9 @@ absl::StatusOr<std::vector<DeviceMemory>> WeightCopies(size_t w_bytes) {
 }
 
 // Mean microseconds of `launch` over `reps` launches captured into one graph (after one warm replay).
-absl::StatusOr<double> TimeGraph(cudaStream_t s, int reps, const std::function<absl::Status()>& launch) {
+// `instantiate_flags`: cudaGraphInstantiateFlagUseNodePriority keeps the capturing streams' priorities.
+absl::StatusOr<double> TimeGraph(cudaStream_t s, int reps, const std::function<absl::Status()>& launch,
+                                 unsigned long long instantiate_flags = 0) {
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   absl::Status st;
   for (int i = 0; i < reps && st.ok(); ++i) st = launch();
@@ -70,7 +73,7 @@ absl::StatusOr<double> TimeGraph(cudaStream_t s, int reps, const std::function<a
   if (!st.ok()) return st;
   TAILSERVE_CUDA_RETURN_IF_ERROR(ended);
   cudaGraphExec_t exec = nullptr;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, instantiate_flags));
   CudaGraphExec owned_exec(exec);
   absl::StatusOr<CudaEvent> start = MakeEvent(), stop = MakeEvent();
   if (!start.ok()) return start.status();
@@ -407,6 +410,118 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
   return absl::OkStatus();
 }
 
+// Can two cuBLASLt chains on forked graph branches fill each other's ramps, tails and small
+// kernels? The MLP block at `rows` rows on one stream (gate/up → SwiGLU → down with the residual)
+// against the same bytes split in two halves along the FFN dimension (each half: gate/up of f/2
+// features → SwiGLU → down over those f/2 inputs, a column slice of W_down, into its own output), the
+// halves on two branches: started together, B's gate/up after A's (A's SwiGLU and down then run
+// beside it), and started together with B at a lower stream priority. Constant data: only time.
+absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list, int reps) {
+  const int h = m.hidden, f = m.ffn;
+  int lo_prio = 0, hi_prio = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio));
+  cudaStream_t raw_a = nullptr, raw_b = nullptr, raw_low = nullptr;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&raw_a, cudaStreamNonBlocking, hi_prio));
+  CudaStream sa(raw_a);
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&raw_b, cudaStreamNonBlocking, hi_prio));
+  CudaStream sb(raw_b);
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&raw_low, cudaStreamNonBlocking, lo_prio));
+  CudaStream sl(raw_low);
+  const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
+  auto x16 = Filled(size_t(max_rows) * h * 2, 0x2c), gu = Filled(size_t(max_rows) * 2 * f * 4, 0);
+  auto act = Filled(size_t(max_rows) * f * 2, 0), y = Filled(size_t(max_rows) * h * 4, 0),
+       y2 = Filled(size_t(max_rows) * h * 4, 0);
+  auto work_a = DeviceAlloc(32 << 20), work_b = DeviceAlloc(32 << 20), work_l = DeviceAlloc(32 << 20);
+  for (auto* b : {&x16, &gu, &act, &y, &y2, &work_a, &work_b, &work_l}) {
+    if (!b->ok()) return b->status();
+  }
+  auto gemm_a = cuda::GemmRunner::Create(sa.get(), work_a->get(), 32 << 20);
+  auto gemm_b = cuda::GemmRunner::Create(sb.get(), work_b->get(), 32 << 20);
+  auto gemm_l = cuda::GemmRunner::Create(sl.get(), work_l->get(), 32 << 20);
+  if (!gemm_a.ok()) return gemm_a.status();
+  if (!gemm_b.ok()) return gemm_b.status();
+  if (!gemm_l.ok()) return gemm_l.status();
+  // Weight copies of the whole MLP (gate/up then down, 352 MB at the 8B shape): each timed MLP
+  // reads its own from DRAM. A half's weights are the first or second half of a copy's bytes.
+  const size_t gu_elems = size_t(2) * f * h, down_elems = size_t(h) * f;
+  std::vector<DeviceMemory> w;
+  for (int c = 0; c < 3; ++c) {
+    absl::StatusOr<DeviceMemory> mem = Filled((gu_elems + down_elems) * 2, 0x3c);
+    if (!mem.ok()) return mem.status();
+    w.push_back(*std::move(mem));
+  }
+  absl::StatusOr<CudaEvent> fork = MakeEvent(), mid = MakeEvent(), join = MakeEvent();
+  if (!fork.ok()) return fork.status();
+  if (!mid.ok()) return mid.status();
+  if (!join.ok()) return join.status();
+  const auto* x = static_cast<const __half*>(x16->get());
+  auto* gu_out = static_cast<float*>(gu->get());
+  auto* act_out = static_cast<__half*>(act->get());
+  std::printf("\n| MLP block, %d × %d (gate/up) + %d × %d (down) | rows | µs | of 4.26 TB/s |\n|---|---:|---:|---:|\n",
+              2 * f, h, h, f);
+  for (int rows : rows_list) {
+    if (rows < 2) continue;
+    int launches = 0;
+    auto weights = [&] { return static_cast<const __half*>(w[launches++ % w.size()].get()); };
+    // One half (0 or 1) of the MLP on `gemm`'s stream.
+    auto half = [&](cuda::GemmRunner& gemm, cudaStream_t st, const __half* wc, int which, float* out, float beta,
+                    cudaEvent_t after_gate_up) -> absl::Status {
+      const __half* wg = wc + size_t(which) * gu_elems / 2;
+      const __half* wd = wc + gu_elems + size_t(which) * (f / 2);  // columns of W_down, as the engine
+      float* g = gu_out + size_t(which) * rows * f;
+      __half* a = act_out + size_t(which) * rows * f / 2;
+      if (absl::Status e = gemm.Run(x, rows, h, wg, f, 0.0f, g); !e.ok()) return e;
+      if (after_gate_up) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(after_gate_up, st));
+      if (absl::Status e = cuda::SwiGlu(g, rows, f / 2, a, st); !e.ok()) return e;
+      return gemm.Run(a, rows, f / 2, wd, h, beta, out, /*ldw=*/f);
+    };
+    auto serial = [&]() -> absl::Status {
+      const __half* wc = weights();
+      if (absl::Status e = (*gemm_a)->Run(x, rows, h, wc, 2 * f, 0.0f, gu_out); !e.ok()) return e;
+      if (absl::Status e = cuda::SwiGlu(gu_out, rows, f, act_out, sa.get()); !e.ok()) return e;
+      return (*gemm_a)->Run(act_out, rows, f, wc + gu_elems, h, 1.0f, static_cast<float*>(y->get()));
+    };
+    // mode 0: both halves at once; 1: B's gate/up after A's; 2: both at once, B at low priority.
+    auto branches = [&](int mode) {
+      return [&, mode]() -> absl::Status {
+        const __half* wc = weights();
+        cuda::GemmRunner& gb = mode == 2 ? **gemm_l : **gemm_b;
+        cudaStream_t b = mode == 2 ? sl.get() : sb.get();
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork->get(), sa.get()));
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(b, fork->get(), 0));
+        if (mode == 1) {
+          if (absl::Status e = half(**gemm_a, sa.get(), wc, 0, static_cast<float*>(y->get()), 1.0f, mid->get()); !e.ok()) return e;
+          TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(b, mid->get(), 0));
+        } else {
+          if (absl::Status e = half(**gemm_a, sa.get(), wc, 0, static_cast<float*>(y->get()), 1.0f, nullptr); !e.ok()) return e;
+        }
+        if (absl::Status e = half(gb, b, wc, 1, static_cast<float*>(y2->get()), 0.0f, nullptr); !e.ok()) return e;
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(join->get(), b));
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(sa.get(), join->get(), 0));
+        return absl::OkStatus();
+      };
+    };
+    // cuBLASLt's timing for every shape on every runner first, as the engine does at start.
+    for (auto* g : {&gemm_a, &gemm_b, &gemm_l}) (**g)->set_tuning(true);
+    if (absl::Status e = serial(); !e.ok()) return e;
+    for (int mode = 0; mode < 3; ++mode) {
+      if (absl::Status e = branches(mode)(); !e.ok()) return e;
+    }
+    for (auto* g : {&gemm_a, &gemm_b, &gemm_l}) (**g)->set_tuning(false);
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    const double bytes = 2.0 * (gu_elems + down_elems);
+    const char* names[] = {"two halves at once", "B's gate/up after A's", "two halves at once, B at low priority"};
+    std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
+    for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
+    for (auto& [name, launch] : variants) {
+      absl::StatusOr<double> us = TimeGraph(sa.get(), reps, launch, cudaGraphInstantiateFlagUseNodePriority);
+      if (!us.ok()) return us.status();
+      std::printf("| %s | %d | %.1f | %.0f%% |\n", name.c_str(), rows, *us, 100.0 * bytes / (*us * 1e-6) / kCopyBandwidth);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace tailserve
 
@@ -427,6 +542,8 @@ int main(int argc, char** argv) {
   app.add_option("--kv", kv, "KV cache dtype: fp8_e4m3, fp8_e5m2, fp16");
   app.add_option("--reps", reps, "launches per timed graph");
   app.add_flag("--gemm-search", gemm_search, "only: time cuBLASLt's whole configuration space per projection");
+  bool mlp_branches = false;
+  app.add_flag("--mlp-branches", mlp_branches, "only: the MLP block on one stream against two halves on graph branches");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) {
@@ -440,6 +557,11 @@ int main(int argc, char** argv) {
   }
   std::printf("shape: hidden %d, ffn %d, heads %d/%d, head_dim %d; %d launches a timed graph\n\n", m.hidden, m.ffn,
               m.heads, m.kv_heads, m.head_dim, reps);
+  if (mlp_branches) {
+    absl::Status st = BenchMlpBranches(m, Ints(rows), reps);
+    if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return st.ok() ? 0 : 1;
+  }
   absl::Status st = gemm_search ? SearchGemm(m, Ints(rows), reps, stream->get())
                                 : BenchProjections(m, Ints(rows), reps, stream->get());
   if (gemm_search) {

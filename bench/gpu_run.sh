@@ -5,7 +5,7 @@
 # (kernels [args]: the projections and attention alone at the 8B shape, no checkpoint: seconds, for kernel work;
 # args go to tailserve-bench-kernels, e.g. --gemm-search; ab: decode at 512 tokens, batch 1/16/64, of a baseline
 # build packed as .gpu/bin/tailserve-bench-cuda-base against this one, in alternating processes, AB_ROUNDS (2)
-# rounds on the 8B and the 1B shape)
+# rounds on the 8B and the 1B shape; AB_BATCHES and AB_MODELS (l8b l1b) override the batches and shapes)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -26,7 +26,7 @@ if [ "$MODE" = check ]; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [ -x "$CS" ]; then
     $R "$CS" --tool memcheck --leak-check full --error-exitcode 9 .gpu/bin/tailserve_cuda_tests \
-      --gtest_filter='CudaKernelTest.*:Dtypes/*:CudaEngineBatchTest.*' > "$OUT/sanitizer.log" 2>&1
+      --gtest_filter='CudaKernelTest.*:Dtypes/*:Ffn/*' > "$OUT/sanitizer.log" 2>&1
     echo "memcheck exit code $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/sanitizer.log") clean summaries)"; tail -3 "$OUT/sanitizer.log"
   else
     echo "compute-sanitizer not found"
@@ -45,14 +45,14 @@ mkdir -p /tmp/ckpt
 [ -f /tmp/ckpt/l8b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.1-8b --vocab 128256 --out /tmp/ckpt/l8b ) 2>&1 | tail -4
 if [ "$MODE" = ab ]; then
   echo "== A/B: base = tailserve-bench-cuda-base, new = tailserve-bench-cuda (P50 ms, 512 tokens)"
-  for m in l8b l1b; do
+  for m in ${AB_MODELS:-l8b l1b}; do
     for round in $(seq "${AB_ROUNDS:-2}"); do
       for which in base new; do
         bin=tailserve-bench-cuda; [ "$which" = base ] && bin=tailserve-bench-cuda-base
-        $R $bin --model /tmp/ckpt/$m --batches 1,16,64 --contexts 512 --prefills 512 > /tmp/ab_one.md 2>&1
+        $R $bin --model /tmp/ckpt/$m --batches "${AB_BATCHES:-1,16,64}" --contexts 512 --prefills 512 > /tmp/ab_one.md 2>&1
         { echo "### $m round $round $which"; cat /tmp/ab_one.md; } >> "$OUT/ab.md"
         printf '%s %s round %s:' "$m" "$which" "$round"
-        awk -F'|' '/^\| (1|16|64) \| 512 \|/{printf " b%s %s", $2+0, $4+0}' /tmp/ab_one.md
+        awk -F'|' '/^\| [0-9]+ \| 512 \|/{printf " b%s %s", $2+0, $4+0}' /tmp/ab_one.md
         echo
       done
     done

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <algorithm>
 #include <random>
 #include <thread>
@@ -94,18 +95,28 @@ TEST(CudaKernelTest, RmsNormMatchesCpuOnOddSizes) {
   std::mt19937 rng(seed);
   for (int rows : {1, 3, 19}) {
     for (int hidden : {64, 200, 203, 4096}) {  // 203: the scalar path (not whole float4s)
-      const auto x = Random(size_t(rows) * hidden, rng, 3.0f), w = Random(hidden, rng);
-      Dev<float> dx(x), dw(w);
-      Dev<__half> out(size_t(rows) * hidden);
-      ASSERT_TRUE(cuda::RmsNormRows(dx.p, nullptr, rows, hidden, dw.p, 1e-5f, out.p, nullptr).ok());
-      std::vector<float> want(x.size());
-      for (int r = 0; r < rows; ++r) {
-        double ss = 0;
-        for (int i = 0; i < hidden; ++i) ss += double(x[r * hidden + i]) * x[r * hidden + i];
-        const double inv = 1 / std::sqrt(ss / hidden + 1e-5);
-        for (int i = 0; i < hidden; ++i) want[r * hidden + i] = float(w[i] * x[r * hidden + i] * inv);
+      for (bool with_add : {false, true}) {  // add: x += add first, written back
+        auto x = Random(size_t(rows) * hidden, rng, 3.0f);
+        const auto w = Random(hidden, rng), add = Random(x.size(), rng);
+        Dev<float> dx(x), dw(w), dadd(add);
+        Dev<__half> out(size_t(rows) * hidden);
+        ASSERT_TRUE(
+            cuda::RmsNormRows(dx.p, with_add ? dadd.p : nullptr, nullptr, rows, hidden, dw.p, 1e-5f, out.p, nullptr).ok());
+        if (with_add) {
+          for (size_t i = 0; i < x.size(); ++i) x[i] += add[i];
+        }
+        std::vector<float> want(x.size());
+        for (int r = 0; r < rows; ++r) {
+          double ss = 0;
+          for (int i = 0; i < hidden; ++i) ss += double(x[r * hidden + i]) * x[r * hidden + i];
+          const double inv = 1 / std::sqrt(ss / hidden + 1e-5);
+          for (int i = 0; i < hidden; ++i) want[r * hidden + i] = float(w[i] * x[r * hidden + i] * inv);
+        }
+        const std::string what = "rows " + std::to_string(rows) + " hidden " + std::to_string(hidden) + " add " +
+                                 std::to_string(with_add) + " seed " + std::to_string(seed);
+        EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << what;
+        EXPECT_EQ(dx.Get(), x) << what;  // the sum written back (or x untouched)
       }
-      EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << "rows " << rows << " hidden " << hidden << " seed " << seed;
     }
   }
 }
@@ -294,6 +305,7 @@ TEST(CudaKernelTest, OverlappedGemvWaitsForItsPredecessor) {
 
 // Past one row, projections go through cuBLASLt: with the heuristic's algorithm, and
 // with the one timing picked (the timing runs accumulate into y when beta = 1, so y is reset).
+// W also as a column slice of a wider matrix (ldw > k: one row goes to cuBLASLt then too).
 TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
   REQUIRE_GPU();
   const unsigned seed = 78;
@@ -306,29 +318,37 @@ TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
     (*runner)->set_tuning(tuning);
     for (int rows : {1, 3, 19, 64}) {  // 1: the Gemv
       for (float beta : {0.0f, 1.0f}) {
-        const int k = 200, n = 77;
-        auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * k, rng, 0.05f), y0 = Random(size_t(rows) * n, rng);
-        Dev<__half> dx(RoundToHalf(xf)), dw(RoundToHalf(wf));
-        Dev<float> dy(y0);
-        ASSERT_TRUE((*runner)->Run(dx.p, rows, k, dw.p, n, beta, dy.p).ok());
-        if (tuning && beta != 0.0f) {  // timed runs accumulated: run again on a fresh y
-          dy.Put(y0);
-          ASSERT_TRUE((*runner)->Run(dx.p, rows, k, dw.p, n, beta, dy.p).ok());
-        }
-        std::vector<float> want(y0.size());
-        for (int r = 0; r < rows; ++r) {
-          for (int c = 0; c < n; ++c) {
-            double d = 0;
-            for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[size_t(c) * k + i];
-            want[size_t(r) * n + c] = float(d + beta * y0[size_t(r) * n + c]);
+        for (int ldw : {0, 256}) {  // 256: columns [40, 240) of a 256-wide W
+          const int k = 200, n = 77, stride = ldw ? ldw : k, first = ldw ? 40 : 0;
+          auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * stride, rng, 0.05f),
+               y0 = Random(size_t(rows) * n, rng);
+          Dev<__half> dx(RoundToHalf(xf)), dw(RoundToHalf(wf));
+          Dev<float> dy(y0);
+          ASSERT_TRUE((*runner)->Run(dx.p, rows, k, dw.p + first, n, beta, dy.p, ldw).ok());
+          if (tuning && beta != 0.0f) {  // timed runs accumulated: run again on a fresh y
+            dy.Put(y0);
+            ASSERT_TRUE((*runner)->Run(dx.p, rows, k, dw.p + first, n, beta, dy.p, ldw).ok());
           }
+          std::vector<float> want(y0.size());
+          for (int r = 0; r < rows; ++r) {
+            for (int c = 0; c < n; ++c) {
+              double d = 0;
+              for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[size_t(c) * stride + first + i];
+              want[size_t(r) * n + c] = float(d + beta * y0[size_t(r) * n + c]);
+            }
+          }
+          EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "rows " << rows << " beta " << beta << " ldw " << ldw << " tuning "
+                                                  << tuning << " seed " << seed;
         }
-        EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "rows " << rows << " beta " << beta << " tuning " << tuning
-                                                << " seed " << seed;
       }
     }
   }
-  EXPECT_EQ((*runner)->tuned_shapes(), 6);  // rows 3, 19, 64 × beta 0, 1: one row takes the Gemv, untuned
+  // Rows 3, 19, 64 × beta 0, 1 × both ldw, and one row with ldw 256 × beta 0, 1: one row with
+  // ldw = k takes the Gemv, untuned.
+  EXPECT_EQ((*runner)->tuned_shapes(), 14);
+  Dev<__half> dx(size_t(8)), dw(size_t(8));
+  Dev<float> dy(size_t(8));
+  EXPECT_EQ((*runner)->Run(dx.p, 2, 8, dw.p, 1, 0.0f, dy.p, 4).code(), absl::StatusCode::kInvalidArgument);
   cudaFree(workspace);
 }
 
@@ -940,10 +960,17 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
-TEST(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
+// The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
+// branches, the second half's output added by the next norm.
+class CudaEngineBatchTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   REQUIRE_GPU();
   TAILSERVE_REQUIRE_SHARED();
-  auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"), {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05});
+  const bool halves = GetParam();
+  auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
+                                 {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05,
+                                  .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max()});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;
@@ -998,9 +1025,12 @@ TEST(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   EXPECT_EQ((*engine)->stats()->kv_blocks_free, total);
 }
 
+INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Halves" : "OneStream"; });
+
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current
 // CUDA device is per thread: an engine on device 1 must make it current itself.
-TEST(CudaEngineBatchTest, StepsFromAnotherThreadOnTheSecondGpu) {
+TEST(CudaEngineDeviceTest, StepsFromAnotherThreadOnTheSecondGpu) {
   REQUIRE_GPU();
   TAILSERVE_REQUIRE_SHARED();
   if (ListCudaDevices()->size() < 2) GTEST_SKIP() << "needs two CUDA devices: the engine on device 1, stepped from a thread on device 0";

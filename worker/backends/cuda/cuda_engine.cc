@@ -62,7 +62,9 @@ struct CudaEngine::Buffers {
   float* sumsq = nullptr;            // [2 layers + 1]: Σ x² of the residual before each norm (batch 1)
   __half* final_xn = nullptr;  // [logit_rows, h]
   float* logits = nullptr;          // [logit_rows, vocab]
+  float* ffn_side_out = nullptr;     // [max_rows, h]: the FFN's second half (decode above batch 1)
   void* cublas_workspace = nullptr;
+  void* side_cublas_workspace = nullptr;  // side_gemm_'s, as large
   size_t cublas_workspace_bytes = 32 << 20;
 };
 
@@ -110,6 +112,10 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   if (!fork.ok()) return fork.status();
   if (!join.ok()) return join.status();
   fork_ = *std::move(fork), join_ = *std::move(join);
+  absl::StatusOr<CudaEvent> ffn_fork = MakeEvent(), ffn_join = MakeEvent();
+  if (!ffn_fork.ok()) return ffn_fork.status();
+  if (!ffn_join.ok()) return ffn_join.status();
+  ffn_fork_ = *std::move(ffn_fork), ffn_join_ = *std::move(ffn_join);
   if (absl::Status s = LoadWeights(ckpt); !s.ok()) return s;
   if (absl::Status s = AllocateWorkspaces(); !s.ok()) return s;
   if (options_.use_graphs) {
@@ -287,7 +293,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                             256 + R * h * 4 + R * h * 2 + R * (qd + 2 * kvd) * 4 + R * qd * 2 + R * 2 * f * 4 +
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
-                            (2 * static_cast<size_t>(c.num_layers) + 1) * 4 + (32 << 20) + 64 * 256;
+                            (2 * static_cast<size_t>(c.num_layers) + 1) * 4 + R * h * 4 + 2 * (32 << 20) + 64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
   work_memory_ = *std::move(mem);
@@ -355,12 +361,17 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.sumsq = a.Take<float>(2 * static_cast<size_t>(c.num_layers) + 1);
   b.final_xn = a.Take<__half>(L * h);
   b.logits = a.Take<float>(L * c.vocab_size);
+  b.ffn_side_out = a.Take<float>(R * h);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
-  if (!b.cublas_workspace) return absl::InternalError("cuda: workspace arena too small (a sizing bug)");
+  b.side_cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
+  if (!b.side_cublas_workspace) return absl::InternalError("cuda: workspace arena too small (a sizing bug)");
   absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm =
       cuda::GemmRunner::Create(stream_.get(), b.cublas_workspace, b.cublas_workspace_bytes);
   if (!gemm.ok()) return gemm.status();
   gemm_ = *std::move(gemm);
+  gemm = cuda::GemmRunner::Create(side_stream_.get(), b.side_cublas_workspace, b.cublas_workspace_bytes);
+  if (!gemm.ok()) return gemm.status();
+  side_gemm_ = *std::move(gemm);
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.clamps, 0, 8));
   // Inputs start valid (token 0 at position 0 of the trash row) so padded graph rows are harmless.
   std::memset(b.host_inputs.get(), 0, inputs_bytes);
@@ -441,6 +452,17 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   shape.cluster_merge = decode && cuda::AttentionTakesNewKv(kv_) && shape.splits > 1 &&
                         shape.splits <= cuda::kMaxClusterSplits &&
                         attention_tiles * kv_.kv_heads * shape.splits <= sm_count_;
+  // Decode above batch 1 (dense, large FFN): the FFN in two halves along its width, each gate/up →
+  // SwiGLU → down over its f / 2 inputs, the second half on a forked branch writing its own output,
+  // which the next norm adds into the residual. The halves fill each other's ramps, tails and
+  // SwiGLU. Measured on the H200 (bench/RESULTS.md): the 8B's FFN (352 MB) at 16 / 32 / 64 rows
+  // 90.5 / 92.2 / 95.3 µs against 91.9 / 96.9 / 99.3 on one stream (kernel bench --mlp-branches);
+  // the 1B's (100 MB) got slower (engine b16 1.19 → 1.22 ms): each half's GEMMs are then too short
+  // to hide anything, hence the size floor (options_.ffn_halves_min_bytes). Not when profiling (one
+  // event after each op on one stream).
+  const bool ffn_halves = !fused && decode && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
+                          3 * int64_t{h} * f * 2 >= options_.ffn_halves_min_bytes;
+  const float* ffn_pending = nullptr;  // the second half's output, until a norm adds it
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
   // At batch 1 the embedding writes sumsq(0) and zeroes the slots the Gemvs accumulate into (no
   // memset node in the graph).
@@ -462,7 +484,9 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       }
       TRY("gemm_qkv", cuda::Gemv(qkv, s));
     } else {
-      TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, nullptr, eps, b.xn, s));  // weight folded into w_qkv
+      // The weight folded into w_qkv.
+      TRY("rmsnorm", cuda::RmsNormRows(b.x, ffn_pending, nullptr, rows, h, nullptr, eps, b.xn, s));
+      ffn_pending = nullptr;
       TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
     }
     if (!shape.new_kv) {
@@ -484,8 +508,26 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     }
     TRY("gemm_o", gemm_->Run(b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM
     if (L.b_o) TRY("bias", cuda::AddBias(b.x, rows, h, L.b_o, s));
-    TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, rows, h, nullptr, eps, b.xn, s));  // weight folded into gate/up
-    if (c.num_experts == 0) {
+    // The weight folded into gate/up.
+    TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, nullptr, rows, h, nullptr, eps, b.xn, s));
+    if (ffn_halves) {
+      // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.
+      cudaStream_t side = side_stream_.get();
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_fork_.get(), s));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, ffn_fork_.get(), 0));
+      for (int half = 0; half < 2; ++half) {
+        cuda::GemmRunner& gemm = half ? *side_gemm_ : *gemm_;
+        float* gate_up = b.gate_up + static_cast<size_t>(half) * rows * f;
+        __half* act = b.act + static_cast<size_t>(half) * rows * (f / 2);
+        TRY("gemm_gate_up", gemm.Run(b.xn, rows, h, L.w_gate_up + static_cast<size_t>(half) * f * h, f, 0.0f, gate_up));
+        TRY("swiglu", cuda::SwiGlu(gate_up, rows, f / 2, act, half ? side : s));
+        TRY("gemm_down", gemm.Run(act, rows, f / 2, L.w_down + half * (f / 2), h, half ? 0.0f : 1.0f,
+                                  half ? b.ffn_side_out : b.x, /*ldw=*/f));
+      }
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_join_.get(), side));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, ffn_join_.get(), 0));
+      ffn_pending = b.ffn_side_out;
+    } else if (c.num_experts == 0) {
       TRY("gemm_gate_up", gemm_->Run(b.xn, rows, h, L.w_gate_up, 2 * f, 0.0f, b.gate_up));
       TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
       TRY("gemm_down", gemm_->Run(b.act, rows, f, L.w_down, h, 1.0f, b.x));
@@ -518,7 +560,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                .in_sumsq = sumsq(2 * layers_.size()), .eps = eps,
                                .overlap_previous = shape.overlap_previous}, s));
   } else if (logit_rows > 0) {
-    TRY("final_norm", cuda::RmsNormRows(b.x, b.logit_src, logit_rows, h, nullptr, eps, b.final_xn, s));
+    TRY("final_norm", cuda::RmsNormRows(b.x, ffn_pending, b.logit_src, logit_rows, h, nullptr, eps, b.final_xn, s));
+    ffn_pending = nullptr;
     TRY("lm_head", gemm_->Run(b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits));
   }
   if (logit_rows > 0 && decode) {
@@ -618,11 +661,13 @@ absl::Status CudaEngine::CaptureGraphs() {
   // timed (gemm.h) and modules load. The trash row's KV slots absorb what they write; the clamp
   // count they may raise (tuning repeats residual adds) is reset.
   gemm_->set_tuning(true);
+  side_gemm_->set_tuning(true);
   for (int bucket : options_.buckets) {
     if (bucket == 1 && max_bucket_ > 1) continue;  // no cuBLASLt shapes to time
     if (absl::Status st = Forward(bucket, bucket, true); !st.ok()) return st;
   }
   gemm_->set_tuning(false);
+  side_gemm_->set_tuning(false);
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.clamps, 0, sizeof(unsigned long long)));
   for (int bucket : options_.buckets) {

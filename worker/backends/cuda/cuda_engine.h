@@ -35,6 +35,9 @@ struct CudaEngineOptions {
   int logits_rows = 0;       // rows whose logits one forward can produce (0: the largest bucket)
   bool use_graphs = true;
   int device = 0;
+  // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
+  // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
+  int64_t ffn_halves_min_bytes = int64_t{200} << 20;
 };
 
 class CudaEngine final : public Engine {
@@ -146,6 +149,9 @@ class CudaEngine final : public Engine {
   CudaStream side_stream_;
   CudaEvent fork_, join_;
   std::unique_ptr<cuda::GemmRunner> gemm_;
+  // Decode above batch 1: the FFN's second half runs on side_stream_ beside the first (Forward).
+  std::unique_ptr<cuda::GemmRunner> side_gemm_;
+  CudaEvent ffn_fork_, ffn_join_;
   DeviceMemory weight_memory_, kv_memory_, work_memory_;
   std::map<std::string, size_t> memory_;
   const __half* embed_ = nullptr;

@@ -44,11 +44,13 @@ __global__ void EmbedBesideKernel(const __half* table, const int32_t* tokens, in
 // thread loads its float4s once and keeps them for the scaled write, where the scalar path reads
 // the row twice.
 template <bool kVec>
-__global__ void RmsNormKernel(const float* x, const int32_t* src, int hidden, const float* w, float eps,
+__global__ void RmsNormKernel(float* x, const float* add, const int32_t* src, int hidden, const float* w, float eps,
                               __half* out) {
   __shared__ float shared[32];
   const int r = blockIdx.x;
-  const float* xr = x + static_cast<int64_t>(src ? src[r] : r) * hidden;
+  const int64_t row = static_cast<int64_t>(src ? src[r] : r) * hidden;
+  float* xr = x + row;
+  const float* ar = add ? add + row : nullptr;
   __half* o = out + static_cast<int64_t>(r) * hidden;
   if constexpr (kVec) {
     constexpr int kMax = 4;
@@ -59,6 +61,11 @@ __global__ void RmsNormKernel(const float* x, const int32_t* src, int hidden, co
     for (int j = 0; j < kMax; ++j) {
       const int i = threadIdx.x + j * blockDim.x;
       v[j] = i < n4 ? reinterpret_cast<const float4*>(xr)[i] : make_float4(0, 0, 0, 0);
+      if (ar && i < n4) {
+        const float4 a = reinterpret_cast<const float4*>(ar)[i];
+        v[j].x += a.x, v[j].y += a.y, v[j].z += a.z, v[j].w += a.w;
+        reinterpret_cast<float4*>(xr)[i] = v[j];
+      }
       sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
     }
     const float inv = rsqrtf(BlockSum(sum, shared) / hidden + eps);
@@ -75,7 +82,10 @@ __global__ void RmsNormKernel(const float* x, const int32_t* src, int hidden, co
     }
   } else {
     float sum = 0;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) sum += xr[i] * xr[i];
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+      if (ar) xr[i] += ar[i];  // this thread reads it back below
+      sum += xr[i] * xr[i];
+    }
     const float inv = rsqrtf(BlockSum(sum, shared) / hidden + eps);
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = __float2half((w ? w[i] : 1.0f) * (xr[i] * inv));
   }
@@ -167,17 +177,18 @@ absl::Status EmbedRows(const EmbedArgs& a, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidden, const float* weight, float eps,
-                         __half* out, cudaStream_t stream) {
+absl::Status RmsNormRows(float* x, const float* add, const int32_t* src, int rows, int hidden, const float* weight,
+                         float eps, __half* out, cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
   // Enough threads that each handles a few elements: a short dependency chain per row, since at
   // decode there are only a few rows (blocks). Two float4 a thread where the row is whole float4s.
-  if (hidden % 4 == 0 && hidden <= 4 * 4 * 1024 && Aligned16(x) && Aligned16(weight) && Aligned16(out)) {
+  if (hidden % 4 == 0 && hidden <= 4 * 4 * 1024 && Aligned16(x) && Aligned16(add) && Aligned16(weight) &&
+      Aligned16(out)) {
     const int threads = std::clamp((hidden / 8 + 31) / 32 * 32, 32, 1024);
-    RmsNormKernel<true><<<rows, threads, 0, stream>>>(x, src, hidden, weight, eps, out);
+    RmsNormKernel<true><<<rows, threads, 0, stream>>>(x, add, src, hidden, weight, eps, out);
   } else {
     const int threads = std::clamp((hidden / 4 + 31) / 32 * 32, 32, 1024);
-    RmsNormKernel<false><<<rows, threads, 0, stream>>>(x, src, hidden, weight, eps, out);
+    RmsNormKernel<false><<<rows, threads, 0, stream>>>(x, add, src, hidden, weight, eps, out);
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();

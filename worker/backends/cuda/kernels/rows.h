@@ -29,9 +29,12 @@ struct EmbedArgs {
 absl::Status EmbedRows(const EmbedArgs& args, cudaStream_t stream);
 
 // out[r, :] = fp16(x[src[r], :] / rms(x[src[r], :]) * weight); src == nullptr means src[r] = r;
-// weight == nullptr means ones (the weight was folded into the consumer's matrix).
-absl::Status RmsNormRows(const float* x, const int32_t* src, int rows, int hidden, const float* weight, float eps,
-                         __half* out, cudaStream_t stream);
+// weight == nullptr means ones (the weight was folded into the consumer's matrix). With `add`
+// (same layout as x), x[src[r], :] += add[src[r], :] first and is written back: a residual
+// contribution computed beside the one already added into x (the FFN's second half, see
+// CudaEngine::Forward).
+absl::Status RmsNormRows(float* x, const float* add, const int32_t* src, int rows, int hidden, const float* weight,
+                         float eps, __half* out, cudaStream_t stream);
 
 // out[r, f] = fp16(silu(gate_up[r, 2f]) * gate_up[r, 2f + 1]): gate and up interleaved, as the
 // engine lays out its fused gate/up matrix (so a Gemv warp computes both halves of one output).
