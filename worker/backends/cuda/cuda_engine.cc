@@ -459,7 +459,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // 90.5 / 92.2 / 95.3 µs against 91.9 / 96.9 / 99.3 on one stream (kernel bench --mlp-branches);
   // the 1B's (100 MB) got slower (engine b16 1.19 → 1.22 ms): each half's GEMMs are then too short
   // to hide anything, hence the size floor (options_.ffn_halves_min_bytes). Not when profiling (one
-  // event after each op on one stream).
+  // event after each op on one stream; the whole-FFN shapes then run on cuBLASLt's untimed pick).
   const bool ffn_halves = !fused && decode && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
                           3 * int64_t{h} * f * 2 >= options_.ffn_halves_min_bytes;
   const float* ffn_pending = nullptr;  // the second half's output, until a norm adds it
