@@ -418,6 +418,8 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
 // beside it), and started together with B at a lower stream priority. Constant data: only time.
 absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list, int reps) {
   const int h = m.hidden, f = m.ffn;
+  // A and B at the device's greatest priority, the low-priority B at its least (which is also the
+  // default: the engine's streams have it).
   int lo_prio = 0, hi_prio = 0;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio));
   cudaStream_t raw_a = nullptr, raw_b = nullptr, raw_low = nullptr;
@@ -489,12 +491,12 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
         cudaStream_t b = mode == 2 ? sl.get() : sb.get();
         TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork->get(), sa.get()));
         TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(b, fork->get(), 0));
-        if (mode == 1) {
-          if (absl::Status e = half(**gemm_a, sa.get(), wc, 0, static_cast<float*>(y->get()), 1.0f, mid->get()); !e.ok()) return e;
-          TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(b, mid->get(), 0));
-        } else {
-          if (absl::Status e = half(**gemm_a, sa.get(), wc, 0, static_cast<float*>(y->get()), 1.0f, nullptr); !e.ok()) return e;
+        cudaEvent_t after_a_gate_up = mode == 1 ? mid->get() : nullptr;
+        if (absl::Status e = half(**gemm_a, sa.get(), wc, 0, static_cast<float*>(y->get()), 1.0f, after_a_gate_up);
+            !e.ok()) {
+          return e;
         }
+        if (after_a_gate_up) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(b, after_a_gate_up, 0));
         if (absl::Status e = half(gb, b, wc, 1, static_cast<float*>(y2->get()), 0.0f, nullptr); !e.ok()) return e;
         TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(join->get(), b));
         TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(sa.get(), join->get(), 0));

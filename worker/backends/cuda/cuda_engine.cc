@@ -452,9 +452,10 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   shape.cluster_merge = decode && cuda::AttentionTakesNewKv(kv_) && shape.splits > 1 &&
                         shape.splits <= cuda::kMaxClusterSplits &&
                         attention_tiles * kv_.kv_heads * shape.splits <= sm_count_;
-  // Decode above batch 1 (dense, large FFN): the FFN in two halves along its width, each gate/up →
-  // SwiGLU → down over its f / 2 inputs, the second half on a forked branch writing its own output,
-  // which the next norm adds into the residual. The halves fill each other's ramps, tails and
+  // Decode through cuBLASLt (above batch 1, or a model the batch-1 Gemv does not take; dense, large
+  // FFN): the FFN in two halves along its width, each gate/up → SwiGLU → down over its f / 2
+  // inputs, the second half on a forked branch writing its own output, which the next norm adds
+  // into the residual. The halves fill each other's ramps, tails and
   // SwiGLU. Measured on the H200 (bench/RESULTS.md): the 8B's FFN (352 MB) at 16 / 32 / 64 rows
   // 90.5 / 92.2 / 95.3 µs against 91.9 / 96.9 / 99.3 on one stream (kernel bench --mlp-branches);
   // the 1B's (100 MB) got slower (engine b16 1.19 → 1.22 ms): each half's GEMMs are then too short
