@@ -104,9 +104,6 @@ int Main(int argc, char** argv) {
   app.add_option("--prefills", prefills, "prompt lengths to time prefill for")->capture_default_str();
   app.add_option("--soak-seconds", soak_s, "run a soak of this length after the table")->capture_default_str();
   app.add_option("--soak-batch", soak_batch, "batch of the soak")->capture_default_str();
-  bool attention_halves = false, no_sm_target = false;
-  app.add_flag("--attention-halves", attention_halves, "the attention block in two halves of the KV heads too (experiment)");
-  app.add_flag("--no-sm-target", no_sm_target, "the halves' GEMMs sized for every SM (experiment)");
   app.add_option("--attention-splits", max_splits, "most splits of a row's keys the engine may choose (its split model picks)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
@@ -122,8 +119,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) return std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str()), 2;
   const double t0 = Now();
-  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
-                                         .attention_halves = attention_halves, .halves_sm_target = !no_sm_target});
+  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

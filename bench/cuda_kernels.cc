@@ -475,7 +475,7 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       if (absl::Status e = gemm.Run(x, rows, h, wg, f, 0.0f, g); !e.ok()) return e;
       if (after_gate_up) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(after_gate_up, st));
       if (absl::Status e = cuda::SwiGlu(g, rows, f / 2, a, st); !e.ok()) return e;
-      return gemm.Run(a, rows, f / 2, wd, h, beta, out, {.w = f});
+      return gemm.Run(a, rows, f / 2, wd, h, beta, out, /*ldw=*/f);
     };
     auto serial = [&]() -> absl::Status {
       const __half* wc = weights();

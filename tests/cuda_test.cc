@@ -25,7 +25,6 @@
 #include "worker/backends/cuda/kernels/attention.h"
 #include "worker/backends/cuda/kernels/copy.h"
 #include "worker/backends/cuda/kernels/gemv.h"
-#include "worker/backends/cuda/kernels/qkv_layout.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
 #include "worker/backends/cuda/kernels/sampling.h"
@@ -306,8 +305,7 @@ TEST(CudaKernelTest, OverlappedGemvWaitsForItsPredecessor) {
 
 // Past one row, projections go through cuBLASLt: with the heuristic's algorithm, and
 // with the one timing picked (the timing runs accumulate into y when beta = 1, so y is reset).
-// Sliced: every operand a column slice of a wider matrix (then one row goes to cuBLASLt too), and
-// y's columns outside the slice stay as they were.
+// W also as a column slice of a wider matrix (ldw > k: one row goes to cuBLASLt then too).
 TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
   REQUIRE_GPU();
   const unsigned seed = 78;
@@ -320,52 +318,37 @@ TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
     (*runner)->set_tuning(tuning);
     for (int rows : {1, 3, 19, 64}) {  // 1: the Gemv
       for (float beta : {0.0f, 1.0f}) {
-        for (bool sliced : {false, true}) {  // W: columns [40, 240) of 256; X: [13, 213) of 230; Y: [5, 82) of 90
-          const int k = 200, n = 77;
-          const cuda::GemmStrides ld = sliced ? cuda::GemmStrides{.w = 256, .x = 230, .y = 90}
-                                                      : cuda::GemmStrides{};
-          const int sw = sliced ? ld.w : k, sx = sliced ? ld.x : k, sy = sliced ? ld.y : n;
-          const int fw = sliced ? 40 : 0, fx = sliced ? 13 : 0, fy = sliced ? 5 : 0;
-          auto xf = Random(size_t(rows) * sx, rng), wf = Random(size_t(n) * sw, rng, 0.05f),
-               y0 = Random(size_t(rows) * sy, rng);
+        for (int ldw : {0, 256}) {  // 256: columns [40, 240) of a 256-wide W
+          const int k = 200, n = 77, stride = ldw ? ldw : k, first = ldw ? 40 : 0;
+          auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * stride, rng, 0.05f),
+               y0 = Random(size_t(rows) * n, rng);
           Dev<__half> dx(RoundToHalf(xf)), dw(RoundToHalf(wf));
           Dev<float> dy(y0);
-          ASSERT_TRUE((*runner)->Run(dx.p + fx, rows, k, dw.p + fw, n, beta, dy.p + fy, ld).ok());
+          ASSERT_TRUE((*runner)->Run(dx.p, rows, k, dw.p + first, n, beta, dy.p, ldw).ok());
           if (tuning && beta != 0.0f) {  // timed runs accumulated: run again on a fresh y
             dy.Put(y0);
-            ASSERT_TRUE((*runner)->Run(dx.p + fx, rows, k, dw.p + fw, n, beta, dy.p + fy, ld).ok());
+            ASSERT_TRUE((*runner)->Run(dx.p, rows, k, dw.p + first, n, beta, dy.p, ldw).ok());
           }
-          std::vector<float> want = y0;
+          std::vector<float> want(y0.size());
           for (int r = 0; r < rows; ++r) {
             for (int c = 0; c < n; ++c) {
               double d = 0;
-              for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * sx + fx + i]) * wf[size_t(c) * sw + fw + i];
-              want[size_t(r) * sy + fy + c] = float(d + beta * y0[size_t(r) * sy + fy + c]);
+              for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[size_t(c) * stride + first + i];
+              want[size_t(r) * n + c] = float(d + beta * y0[size_t(r) * n + c]);
             }
           }
-          const std::vector<float> got = dy.Get();
-          EXPECT_LE(RelL2(got, want), 1e-5) << "rows " << rows << " beta " << beta << " sliced " << sliced
-                                           << " tuning " << tuning << " seed " << seed;
-          for (int r = 0; r < rows && sliced; ++r) {  // outside the slice: untouched, bit for bit
-            for (int c = 0; c < sy; ++c) {
-              if (c < fy || c >= fy + n) {
-                ASSERT_EQ(got[size_t(r) * sy + c], y0[size_t(r) * sy + c]) << r << " " << c;
-              }
-            }
-          }
+          EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "rows " << rows << " beta " << beta << " ldw " << ldw << " tuning "
+                                                  << tuning << " seed " << seed;
         }
       }
     }
   }
-  // Rows 3, 19, 64 × beta 0, 1 × dense and sliced, and one sliced row × beta 0, 1: one dense row
-  // takes the Gemv, untuned.
+  // Rows 3, 19, 64 × beta 0, 1 × both ldw, and one row with ldw 256 × beta 0, 1: one row with
+  // ldw = k takes the Gemv, untuned.
   EXPECT_EQ((*runner)->tuned_shapes(), 14);
   Dev<__half> dx(size_t(8)), dw(size_t(8));
   Dev<float> dy(size_t(8));
-  for (const cuda::GemmStrides bad : {cuda::GemmStrides{.w = 4}, cuda::GemmStrides{.x = 4},
-                                               cuda::GemmStrides{.y = 1}}) {
-    EXPECT_EQ((*runner)->Run(dx.p, 2, 8, dw.p, 2, 0.0f, dy.p, bad).code(), absl::StatusCode::kInvalidArgument);
-  }
+  EXPECT_EQ((*runner)->Run(dx.p, 2, 8, dw.p, 1, 0.0f, dy.p, 4).code(), absl::StatusCode::kInvalidArgument);
   cudaFree(workspace);
 }
 
@@ -570,120 +553,6 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
     EXPECT_EQ(cuda::PagedAttention(dqkv.p, prefill_in_cluster, meta, f.g, f.view(), nullptr, nullptr, nullptr).code(),
               absl::StatusCode::kInvalidArgument);
   }
-}
-
-// The attention block in halves (CudaEngine::Forward): q/k/v rows in two groups of KV heads
-// (QkvLayout), RoPE and attention launched once per half of the KV heads, and once over all of
-// them, against the plain layout in one launch. Each head's arithmetic is the same, so the cache,
-// the rotated q and the attention output must match bit for bit.
-TEST_P(CudaKvTest, GroupedLayoutInHalvesEqualsPlainLayout) {
-  REQUIRE_GPU();
-  const KvCase kc = GetParam();
-  const unsigned seed = 7 + kc.head_dim;
-  std::mt19937 rng(seed);
-  const int kv_heads = 4, heads = kc.group * kv_heads, hd = kc.head_dim;
-  const std::vector<int> lens = {1, 17, 40};
-  std::vector<int32_t> row_seq, row_pos;
-  for (size_t s = 0; s < lens.size(); ++s) {
-    for (int p = 0; p < lens[s]; ++p) row_seq.push_back(int32_t(s)), row_pos.push_back(p);
-  }
-  const int rows = int(row_seq.size());
-  const cuda::QkvLayout plain{.heads = heads, .kv_heads = kv_heads, .head_dim = hd},
-      grouped{.heads = heads, .kv_heads = kv_heads, .head_dim = hd, .groups = 2};
-  const int width = plain.width();
-  // Moves one row from the plain layout to the grouped one.
-  auto regroup = [&](const float* from, float* to) {
-    for (int h = 0; h < heads; ++h) std::copy_n(from + plain.Q(h), hd, to + grouped.Q(h));
-    for (int g = 0; g < kv_heads; ++g) {
-      std::copy_n(from + plain.K(g), hd, to + grouped.K(g));
-      std::copy_n(from + plain.V(g), hd, to + grouped.V(g));
-    }
-  };
-  const auto qkv = Random(size_t(rows) * width, rng, 2.0f), bias = Random(width, rng, 0.5f);
-  std::vector<float> qkv_g(qkv.size()), bias_g(bias.size());
-  for (int r = 0; r < rows; ++r) regroup(qkv.data() + size_t(r) * width, qkv_g.data() + size_t(r) * width);
-  regroup(bias.data(), bias_g.data());
-  std::vector<float> inv(hd / 2);
-  for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / hd);
-  Dev<float> dinv(inv);
-  Dev<int32_t> dseq(row_seq), dpos(row_pos);
-  const std::vector<int32_t> table = PagedFixture(int(lens.size()), 48, kv_heads, hd, kc.dtype).table;
-  Dev<int32_t> dtable(table);
-  const RowMeta meta{dseq.p, dpos.p, dtable.p};
-  Dev<unsigned long long> clamps(1);
-  CUDA_OK(cudaMemset(clamps.p, 0, 8));
-
-  // mode 0: plain layout, one launch; 1: grouped, one launch per half; 2: grouped, one launch.
-  std::vector<float> q_plain;
-  std::vector<std::vector<char>> cache_plain;
-  std::vector<std::vector<__half>> out_plain;
-  for (int mode = 0; mode < 3; ++mode) {
-    PagedFixture f(int(lens.size()), 48, kv_heads, hd, kc.dtype);
-    CUDA_OK(cudaMemset(f.k.p, 0, f.k.n));  // slots no row writes compare too
-    CUDA_OK(cudaMemset(f.v.p, 0, f.v.n));
-    CUDA_OK(cudaMemset(f.ks.p, 0, f.ks.n * sizeof(float)));
-    CUDA_OK(cudaMemset(f.vs.p, 0, f.vs.n * sizeof(float)));
-    Dev<float> dqkv(mode ? qkv_g : qkv), dbias(mode ? bias_g : bias);
-    const int groups = mode ? 2 : 1;
-    const std::vector<cuda::KvHeadRange> ranges =
-        mode == 1 ? std::vector<cuda::KvHeadRange>{{0, 2}, {2, 2}} : std::vector<cuda::KvHeadRange>{{}};
-    for (const cuda::KvHeadRange range : ranges) {
-      ASSERT_TRUE(cuda::RopeWriteKv(dqkv.p, dbias.p, rows, heads, meta, f.g, f.view(), dinv.p, clamps.p, nullptr,
-                                    groups, range)
-                      .ok());
-    }
-    std::vector<float> q = dqkv.Get();
-    if (mode) {  // back to the plain layout to compare
-      std::vector<float> back(q.size());
-      for (int r = 0; r < rows; ++r) {
-        for (int h = 0; h < heads; ++h) std::copy_n(&q[size_t(r) * width + grouped.Q(h)], hd, &back[size_t(r) * width + plain.Q(h)]);
-        for (int g = 0; g < kv_heads; ++g) {
-          std::copy_n(&q[size_t(r) * width + grouped.K(g)], hd, &back[size_t(r) * width + plain.K(g)]);
-          std::copy_n(&q[size_t(r) * width + grouped.V(g)], hd, &back[size_t(r) * width + plain.V(g)]);
-        }
-      }
-      q = back;
-    }
-    std::vector<std::vector<char>> cache = {f.k.Get(), f.v.Get()};
-    if (kc.dtype != KvDtype::kFp16) {
-      for (const Dev<float>* d : {&f.ks, &f.vs}) {
-        const auto sc = d->Get();
-        cache.emplace_back(reinterpret_cast<const char*>(sc.data()), reinterpret_cast<const char*>(sc.data() + sc.size()));
-      }
-    }
-    std::vector<std::vector<__half>> outs;
-    for (int splits : {1, 3}) {  // 3: the combine kernel, restricted to the launch's heads
-      cuda::AttentionShape shape{.rows = rows, .heads = heads, .q_stride = width, .qkv_groups = groups,
-                                 .splits = splits, .scale = 1.0f / std::sqrt(float(hd))};
-      Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
-      Dev<__half> out(size_t(rows) * heads * hd);
-      for (const cuda::KvHeadRange range : ranges) {
-        shape.kv_range = range;
-        ASSERT_TRUE(cuda::PagedAttention(dqkv.p, shape, meta, f.g, f.view(), ws.p, out.p, nullptr).ok());
-      }
-      outs.push_back(out.Get());
-    }
-    if (mode == 0) {
-      q_plain = q, cache_plain = cache, out_plain = outs;
-      continue;
-    }
-    EXPECT_EQ(q, q_plain) << "mode " << mode << " seed " << seed;
-    for (size_t i = 0; i < cache.size(); ++i) EXPECT_EQ(cache[i], cache_plain[i]) << "cache part " << i << " mode " << mode;
-    for (size_t i = 0; i < outs.size(); ++i) {
-      EXPECT_EQ(ToFloats(outs[i]), ToFloats(out_plain[i])) << "splits " << (i ? 3 : 1) << " mode " << mode << " seed " << seed;
-    }
-  }
-  // A range past the KV heads, or groups that do not divide them: refused.
-  Dev<float> dqkv(qkv);
-  PagedFixture f(int(lens.size()), 48, kv_heads, hd, kc.dtype);
-  EXPECT_EQ(cuda::RopeWriteKv(dqkv.p, nullptr, rows, heads, meta, f.g, f.view(), dinv.p, clamps.p, nullptr, 2, {3, 2})
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(cuda::RopeWriteKv(dqkv.p, nullptr, rows, heads, meta, f.g, f.view(), dinv.p, clamps.p, nullptr, 3).code(),
-            absl::StatusCode::kInvalidArgument);
-  cuda::AttentionShape bad{.rows = rows, .heads = heads, .q_stride = width, .qkv_groups = 2, .kv_range = {2, 3}};
-  EXPECT_EQ(cuda::PagedAttention(dqkv.p, bad, meta, f.g, f.view(), nullptr, nullptr, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaKvTest,
@@ -972,14 +841,9 @@ TEST(CudaKernelTest, SamplingGreedyTopKTopP) {
 struct EngineCase {
   std::string model;
   KvDtype dtype;
-  // The halves' size floor at 0: W_qkv's rows in two groups of KV heads (the layout the attention
-  // block's halves need), so batch 1's Gemv, prefill and decode all run on it.
-  bool halves = false;
 };
 
-void PrintTo(const EngineCase& c, std::ostream* os) {
-  *os << c.model << " " << KvDtypeName(c.dtype) << (c.halves ? " halves" : "");
-}
+void PrintTo(const EngineCase& c, std::ostream* os) { *os << c.model << " " << KvDtypeName(c.dtype); }
 
 // Top-1 minus top-2 of a logits row.
 float Margin(const float* row, int64_t n) {
@@ -1007,7 +871,6 @@ TEST_P(CudaEngineTest, LogitsAndGreedyMatchTransformers) {
   const float kRouterTie = fp8 ? 5e-2f : 1e-2f;
   const std::string dir = testing::ReferenceDir(ec.model);
   CudaEngineOptions o{.kv_dtype = ec.dtype, .kv_memory_fraction = 0.05, .prefill_chunk = 512, .logits_rows = 512};
-  if (ec.halves) o.halves_min_ffn_bytes = 0, o.attention_halves = true;
   auto engine = CudaEngine::Load(dir, o);
   ASSERT_TRUE(engine.ok()) << engine.status();
   auto cpu = CpuEngine::Load(dir, {.kv_emulation = fp8 ? std::optional<KvDtype>(ec.dtype) : std::nullopt});
@@ -1090,16 +953,15 @@ INSTANTIATE_TEST_SUITE_P(
     Reference, CudaEngineTest,
     ::testing::Values(EngineCase{"llama-gqa", KvDtype::kFp16}, EngineCase{"qwen2-bias-tied", KvDtype::kFp16},
                       EngineCase{"mixtral-moe", KvDtype::kFp16}, EngineCase{"llama-gqa", KvDtype::kFp8E4M3},
-                      EngineCase{"qwen2-bias-tied", KvDtype::kFp8E4M3}, EngineCase{"mixtral-moe", KvDtype::kFp8E4M3},
-                      EngineCase{"llama-gqa", KvDtype::kFp8E4M3, true}, EngineCase{"qwen2-bias-tied", KvDtype::kFp16, true}),
+                      EngineCase{"qwen2-bias-tied", KvDtype::kFp8E4M3}, EngineCase{"mixtral-moe", KvDtype::kFp8E4M3}),
     [](const auto& info) {
-      std::string n = info.param.model + "_" + KvDtypeName(info.param.dtype) + (info.param.halves ? "_halves" : "");
+      std::string n = info.param.model + "_" + KvDtypeName(info.param.dtype);
       for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
       return n;
     });
 
-// The batch's FFN and attention block on one stream, and (halves: a size floor of 0) each as two
-// halves on two graph branches, the second half's output added by the next norm.
+// The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
+// branches, the second half's output added by the next norm.
 class CudaEngineBatchTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
@@ -1108,8 +970,7 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   const bool halves = GetParam();
   auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
                                  {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05,
-                                  .halves_min_ffn_bytes = halves ? 0 : std::numeric_limits<int64_t>::max(),
-                                  .attention_halves = halves});
+                                  .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max()});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;
@@ -1164,7 +1025,7 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   EXPECT_EQ((*engine)->stats()->kv_blocks_free, total);
 }
 
-INSTANTIATE_TEST_SUITE_P(Blocks, CudaEngineBatchTest, ::testing::Bool(),
+INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Halves" : "OneStream"; });
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current

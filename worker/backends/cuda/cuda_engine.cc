@@ -13,7 +13,6 @@
 #include "worker/backends/cuda/kernels/attention.h"
 #include "worker/backends/cuda/kernels/copy.h"
 #include "worker/backends/cuda/kernels/gemv.h"
-#include "worker/backends/cuda/kernels/qkv_layout.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
 
@@ -63,7 +62,7 @@ struct CudaEngine::Buffers {
   float* sumsq = nullptr;            // [2 layers + 1]: Σ x² of the residual before each norm (batch 1)
   __half* final_xn = nullptr;  // [logit_rows, h]
   float* logits = nullptr;          // [logit_rows, vocab]
-  float* side_out = nullptr;         // [max_rows, h]: the second half's output of the FFN or the attention block
+  float* ffn_side_out = nullptr;     // [max_rows, h]: the FFN's second half (decode above batch 1)
   void* cublas_workspace = nullptr;
   void* side_cublas_workspace = nullptr;  // side_gemm_'s, as large
   size_t cublas_workspace_bytes = 32 << 20;
@@ -113,10 +112,10 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   if (!fork.ok()) return fork.status();
   if (!join.ok()) return join.status();
   fork_ = *std::move(fork), join_ = *std::move(join);
-  absl::StatusOr<CudaEvent> halves_fork = MakeEvent(), halves_join = MakeEvent();
-  if (!halves_fork.ok()) return halves_fork.status();
-  if (!halves_join.ok()) return halves_join.status();
-  halves_fork_ = *std::move(halves_fork), halves_join_ = *std::move(halves_join);
+  absl::StatusOr<CudaEvent> ffn_fork = MakeEvent(), ffn_join = MakeEvent();
+  if (!ffn_fork.ok()) return ffn_fork.status();
+  if (!ffn_join.ok()) return ffn_join.status();
+  ffn_fork_ = *std::move(ffn_fork), ffn_join_ = *std::move(ffn_join);
   if (absl::Status s = LoadWeights(ckpt); !s.ok()) return s;
   if (absl::Status s = AllocateWorkspaces(); !s.ok()) return s;
   if (options_.use_graphs) {
@@ -172,15 +171,13 @@ absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
   std::vector<float> hostf;
   // Copies tensors (concatenated along their first dimension) into one fp16 device matrix. With
   // col_scale, column j of every tensor is multiplied by col_scale[j] first (an RMSNorm weight
-  // folded into its consumer); with interleave (two tensors of equal shape), their rows alternate;
-  // with row_dest, row r of the concatenation lands at row (*row_dest)[r].
+  // folded into its consumer); with interleave (two tensors of equal shape), their rows alternate.
   auto matrix = [&](std::vector<std::string> names, std::vector<std::vector<int64_t>> shapes, const __half** out,
-                    const std::vector<float>* col_scale = nullptr, bool interleave = false,
-                    const std::vector<int64_t>* row_dest = nullptr) -> absl::Status {
+                    const std::vector<float>* col_scale = nullptr, bool interleave = false) -> absl::Status {
     int64_t total = 0;
     for (auto& s : shapes) total += s[0] * s[1];
     auto* dst = arena.Take<__half>(static_cast<size_t>(total));
-    if (col_scale == nullptr && !interleave && row_dest == nullptr) {
+    if (col_scale == nullptr && !interleave) {
       int64_t at = 0;
       for (size_t i = 0; i < names.size(); ++i) {
         absl::StatusOr<const TensorInfo*> info = t.Get(names[i], shapes[i]);
@@ -198,8 +195,7 @@ absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
       if (absl::Status s = t.ReadFloat(names[i], shapes[i], &hostf); !s.ok()) return s;
       const int64_t rows = shapes[i][0], cols = shapes[i][1];
       for (int64_t r = 0; r < rows; ++r) {
-        int64_t dst_row = interleave ? 2 * r + static_cast<int64_t>(i) : first_row + r;
-        if (row_dest) dst_row = (*row_dest)[static_cast<size_t>(dst_row)];
+        const int64_t dst_row = interleave ? 2 * r + static_cast<int64_t>(i) : first_row + r;
         for (int64_t j = 0; j < cols; ++j) {
           const float v = hostf[static_cast<size_t>(r * cols + j)] * (col_scale ? (*col_scale)[static_cast<size_t>(j)] : 1.0f);
           if (std::fabs(v) > 65504.0f) {
@@ -216,22 +212,19 @@ absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
     *out = dst;
     return absl::OkStatus();
   };
-  // fp32 tensors (norms, biases, the MoE router), concatenated; `shape` when not one-dimensional;
-  // with dest, element e of the concatenation lands at (*dest)[e].
+  // fp32 tensors (norms, biases, the MoE router), concatenated; `shape` when not one-dimensional.
   auto vector = [&](std::vector<std::string> names, std::vector<int64_t> sizes, const float** out,
-                    std::vector<int64_t> shape = {}, const std::vector<int64_t>* dest = nullptr) -> absl::Status {
+                    std::vector<int64_t> shape = {}) -> absl::Status {
     int64_t total = 0;
     for (int64_t s : sizes) total += s;
     auto* dst = arena.Take<float>(static_cast<size_t>(total));
-    std::vector<float> all;
+    int64_t at = 0;
     for (size_t i = 0; i < names.size(); ++i) {
       const std::vector<int64_t> want = shape.empty() ? std::vector<int64_t>{sizes[i]} : shape;
       if (absl::Status s = t.ReadFloat(names[i], want, &hostf); !s.ok()) return s;
-      all.insert(all.end(), hostf.begin(), hostf.end());
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst + at, hostf.data(), hostf.size() * 4, cudaMemcpyHostToDevice));
+      at += sizes[i];
     }
-    std::vector<float> placed(all.size());
-    for (size_t e = 0; e < all.size(); ++e) placed[dest ? static_cast<size_t>((*dest)[e]) : e] = all[e];
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, placed.data(), placed.size() * 4, cudaMemcpyHostToDevice));
     *out = dst;
     return absl::OkStatus();
   };
@@ -240,19 +233,6 @@ absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
     if (absl::Status s_ = (expr); !s_.ok()) return s_; \
   } while (0)
   const int64_t h = c.hidden_size, f = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
-  // Where each row of the q, k, v concatenation goes: with two groups, each half of the KV heads'
-  // q/k/v rows are one contiguous slice, so the attention block's halves are one GEMM each.
-  qkv_groups_ = options_.attention_halves && c.num_kv_heads % 2 == 0 && 3 * h * f * 2 >= options_.halves_min_ffn_bytes ? 2 : 1;
-  const cuda::QkvLayout layout{.heads = static_cast<int>(c.num_heads), .kv_heads = static_cast<int>(c.num_kv_heads),
-                               .head_dim = static_cast<int>(c.head_dim), .groups = qkv_groups_};
-  std::vector<int64_t> qkv_dest(static_cast<size_t>(qd + 2 * kvd));
-  for (int64_t r = 0; r < qd + 2 * kvd; ++r) {
-    const int64_t hd = c.head_dim, d = r % hd;
-    const int at = r < qd ? layout.Q(static_cast<int>(r / hd))
-                 : r < qd + kvd ? layout.K(static_cast<int>((r - qd) / hd))
-                                : layout.V(static_cast<int>((r - qd - kvd) / hd));
-    qkv_dest[static_cast<size_t>(r)] = at + d;
-  }
   TRY(matrix({"model.embed_tokens.weight"}, {{c.vocab_size, h}}, &embed_));
   // The final norm's weight is folded into the LM head like the layers' norms, so at batch 1 the
   // LM head Gemv normalises in its epilogue and the step has no norm kernel before it.
@@ -269,10 +249,10 @@ absl::Status CudaEngine::LoadWeights(const Checkpoint& ckpt) {
     TRY(t.ReadFloat(n("input_layernorm.weight"), std::vector<int64_t>{h}, &attn_gamma));
     TRY(t.ReadFloat(n("post_attention_layernorm.weight"), std::vector<int64_t>{h}, &mlp_gamma));
     TRY(matrix({n("self_attn.q_proj.weight"), n("self_attn.k_proj.weight"), n("self_attn.v_proj.weight")},
-               {{qd, h}, {kvd, h}, {kvd, h}}, &L.w_qkv, &attn_gamma, /*interleave=*/false, &qkv_dest));
+               {{qd, h}, {kvd, h}, {kvd, h}}, &L.w_qkv, &attn_gamma));
     if (c.qkv_bias) {
       TRY(vector({n("self_attn.q_proj.bias"), n("self_attn.k_proj.bias"), n("self_attn.v_proj.bias")}, {qd, kvd, kvd},
-                 &L.b_qkv, {}, &qkv_dest));
+                 &L.b_qkv));
     }
     TRY(matrix({n("self_attn.o_proj.weight")}, {{h, qd}}, &L.w_o));
     if (c.o_bias) TRY(vector({n("self_attn.o_proj.bias")}, {h}, &L.b_o));
@@ -381,7 +361,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.sumsq = a.Take<float>(2 * static_cast<size_t>(c.num_layers) + 1);
   b.final_xn = a.Take<__half>(L * h);
   b.logits = a.Take<float>(L * c.vocab_size);
-  b.side_out = a.Take<float>(R * h);
+  b.ffn_side_out = a.Take<float>(R * h);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   b.side_cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   if (!b.side_cublas_workspace) return absl::InternalError("cuda: workspace arena too small (a sizing bug)");
@@ -443,7 +423,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   const float eps = static_cast<float>(c.rms_norm_eps);
   const RowMeta meta{b.row_seq, b.pos, b.block_table};
   cuda::AttentionShape shape{.rows = rows, .heads = static_cast<int>(c.num_heads), .q_stride = qkvw,
-                             .qkv_groups = qkv_groups_, .sliding_window = static_cast<int>(c.sliding_window),
+                             .sliding_window = static_cast<int>(c.sliding_window),
                              .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)), .runs = !decode};
   const int attention_tiles = cuda::AttentionRowTiles(shape, kv_);
   shape.splits = SplitsFor(attention_tiles);
@@ -479,17 +459,11 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // SwiGLU. Measured on the H200 (bench/RESULTS.md): the 8B's FFN (352 MB) at 16 / 32 / 64 rows
   // 90.5 / 92.2 / 95.3 µs against 91.9 / 96.9 / 99.3 on one stream (kernel bench --mlp-branches);
   // the 1B's (100 MB) got slower (engine b16 1.19 → 1.22 ms): each half's GEMMs are then too short
-  // to hide anything, hence the size floor (options_.halves_min_ffn_bytes). Not when profiling (one
+  // to hide anything, hence the size floor (options_.ffn_halves_min_bytes). Not when profiling (one
   // event after each op on one stream; the whole-FFN shapes then run on cuBLASLt's untimed pick).
   const bool ffn_halves = !fused && decode && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
-                          3 * int64_t{h} * f * 2 >= options_.halves_min_ffn_bytes;
-  // The attention block likewise, in two halves of the KV heads (W_qkv's rows are grouped so, at
-  // load): each half's q/k/v GEMM, RoPE, attention and o over its heads' columns of W_o, the second
-  // half writing its own output. Half A's o streams while half B's RoPE and attention leave DRAM
-  // mostly idle, and B's q/k/v while A's do.
-  const bool attention_halves = !fused && decode && qkv_groups_ == 2 && profile_ == nullptr;
-  const float* pending = nullptr;  // a second half's output, until the next norm adds it
-  const int half_sms = options_.halves_sm_target ? sm_count_ / 2 : 0;
+                          3 * int64_t{h} * f * 2 >= options_.ffn_halves_min_bytes;
+  const float* ffn_pending = nullptr;  // the second half's output, until a norm adds it
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
   // At batch 1 the embedding writes sumsq(0) and zeroes the slots the Gemvs accumulate into (no
   // memset node in the graph).
@@ -506,15 +480,22 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       cuda::GemvArgs qkv{.x_f32 = b.x, .k = h, .w = L.w_qkv, .n = qkvw, .y = b.qkv, .in_sumsq = sumsq(2 * l), .eps = eps,
                          .overlap_previous = shape.overlap_previous};
       if (shape.new_kv) {  // the bias and RoPE, which RopeWriteKv applies otherwise
-        qkv.bias = L.b_qkv, qkv.rope_head_dim = kv_.head_dim, qkv.rope_cols = (qd + kvd) / qkv_groups_;
-        qkv.rope_group_cols = qkvw / qkv_groups_, qkv.rope_pos = b.pos, qkv.rope_inv_freq = inv_freq_;
+        qkv.bias = L.b_qkv, qkv.rope_head_dim = kv_.head_dim, qkv.rope_cols = qd + kvd, qkv.rope_pos = b.pos;
+        qkv.rope_inv_freq = inv_freq_;
       }
       TRY("gemm_qkv", cuda::Gemv(qkv, s));
-      if (!shape.new_kv) {
-        TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
-                                               inv_freq_, b.clamps, s, qkv_groups_));
-      }
-      TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
+    } else {
+      // The weight folded into w_qkv.
+      TRY("rmsnorm", cuda::RmsNormRows(b.x, ffn_pending, nullptr, rows, h, nullptr, eps, b.xn, s));
+      ffn_pending = nullptr;
+      TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
+    }
+    if (!shape.new_kv) {
+      TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
+                                             inv_freq_, b.clamps, s));
+    }
+    TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
+    if (fused) {
       // o's CTAs start while the attention runs (its CTAs, or its combine, trigger before the end)
       // and copy W meanwhile.
       TRY("gemm_o", cuda::Gemv({.x = b.attn, .k = qd, .w = L.w_o, .n = h, .y = b.x, .beta = 1.0f, .bias = L.b_o,
@@ -526,61 +507,27 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                    .out_sumsq = sumsq(2 * l + 2), .overlap_previous = shape.overlap_previous}, s));
       continue;
     }
-    // The weight folded into w_qkv.
-    TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s));
-    pending = nullptr;
-    if (attention_halves) {
-      cudaStream_t side = side_stream_.get();
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(halves_fork_.get(), s));
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, halves_fork_.get(), 0));
-      const int kv_half = kv_.kv_heads / 2, gw = qkvw / 2;
-      for (int half = 0; half < 2; ++half) {
-        cuda::GemmRunner& gemm = half ? *side_gemm_ : *gemm_;
-        cudaStream_t hs = half ? side : s;
-        TRY("gemm_qkv", gemm.Run(b.xn, rows, h, L.w_qkv + static_cast<size_t>(half) * gw * h, gw, 0.0f,
-                                 b.qkv + half * gw, {.y = qkvw}, half_sms));
-        cuda::AttentionShape half_shape = shape;
-        half_shape.kv_range = {.begin = half * kv_half, .count = kv_half};
-        TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
-                                               inv_freq_, b.clamps, hs, qkv_groups_, half_shape.kv_range));
-        TRY("attention", cuda::PagedAttention(b.qkv, half_shape, meta, kv_, L.kv, b.attn_partial, b.attn, hs, b.clamps));
-        // Over this half's query heads: columns [half · q / 2, (half + 1) · q / 2) of the output
-        // and of W_o. Half A adds into the residual; half B's output waits for the next norm.
-        TRY("gemm_o", gemm.Run(b.attn + half * (qd / 2), rows, qd / 2, L.w_o + half * (qd / 2), h, half ? 0.0f : 1.0f,
-                               half ? b.side_out : b.x, {.w = qd, .x = qd}, half_sms));
-      }
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(halves_join_.get(), side));
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, halves_join_.get(), 0));
-      pending = b.side_out;
-    } else {
-      TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
-      TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
-                                             inv_freq_, b.clamps, s, qkv_groups_));
-      TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
-      TRY("gemm_o", gemm_->Run(b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM
-    }
+    TRY("gemm_o", gemm_->Run(b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM
     if (L.b_o) TRY("bias", cuda::AddBias(b.x, rows, h, L.b_o, s));
     // The weight folded into gate/up.
-    TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s));
-    pending = nullptr;
+    TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, nullptr, rows, h, nullptr, eps, b.xn, s));
     if (ffn_halves) {
       // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.
       cudaStream_t side = side_stream_.get();
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(halves_fork_.get(), s));
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, halves_fork_.get(), 0));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_fork_.get(), s));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, ffn_fork_.get(), 0));
       for (int half = 0; half < 2; ++half) {
         cuda::GemmRunner& gemm = half ? *side_gemm_ : *gemm_;
         float* gate_up = b.gate_up + static_cast<size_t>(half) * rows * f;
         __half* act = b.act + static_cast<size_t>(half) * rows * (f / 2);
-        TRY("gemm_gate_up", gemm.Run(b.xn, rows, h, L.w_gate_up + static_cast<size_t>(half) * f * h, f, 0.0f, gate_up,
-                                     {}, half_sms));
+        TRY("gemm_gate_up", gemm.Run(b.xn, rows, h, L.w_gate_up + static_cast<size_t>(half) * f * h, f, 0.0f, gate_up));
         TRY("swiglu", cuda::SwiGlu(gate_up, rows, f / 2, act, half ? side : s));
         TRY("gemm_down", gemm.Run(act, rows, f / 2, L.w_down + half * (f / 2), h, half ? 0.0f : 1.0f,
-                                  half ? b.side_out : b.x, {.w = f}, half_sms));
+                                  half ? b.ffn_side_out : b.x, /*ldw=*/f));
       }
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(halves_join_.get(), side));
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, halves_join_.get(), 0));
-      pending = b.side_out;
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_join_.get(), side));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, ffn_join_.get(), 0));
+      ffn_pending = b.ffn_side_out;
     } else if (c.num_experts == 0) {
       TRY("gemm_gate_up", gemm_->Run(b.xn, rows, h, L.w_gate_up, 2 * f, 0.0f, b.gate_up));
       TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
@@ -614,8 +561,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                .in_sumsq = sumsq(2 * layers_.size()), .eps = eps,
                                .overlap_previous = shape.overlap_previous}, s));
   } else if (logit_rows > 0) {
-    TRY("final_norm", cuda::RmsNormRows(b.x, pending, b.logit_src, logit_rows, h, nullptr, eps, b.final_xn, s));
-    pending = nullptr;
+    TRY("final_norm", cuda::RmsNormRows(b.x, ffn_pending, b.logit_src, logit_rows, h, nullptr, eps, b.final_xn, s));
+    ffn_pending = nullptr;
     TRY("lm_head", gemm_->Run(b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits));
   }
   if (logit_rows > 0 && decode) {

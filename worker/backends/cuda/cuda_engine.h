@@ -35,14 +35,9 @@ struct CudaEngineOptions {
   int logits_rows = 0;       // rows whose logits one forward can produce (0: the largest bucket)
   bool use_graphs = true;
   int device = 0;
-  // Decode above batch 1 runs the FFN, and (with an even number of KV heads) the attention block,
-  // each as two halves on two graph branches when the FFN's three matrices hold at least this many
-  // bytes (CudaEngine::Forward says why; 0: always, as tests do).
-  int64_t halves_min_ffn_bytes = int64_t{200} << 20;
-  // The attention block in halves too (experiment: bench --attention-halves).
-  bool attention_halves = false;
-  // Each half's GEMMs sized for half the SMs (cuBLASLt's SM_COUNT_TARGET; experiment).
-  bool halves_sm_target = true;
+  // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
+  // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
+  int64_t ffn_halves_min_bytes = int64_t{200} << 20;
 };
 
 class CudaEngine final : public Engine {
@@ -80,8 +75,8 @@ class CudaEngine final : public Engine {
  private:
   struct Layer {
     const float* mlp_norm = nullptr;  // MoE only: the router's input norm (folded into the matrices elsewhere)
-    const __half* w_qkv = nullptr;  // [q + 2 kv, h], rows in qkv_groups_ groups (cuda::QkvLayout)
-    const float* b_qkv = nullptr;          // or null; the same order
+    const __half* w_qkv = nullptr;  // [q + 2 kv, h]
+    const float* b_qkv = nullptr;          // or null
     const __half* w_o = nullptr;    // [h, q]
     const float* b_o = nullptr;
     const __half* w_gate_up = nullptr;  // [2 ffn, h] (dense) or per expert below
@@ -154,12 +149,9 @@ class CudaEngine final : public Engine {
   CudaStream side_stream_;
   CudaEvent fork_, join_;
   std::unique_ptr<cuda::GemmRunner> gemm_;
-  // Decode above batch 1: the second half of the FFN and of the attention block run on
-  // side_stream_ beside the first (Forward).
+  // Decode above batch 1: the FFN's second half runs on side_stream_ beside the first (Forward).
   std::unique_ptr<cuda::GemmRunner> side_gemm_;
-  CudaEvent halves_fork_, halves_join_;
-  // 2 when the attention block runs in halves: W_qkv's rows grouped by half of the KV heads.
-  int qkv_groups_ = 1;
+  CudaEvent ffn_fork_, ffn_join_;
   DeviceMemory weight_memory_, kv_memory_, work_memory_;
   std::map<std::string, size_t> memory_;
   const __half* embed_ = nullptr;

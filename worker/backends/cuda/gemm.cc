@@ -56,9 +56,8 @@ cublasStatus_t GemmRunner::Matmul(const Plan& plan, const cublasLtMatmulAlgo_t& 
                         workspace_, workspace_bytes_, stream_);
 }
 
-absl::StatusOr<GemmRunner::Plan*> GemmRunner::PlanFor(int rows, int k, int n, const GemmStrides& ld, int sms,
-                                                      bool accumulate) {
-  auto& slot = plans_[{rows, k, n, ld.w, ld.x, ld.y, sms, accumulate}];
+absl::StatusOr<GemmRunner::Plan*> GemmRunner::PlanFor(int rows, int k, int n, int ldw, bool accumulate) {
+  auto& slot = plans_[{rows, k, n, ldw, accumulate}];
   if (slot) return slot.get();
   auto plan = std::make_unique<Plan>();
   // Column-major view: Yᵀ[n, rows] = W[n, k] (stored k-major, so op T) · Xᵀ[k, rows].
@@ -66,14 +65,9 @@ absl::StatusOr<GemmRunner::Plan*> GemmRunner::PlanFor(int rows, int k, int n, co
   const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
-  if (sms > 0) {
-    const int32_t target = sms;
-    TAILSERVE_CUDA_RETURN_IF_ERROR(
-        cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &target, sizeof(target)));
-  }
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16F, k, n, ld.w));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16F, k, rows, ld.x));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_32F, n, rows, ld.y));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16F, k, n, ldw));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16F, k, rows, k));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_32F, n, rows, n));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (absl::Status st = Candidates(*plan, 1, &result, &found); !st.ok()) return st;
@@ -108,21 +102,14 @@ absl::Status GemmRunner::Tune(Plan& plan, const __half* x, const __half* w, floa
   return absl::OkStatus();
 }
 
-absl::Status GemmRunner::Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y,
-                             GemmStrides ld, int sms) {
-  const bool dense = (ld.w == 0 || ld.w == k) && (ld.x == 0 || ld.x == k) && (ld.y == 0 || ld.y == n);
-  if (ld.w == 0) ld.w = k;
-  if (ld.x == 0) ld.x = k;
-  if (ld.y == 0) ld.y = n;
-  if (ld.w < k || ld.x < k || ld.y < n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GemmRunner: strides w ", ld.w, ", x ", ld.x, " below k ", k, " or y ", ld.y, " below n ", n));
-  }
+absl::Status GemmRunner::Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y, int ldw) {
+  if (ldw == 0) ldw = k;
+  if (ldw < k) return absl::InvalidArgumentError(absl::StrCat("GemmRunner: ldw ", ldw, " below k ", k));
   if (rows == 0) return absl::OkStatus();
-  if (rows == 1 && k % 8 == 0 && dense) {
+  if (rows == 1 && k % 8 == 0 && ldw == k) {
     return Gemv({.x = x, .k = k, .w = w, .n = n, .y = y, .beta = beta}, stream_);
   }
-  absl::StatusOr<Plan*> plan = PlanFor(rows, k, n, ld, sms, beta != 0.0f);
+  absl::StatusOr<Plan*> plan = PlanFor(rows, k, n, ldw, beta != 0.0f);
   if (!plan.ok()) return plan.status();
   if (tuning_ && !(*plan)->tuned) {
     if (absl::Status s = Tune(**plan, x, w, beta, y); !s.ok()) return s;

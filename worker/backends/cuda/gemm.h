@@ -18,15 +18,6 @@
 
 namespace tailserve::cuda {
 
-// Elements between a GEMM operand's rows (0: dense), so that an operand may be a column slice of
-// a wider matrix: W as one half of the down projection's inputs, X as one half of the attention's
-// heads, Y as one half of the q/k/v row (rows > 1 only: the Gemv reads and writes whole rows).
-struct GemmStrides {
-  int w = 0;  // at least k
-  int x = 0;  // at least k
-  int y = 0;  // at least n
-};
-
 class GemmRunner {
  public:
   // `workspace` (device, `workspace_bytes`) is cuBLASLt's scratch; the caller owns it.
@@ -34,11 +25,9 @@ class GemmRunner {
                                                             size_t workspace_bytes);
   ~GemmRunner();
 
-  // ld: see GemmStrides. sms: the SMs the GEMM may count on (0: the device's), for one that shares
-  // the GPU with a concurrent graph branch (cuBLASLt's SM_COUNT_TARGET: its candidates and their
-  // grids are sized for that many).
-  absl::Status Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y, GemmStrides ld = {},
-                   int sms = 0);
+  // ldw: elements between W's rows (0: k), so that W may be a column slice of a wider matrix, as
+  // one half of the down projection's inputs is (rows > 1 only: the Gemv reads whole rows).
+  absl::Status Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y, int ldw = 0);
 
   // While on (never during graph capture), the first Run of a shape times up to 8 of cuBLASLt's
   // candidate algorithms on that very call (same buffers; beta = 1 calls accumulate several
@@ -49,7 +38,7 @@ class GemmRunner {
  private:
   struct Plan;
   GemmRunner() = default;
-  absl::StatusOr<Plan*> PlanFor(int rows, int k, int n, const GemmStrides& ld, int sms, bool accumulate);
+  absl::StatusOr<Plan*> PlanFor(int rows, int k, int n, int ldw, bool accumulate);
   // Up to `wanted` of cuBLASLt's heuristic candidates for the plan's shape.
   absl::Status Candidates(const Plan& plan, int wanted, cublasLtMatmulHeuristicResult_t* results, int* found);
   // Y = W·X + beta·Y on the stream with one algorithm (its scratch: the runner's workspace).
@@ -63,7 +52,7 @@ class GemmRunner {
   CublasLtHandle lt_;
   bool tuning_ = false;
   int tuned_ = 0;
-  std::map<std::tuple<int, int, int, int, int, int, int, bool>, std::unique_ptr<Plan>> plans_;
+  std::map<std::tuple<int, int, int, int, bool>, std::unique_ptr<Plan>> plans_;
 };
 
 }  // namespace tailserve::cuda

@@ -32,9 +32,8 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
   using Vec = std::conditional_t<VB == 16, uint4, uint2>;
   constexpr int ept = VB / sizeof(Storage);  // elements per thread per key
   constexpr int group = G;
-  const int row = blockIdx.x, kv_head = shape.kv_range.begin + blockIdx.y, split = blockIdx.z;
+  const int row = blockIdx.x, kv_head = blockIdx.y, split = blockIdx.z;
   const int hd = g.head_dim, kvh = g.kv_heads;
-  const QkvLayout layout{.heads = shape.heads, .kv_heads = kvh, .head_dim = hd, .groups = shape.qkv_groups};
   const int tpk = hd / ept, kpp = kThreads / tpk;  // threads per key, keys per pass
   const int c = threadIdx.x % tpk, kl = threadIdx.x / tpk;
   const int pos = meta.pos[row];
@@ -57,7 +56,7 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
   __shared__ int64_t slot_s[kTile];
   __shared__ float kscale_s[kTile], vscale_s[kTile];
   __shared__ float m_s[G], l_s[G], corr_s[G];
-  const float* qrow = q + static_cast<int64_t>(row) * shape.q_stride + layout.Q(kv_head * group) + c * ept;
+  const float* qrow = q + static_cast<int64_t>(row) * shape.q_stride + kv_head * group * hd + c * ept;
   float qr[G][ept], acc[G][ept];
 #pragma unroll
   for (int gi = 0; gi < G; ++gi) {
@@ -200,10 +199,10 @@ __global__ void __launch_bounds__(kThreads) AttentionSplitKernel(const float* q,
 // which never wait): it does nothing before the wait,
 // and its follower (the batch-1 o Gemv) reads only weights before its own, so the o Gemv's CTAs
 // copy W into shared memory while the attention runs (DRAM is idle then at batch 1).
-__global__ void AttentionCombineKernel(const float* partial, int heads, int first_head, int splits, int hd, __half* out) {
+__global__ void AttentionCombineKernel(const float* partial, int heads, int splits, int hd, __half* out) {
   TriggerDependents();
   GridDependencyWait();
-  const int row = blockIdx.x, head = first_head + blockIdx.y, stride = hd + 2;
+  const int row = blockIdx.x, head = blockIdx.y, stride = hd + 2;
   const float* p = partial + (static_cast<int64_t>(row) * heads + head) * splits * stride;
   // kCombineBatch splits' max, sum and value are loaded at once and merged online (running max),
   // so the kernel waits on L2 once per batch: three dependent passes (max, sum, values) took ~3.5 µs
@@ -290,12 +289,6 @@ void WithSplitKernel(int group, KvDtype dtype, F&& f) {
 }
 
 absl::Status CheckShape(const AttentionShape& shape, const KvGeometry& g) {
-  const KvHeadRange r = shape.kv_range;
-  if (shape.heads % g.kv_heads || shape.qkv_groups < 1 || g.kv_heads % shape.qkv_groups || r.begin < 0 ||
-      r.count < 0 || r.begin + r.count > g.kv_heads) {
-    return absl::InvalidArgumentError(
-        "PagedAttention: the KV heads must divide the heads, the q/k/v groups the KV heads, and the range lie within them");
-  }
   const int group = shape.heads / g.kv_heads;
   const int elem = static_cast<int>(KvElementBytes(g.dtype));
   const int ept = (elem == 1 && group > 2 ? 8 : 16) / elem;  // as VectorBytes picks
@@ -346,9 +339,8 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
     return absl::InvalidArgumentError("PagedAttention: cluster_merge needs the tensor-core kernel, decode rows and 2-16 splits");
   }
   if (shape.rows == 0) return absl::OkStatus();
-  const int kv_count = shape.kv_range.count ? shape.kv_range.count : g.kv_heads;
   if (UsesMma(g)) {
-    const dim3 grid(AttentionRowTiles(shape, g), kv_count, shape.splits);
+    const dim3 grid(AttentionRowTiles(shape, g), g.kv_heads, shape.splits);
     // With cluster_merge a row's splits form one cluster (more than 8 CTAs is a non-portable size).
     const unsigned cluster_z = cluster_merge ? static_cast<unsigned>(shape.splits) : 1;
     cudaError_t launched = cudaSuccess;
@@ -357,23 +349,20 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
       if (launched != cudaSuccess) return;
       launched = LaunchMaybeOverlappedInClusters(shape.overlap_previous, cluster_z, grid, dim3(mma_attention::kWarps * 32),
                                                  0, stream, kernel, q, shape.rows, shape.heads, shape.q_stride,
-                                                 shape.qkv_groups, shape.kv_range.begin, shape.sliding_window,
-                                                 shape.splits, shape.scale, meta, g, layer, workspace, out,
-                                                 shape.new_kv, clamps, cluster_merge);
+                                                 shape.sliding_window, shape.splits, shape.scale, meta, g, layer,
+                                                 workspace, out, shape.new_kv, clamps, cluster_merge);
     });
     TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   } else {
-    const dim3 grid(shape.rows, kv_count, shape.splits);
+    const dim3 grid(shape.rows, g.kv_heads, shape.splits);
     WithSplitKernel(shape.heads / g.kv_heads, g.dtype,
                     [&](auto kernel) { kernel<<<grid, kThreads, 0, stream>>>(q, shape, meta, g, layer, workspace); });
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   if (UsesMma(g) && (shape.splits == 1 || cluster_merge)) return absl::OkStatus();  // the kernel wrote `out` itself
-  const int group = shape.heads / g.kv_heads;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(shape.overlap_previous, dim3(shape.rows, kv_count * group), dim3(128),
-                                                       0, stream, AttentionCombineKernel,
-                                                       static_cast<const float*>(workspace), shape.heads,
-                                                       shape.kv_range.begin * group, shape.splits, g.head_dim, out));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(shape.overlap_previous, dim3(shape.rows, shape.heads), dim3(128), 0,
+                                                       stream, AttentionCombineKernel, static_cast<const float*>(workspace),
+                                                       shape.heads, shape.splits, g.head_dim, out));
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

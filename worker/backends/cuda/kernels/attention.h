@@ -14,7 +14,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/backends/cuda/kernels/kv_cache.h"
-#include "worker/backends/cuda/kernels/qkv_layout.h"
 
 namespace tailserve::cuda {
 
@@ -22,8 +21,6 @@ struct AttentionShape {
   int rows = 0;
   int heads = 0;
   int q_stride = 0;        // floats between rows of q (the fused qkv row width)
-  int qkv_groups = 1;      // the layout of q's rows (QkvLayout; new_kv reads K and V by it too)
-  KvHeadRange kv_range = {};  // the KV heads (and their query heads) this launch serves; default all
   int sliding_window = 0;  // 0: full causal attention
   int splits = 1;          // CTAs per (row tile, KV head); partials: rows * heads * splits * (head_dim + 2) floats
   float scale = 1.0f;      // 1 / sqrt(head_dim)
@@ -67,8 +64,7 @@ absl::StatusOr<int> AttentionCtasPerSm(const AttentionShape& shape, const KvGeom
 // Floats of workspace the partial results need.
 size_t AttentionWorkspaceFloats(const AttentionShape& shape, int head_dim);
 
-// q: fp32 rows laid out as shape.qkv_groups says (as RopeWriteKv leaves them); out: fp16
-// [rows, heads * head_dim], of which a kv_range launch writes its query heads' columns.
+// q: fp32 rows (q heads first in each row, as RopeWriteKv leaves them); out: fp16 [rows, heads * head_dim].
 // clamps: the clamp counter, needed with shape.new_kv only.
 absl::Status PagedAttention(const float* q, const AttentionShape& shape, const RowMeta& meta, const KvGeometry& geometry,
                             const KvLayerView& layer, float* workspace, __half* out, cudaStream_t stream,

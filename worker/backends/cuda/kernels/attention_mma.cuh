@@ -125,8 +125,7 @@ struct Stage {
 // combine cost ~3 µs a layer at batch 1: a kernel boundary plus two L2 round trips).
 template <KvDtype D, int HD, bool kTiled>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
-    AttentionMmaKernel(const float* q, int rows, int heads, int q_stride, int qkv_groups, int first_kv_head,
-                       int sliding_window, int splits, float scale,
+    AttentionMmaKernel(const float* q, int rows, int heads, int q_stride, int sliding_window, int splits, float scale,
                        RowMeta meta, KvGeometry g, KvLayerView layer, float* partial, __half* out, bool new_kv,
                        unsigned long long* clamps, bool cluster_merge) {
   static_assert(HD == 32 || HD == 64 || HD == 128, "head_dim 32, 64 or 128 (the decode Vᵀ loads take HD / 8 bytes)");
@@ -143,11 +142,10 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
   __shared__ Stage<HD> stages[kWarps][2];
   __shared__ alignas(16) float fresh_s[2][kTiled ? 4 : HD];  // new_kv: the row's own K, V
 
-  const int kv_head = first_kv_head + blockIdx.y, split = blockIdx.z;
+  const int kv_head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qg = lane >> 2, qc = lane & 3;  // fragment row group and column pair
   const int group = heads / g.kv_heads, kvh = g.kv_heads;
-  const QkvLayout layout{.heads = heads, .kv_heads = kvh, .head_dim = HD, .groups = qkv_groups};
   const int tile_rows = kTiled ? 16 / group : 1;
   const int tile_end = min(rows, (static_cast<int>(blockIdx.x) + 1) * tile_rows);
   const uint8_t* kbase = static_cast<const uint8_t*>(layer.k) + kv_head * HD;
@@ -257,10 +255,10 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
     // previous kernel's) and, at that tile, encodes them (see below).
     const bool writer = !kTiled && new_kv && begin <= pos0 && pos0 < end && warp == (pos0 - begin) / kKeys % kWarps;
     if (writer) {
-      const float* fresh = q + static_cast<int64_t>(r0) * q_stride;
+      const float* fresh = q + static_cast<int64_t>(r0) * q_stride + (heads + kv_head) * HD;
       for (int piece = lane; piece < HD / 2; piece += 32) {  // 16-byte pieces: HD / 4 of K, then of V
         const int which = piece / (HD / 4), at = piece % (HD / 4) * 4;
-        __pipeline_memcpy_async(&fresh_s[which][at], fresh + (which ? layout.V(kv_head) : layout.K(kv_head)) + at, 16);
+        __pipeline_memcpy_async(&fresh_s[which][at], fresh + which * kvh * HD + at, 16);
       }
       __pipeline_commit();  // a group of its own: the loop's first wait covers it, early tile or not
     }
@@ -274,7 +272,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
 #pragma unroll
       for (int h = 0; h < kHalves; ++h) {
         const int r = qg + 8 * h;
-        const float* qrow = q + static_cast<int64_t>(r0 + r / group) * q_stride + layout.Q(kv_head * group + r % group);
+        const float* qrow = q + static_cast<int64_t>(r0 + r / group) * q_stride + (kv_head * group + r % group) * HD;
 #pragma unroll
         for (int kc = 0; kc < kChunks; ++kc) {
           if (row_ok[h]) {

@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a, int preloa
     } else {
       if (a.bias != nullptr) s0 += a.bias[c0], s1 += has1 ? a.bias[c1] : 0.0f;
       if (a.beta != 0.0f) s0 += a.beta * a.y[c0], s1 += has1 ? a.beta * a.y[c1] : 0.0f;
-      if (a.rope_head_dim > 0 && c0 % a.rope_group_cols < a.rope_cols) {  // the angle in fp32, as transformers computes it
+      if (a.rope_head_dim > 0 && c0 < a.rope_cols) {  // the angle in fp32, as transformers computes it
         float sn, cs;
         sincosf(static_cast<float>(*a.rope_pos) * a.rope_inv_freq[c0 % a.rope_head_dim], &sn, &cs);
         const float r0 = s0 * cs - s1 * sn, r1 = s1 * cs + s0 * sn;
@@ -178,20 +178,16 @@ absl::StatusOr<int> GemvWave() {
   return wave;
 }
 
-absl::Status Gemv(const GemvArgs& args, cudaStream_t stream) {
-  GemvArgs a = args;
-  if (a.rope_group_cols == 0) a.rope_group_cols = a.n;
+absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
   if (a.k % 8 != 0 || (a.x == nullptr) == (a.x_f32 == nullptr) || (a.y == nullptr) == (a.swiglu_out == nullptr) ||
       (a.swiglu_out != nullptr && a.n % 2 != 0)) {
     return absl::InvalidArgumentError("Gemv: k a multiple of 8, one input, one output (SwiGLU: n even)");
   }
   if (a.rope_head_dim > 0 &&
-      (a.rope_head_dim % 2 != 0 || a.rope_group_cols <= 0 || a.n % a.rope_group_cols != 0 ||
-       a.rope_group_cols % a.rope_head_dim != 0 || a.rope_cols % a.rope_head_dim != 0 ||
-       a.rope_cols > a.rope_group_cols || a.y == nullptr || a.rope_pos == nullptr || a.rope_inv_freq == nullptr)) {
+      (a.rope_head_dim % 2 != 0 || a.n % a.rope_head_dim != 0 || a.rope_cols % a.rope_head_dim != 0 ||
+       a.rope_cols > a.n || a.y == nullptr || a.rope_pos == nullptr || a.rope_inv_freq == nullptr)) {
     return absl::InvalidArgumentError(
-        "Gemv: RoPE needs y, an even head_dim dividing the group's columns (which divide n), rope_cols within "
-        "a group, a position and frequencies");
+        "Gemv: RoPE needs y, an even head_dim dividing n and rope_cols <= n, a position and frequencies");
   }
   // The k split: the largest whose grid fits in one wave of resident CTAs (every CTA streams from
   // the start, no tail wave), or where even no split overflows a wave, the finest (a short tail)

@@ -40,7 +40,6 @@ struct GemvArgs {
   // RoPE (the q/k/v projection; y only): with rope_head_dim > 0 a warp's two columns are i and
   // i + head_dim / 2 of one head rather than neighbours, and below rope_cols (the q and k heads)
   // they leave rotated by the angle *rope_pos · rope_inv_freq[i] (rotate-half, after the bias).
-  // With rope_group_cols (a q/k/v row in groups, QkvLayout) that holds in each group of columns.
   int rope_head_dim = 0;
   int rope_cols = 0;
   const int32_t* rope_pos = nullptr;
@@ -51,9 +50,6 @@ struct GemvArgs {
   // Copy each lane's first W loads (up to 32 KB a CTA) into shared memory before that wait: worth
   // it where the previous kernel leaves DRAM idle (the attention before the batch-1 o Gemv).
   bool preload_w = false;
-  // RoPE's group width (0: n). Last, in the tail padding: moving the fields before it changed the
-  // kernel's register allocation (40 → 42-44 registers, a CTA an SM fewer: batch 1 3.89 → 4.47 ms).
-  int rope_group_cols = 0;
 };
 
 // CTAs of the Gemv the GPU holds at once (registers allow ~6 per SM), which sets its k split;
@@ -62,8 +58,7 @@ struct GemvArgs {
 absl::StatusOr<int> GemvWave();
 
 // Requires k % 8 == 0 (16-byte rows), one of x / x_f32, one of y / swiglu_out (with n even); RoPE
-// needs y, an even head_dim dividing n and rope_cols (at most the group's columns, which divide n
-// and are a multiple of head_dim), and rope_pos / rope_inv_freq.
+// needs y, an even head_dim dividing n and rope_cols (at most n), and rope_pos / rope_inv_freq.
 absl::Status Gemv(const GemvArgs& args, cudaStream_t stream);
 
 }  // namespace tailserve::cuda

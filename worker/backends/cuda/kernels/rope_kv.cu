@@ -5,7 +5,6 @@
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/common.cuh"
 #include "worker/backends/cuda/kernels/kv_codec.cuh"
-#include "worker/backends/cuda/kernels/qkv_layout.h"
 
 namespace tailserve::cuda {
 namespace {
@@ -13,31 +12,28 @@ namespace {
 constexpr int kMaxPairsPerLane = 4;  // head_dim <= 256
 constexpr int kHeadsPerBlock = 4;
 
-// Grid (rows, heads / 4): a warp per head (the range's q heads, then its k heads, then its v
-// heads), each lane the rotation pairs lane, lane + 32, ... One head a warp and blocks spread over
-// the SMs, so a warp's chain is one load of its head, its position and block-table entry (issued
-// together), then the writes: a block per row looping its warps over 48 heads had two such chains
-// (5.3 us a layer).
+// Grid (rows, heads / 4): a warp per head (q heads, then k heads, then v heads), each lane the
+// rotation pairs lane, lane + 32, ... One head a warp and blocks spread over the SMs, so a warp's
+// chain is one load of its head, its position and block-table entry (issued together), then the
+// writes: a block per row looping its warps over 48 heads had two such chains (5.3 us a layer).
 template <KvDtype D>
-__global__ void RopeWriteKvKernel(float* qkv, const float* bias, QkvLayout layout, KvHeadRange range, RowMeta meta,
-                                  KvGeometry g, KvLayerView layer, const float* inv_freq, unsigned long long* clamps) {
+__global__ void RopeWriteKvKernel(float* qkv, const float* bias, int heads, RowMeta meta, KvGeometry g,
+                                  KvLayerView layer, const float* inv_freq, unsigned long long* clamps) {
   using Codec = KvCodec<D>;
   TriggerDependents();  // the attention that follows may start its prologue (see PagedAttention)
   const int row = blockIdx.x, lane = threadIdx.x & 31;
-  const int local = blockIdx.y * kHeadsPerBlock + (threadIdx.x >> 5);
+  const int head = blockIdx.y * kHeadsPerBlock + (threadIdx.x >> 5);
   const int hd = g.head_dim, half = hd / 2, kvh = g.kv_heads;
-  const int group = layout.heads / kvh, q_heads = range.count * group;
-  if (local >= q_heads + 2 * range.count) return;
-  const bool is_q = local < q_heads, is_v = local >= q_heads + range.count;
-  const int kv_head = range.begin + (is_v ? local - q_heads - range.count : local - q_heads);
-  const int at = is_q ? layout.Q(range.begin * group + local) : is_v ? layout.V(kv_head) : layout.K(kv_head);
-  float* x = qkv + static_cast<int64_t>(row) * layout.width();
+  if (head >= heads + 2 * kvh) return;
+  const int width = (heads + 2 * kvh) * hd;
+  float* x = qkv + static_cast<int64_t>(row) * width;
   const int pos_i = meta.pos[row];
   const float pos = static_cast<float>(pos_i);
-  const int64_t slot = is_q ? 0 : CacheSlot(BlockTableRow(meta, g, row), g.block_size, pos_i);
+  const int64_t slot = head < heads ? 0 : CacheSlot(BlockTableRow(meta, g, row), g.block_size, pos_i);
   int clamped = 0;
-  float* v = x + at;
-  const float* b = bias ? bias + at : nullptr;
+  const bool is_v = head >= heads + kvh;
+  float* v = x + head * hd;
+  const float* b = bias ? bias + head * hd : nullptr;
   float lo[kMaxPairsPerLane], hi[kMaxPairsPerLane];
 #pragma unroll
   for (int j = 0; j < kMaxPairsPerLane; ++j) {
@@ -54,7 +50,7 @@ __global__ void RopeWriteKvKernel(float* qkv, const float* bias, QkvLayout layou
     }
     lo[j] = a, hi[j] = c;
   }
-  if (is_q) {  // back in place for attention
+  if (head < heads) {  // q: back in place for attention
 #pragma unroll
     for (int j = 0; j < kMaxPairsPerLane; ++j) {
       const int i = lane + 32 * j;
@@ -62,6 +58,7 @@ __global__ void RopeWriteKvKernel(float* qkv, const float* bias, QkvLayout layou
     }
     return;
   }
+  const int kv_head = is_v ? head - heads - kvh : head - heads;
   float scale = 1.0f;
   if (Codec::kScaled) {
     float amax = 0.0f;
@@ -94,28 +91,21 @@ __global__ void ReadKvKernel(KvGeometry g, KvLayerView layer, bool value, int64_
 
 absl::Status RopeWriteKv(float* qkv, const float* bias, int rows, int heads, const RowMeta& meta,
                          const KvGeometry& g, const KvLayerView& layer, const float* inv_freq,
-                         unsigned long long* clamps, cudaStream_t stream, int qkv_groups, KvHeadRange range) {
+                         unsigned long long* clamps, cudaStream_t stream) {
   if (g.head_dim > 2 * 32 * kMaxPairsPerLane || g.head_dim % 2) {
     return absl::InvalidArgumentError("RopeWriteKv: head_dim must be even and at most 256");
   }
-  if (range.count == 0) range = {0, g.kv_heads};
-  if (qkv_groups < 1 || g.kv_heads % qkv_groups || heads % g.kv_heads || range.begin < 0 || range.count < 0 ||
-      range.begin + range.count > g.kv_heads) {
-    return absl::InvalidArgumentError("RopeWriteKv: groups must divide the KV heads, the range must lie within them");
-  }
   if (rows == 0) return absl::OkStatus();
-  const QkvLayout layout{.heads = heads, .kv_heads = g.kv_heads, .head_dim = g.head_dim, .groups = qkv_groups};
-  const int warps = range.count * (heads / g.kv_heads + 2);
-  const dim3 grid(rows, (warps + kHeadsPerBlock - 1) / kHeadsPerBlock), block(32 * kHeadsPerBlock);
+  const dim3 grid(rows, (heads + 2 * g.kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock), block(32 * kHeadsPerBlock);
   switch (g.dtype) {
     case KvDtype::kFp8E4M3:
-      RopeWriteKvKernel<KvDtype::kFp8E4M3><<<grid, block, 0, stream>>>(qkv, bias, layout, range, meta, g, layer, inv_freq, clamps);
+      RopeWriteKvKernel<KvDtype::kFp8E4M3><<<grid, block, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
       break;
     case KvDtype::kFp8E5M2:
-      RopeWriteKvKernel<KvDtype::kFp8E5M2><<<grid, block, 0, stream>>>(qkv, bias, layout, range, meta, g, layer, inv_freq, clamps);
+      RopeWriteKvKernel<KvDtype::kFp8E5M2><<<grid, block, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
       break;
     case KvDtype::kFp16:
-      RopeWriteKvKernel<KvDtype::kFp16><<<grid, block, 0, stream>>>(qkv, bias, layout, range, meta, g, layer, inv_freq, clamps);
+      RopeWriteKvKernel<KvDtype::kFp16><<<grid, block, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
       break;
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();

@@ -9,16 +9,14 @@
 
 #include "absl/status/status.h"
 #include "worker/backends/cuda/kernels/kv_cache.h"
-#include "worker/backends/cuda/kernels/qkv_layout.h"
 
 namespace tailserve::cuda {
 
-// qkv: fp32 [rows, (heads + 2 * kv_heads) * head_dim], laid out in qkv_groups groups (QkvLayout;
-// 1: q then k then v); bias: same layout or null; inv_freq: [head_dim / 2]. head_dim at most 256
-// and even. Only the heads of `range` (its KV heads and their query heads) are touched.
+// qkv: fp32 [rows, (heads + 2 * kv_heads) * head_dim], q then k then v per row; bias: same width
+// or null; inv_freq: [head_dim / 2]. head_dim at most 256 and even.
 absl::Status RopeWriteKv(float* qkv, const float* bias, int rows, int heads, const RowMeta& meta,
                          const KvGeometry& geometry, const KvLayerView& layer, const float* inv_freq,
-                         unsigned long long* clamps, cudaStream_t stream, int qkv_groups = 1, KvHeadRange range = {});
+                         unsigned long long* clamps, cudaStream_t stream);
 
 // Reads back one cached head vector as fp32 (for tests): out[head_dim].
 absl::Status ReadKvForTest(const KvGeometry& geometry, const KvLayerView& layer, bool value, int block, int slot,
