@@ -71,9 +71,10 @@ using CublasLtHandle = CudaOwned<cublasLtHandle_t, CublasLtDeleter>;
 using DeviceMemory = CudaOwned<void*, DeviceFree>;
 using PinnedMemory = CudaOwned<void*, PinnedFree>;  // page-locked host memory for fast async copies
 
-inline absl::StatusOr<CudaStream> MakeStream() {
+// priority: as cudaStreamCreateWithPriority (lower is more urgent; 0 is the default).
+inline absl::StatusOr<CudaStream> MakeStream(int priority = 0) {
   cudaStream_t s;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority));
   return CudaStream(s);
 }
 
