@@ -102,15 +102,10 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   if (!per_sm.ok()) return per_sm.status();
   attention_wave_ = *per_sm * sm_count_;
   if (absl::StatusOr<int> gemv_wave = cuda::GemvWave(); !gemv_wave.ok()) return gemv_wave.status();
-  // The step's chain at the greatest priority, the side branches (the FFN's second half, the clamp
-  // copy) at the default: where both have CTAs waiting, the chain's go first (decode graphs keep
-  // the priorities, cudaGraphInstantiateFlagUseNodePriority).
-  int least_priority = 0, greatest_priority = 0;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority));
-  absl::StatusOr<CudaStream> stream = MakeStream(greatest_priority);
+  absl::StatusOr<CudaStream> stream = MakeStream();
   if (!stream.ok()) return stream.status();
   stream_ = *std::move(stream);
-  absl::StatusOr<CudaStream> side = MakeStream(least_priority);
+  absl::StatusOr<CudaStream> side = MakeStream();
   if (!side.ok()) return side.status();
   side_stream_ = *std::move(side);
   absl::StatusOr<CudaEvent> fork = MakeEvent(), join = MakeEvent();
@@ -709,7 +704,7 @@ absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* prof
   if (!st.ok()) return st;
   TAILSERVE_CUDA_RETURN_IF_ERROR(end);
   cudaGraphExec_t exec;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
   return CudaGraphExec(exec);
 }
 

@@ -71,10 +71,9 @@ using CublasLtHandle = CudaOwned<cublasLtHandle_t, CublasLtDeleter>;
 using DeviceMemory = CudaOwned<void*, DeviceFree>;
 using PinnedMemory = CudaOwned<void*, PinnedFree>;  // page-locked host memory for fast async copies
 
-// priority: as cudaStreamCreateWithPriority (lower is more urgent; 0 is the default).
-inline absl::StatusOr<CudaStream> MakeStream(int priority = 0) {
+inline absl::StatusOr<CudaStream> MakeStream() {
   cudaStream_t s;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   return CudaStream(s);
 }
 
