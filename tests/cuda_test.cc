@@ -538,9 +538,6 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
         cuda::AttentionShape shape{.rows = rows, .heads = heads, .q_stride = width, .sliding_window = window,
                                    .splits = splits, .scale = 1.0f / std::sqrt(float(hd)), .runs = runs,
                                    .cluster_merge = cluster};
-        if (!runs) {  // decode rows also prefetch a buffer into L2 (a hint: the results must not change)
-          shape.l2_prefetch = f.k.p, shape.l2_prefetch_bytes = int64_t(f.k.n) & ~int64_t{15};
-        }
         Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
         Dev<__half> out(size_t(rows) * heads * hd);
         ASSERT_TRUE(cuda::PagedAttention(dqkv.p, shape, meta, f.g, f.view(), ws.p, out.p, nullptr).ok());
@@ -548,10 +545,6 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
                                                           << runs << " cluster " << cluster << " seed " << seed;
       }
     }
-    cuda::AttentionShape misaligned{.rows = rows, .heads = heads, .q_stride = width, .splits = 3,
-                                    .l2_prefetch = f.k.p, .l2_prefetch_bytes = 24};
-    EXPECT_EQ(cuda::PagedAttention(dqkv.p, misaligned, meta, f.g, f.view(), nullptr, nullptr, nullptr).code(),
-              absl::StatusCode::kInvalidArgument);
     cuda::AttentionShape prefill_in_cluster{.rows = rows, .heads = heads, .q_stride = width, .splits = 3,
                                             .runs = true, .cluster_merge = true};
     EXPECT_EQ(cuda::PagedAttention(dqkv.p, prefill_in_cluster, meta, f.g, f.view(), nullptr, nullptr, nullptr).code(),

@@ -494,9 +494,6 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
                                              inv_freq_, b.clamps, s));
     }
-    if (decode && !fused) {  // o's weights into L2 while the attention runs (cuBLASLt's o then reads them there)
-      shape.l2_prefetch = L.w_o, shape.l2_prefetch_bytes = int64_t{h} * qd * 2;
-    }
     TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
     if (fused) {
       // o's CTAs start while the attention runs (its CTAs, or its combine, trigger before the end)

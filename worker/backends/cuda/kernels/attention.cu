@@ -338,10 +338,6 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
   if (cluster_merge && (!UsesMma(g) || shape.runs || shape.splits < 2 || shape.splits > kMaxClusterSplits)) {
     return absl::InvalidArgumentError("PagedAttention: cluster_merge needs the tensor-core kernel, decode rows and 2-16 splits");
   }
-  if (shape.l2_prefetch_bytes < 0 || shape.l2_prefetch_bytes % 16 ||
-      (shape.l2_prefetch_bytes > 0 && reinterpret_cast<uintptr_t>(shape.l2_prefetch) % 16)) {
-    return absl::InvalidArgumentError("PagedAttention: the L2 prefetch needs 16-byte alignment and a multiple of 16 bytes");
-  }
   if (shape.rows == 0) return absl::OkStatus();
   if (UsesMma(g)) {
     const dim3 grid(AttentionRowTiles(shape, g), g.kv_heads, shape.splits);
@@ -354,9 +350,7 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
       launched = LaunchMaybeOverlappedInClusters(shape.overlap_previous, cluster_z, grid, dim3(mma_attention::kWarps * 32),
                                                  0, stream, kernel, q, shape.rows, shape.heads, shape.q_stride,
                                                  shape.sliding_window, shape.splits, shape.scale, meta, g, layer,
-                                                 workspace, out, shape.new_kv, clamps, cluster_merge,
-                                                 static_cast<const uint8_t*>(shape.l2_prefetch),
-                                                 shape.runs ? int64_t{0} : shape.l2_prefetch_bytes);
+                                                 workspace, out, shape.new_kv, clamps, cluster_merge);
     });
     TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   } else {

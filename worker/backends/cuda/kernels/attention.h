@@ -48,11 +48,6 @@ struct AttentionShape {
   // −1.7 µs a layer, but batch 16 (512 CTAs, 4 an SM) +8 µs, so the engine asks for it only when
   // the grid fits one CTA an SM.
   bool cluster_merge = false;
-  // Decode on the tensor cores: bytes from l2_prefetch (16-byte aligned, a multiple of 16) the
-  // CTAs prefetch into L2 at their start (evict_last), for the projection after the attention:
-  // at 16 rows the 8B's o takes 8.9 µs with W in L2 against 13.3 from DRAM (kernel bench --l2-hot).
-  const void* l2_prefetch = nullptr;
-  int64_t l2_prefetch_bytes = 0;
 };
 
 inline constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster on sm_90

@@ -127,8 +127,7 @@ template <KvDtype D, int HD, bool kTiled>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
     AttentionMmaKernel(const float* q, int rows, int heads, int q_stride, int sliding_window, int splits, float scale,
                        RowMeta meta, KvGeometry g, KvLayerView layer, float* partial, __half* out, bool new_kv,
-                       unsigned long long* clamps, bool cluster_merge, const uint8_t* l2_prefetch,
-                       int64_t l2_prefetch_bytes) {
+                       unsigned long long* clamps, bool cluster_merge) {
   static_assert(HD == 32 || HD == 64 || HD == 128, "head_dim 32, 64 or 128 (the decode Vᵀ loads take HD / 8 bytes)");
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();
@@ -143,24 +142,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
   __shared__ Stage<HD> stages[kWarps][2];
   __shared__ alignas(16) float fresh_s[2][kTiled ? 4 : HD];  // new_kv: the row's own K, V
 
-  if constexpr (!kTiled) {
-    // The next projection's weights into L2 while this latency-bound kernel leaves DRAM mostly
-    // idle: an even 16-byte-aligned slice a CTA, evict_last so the streamed K/V do not push it
-    // out first. Weights are never written, so this goes before the wait.
-    if (l2_prefetch_bytes > 0 && threadIdx.x == 0) {
-      const int64_t ctas = static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z;
-      const int64_t cta = blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
-      const int64_t chunk = ((l2_prefetch_bytes + ctas - 1) / ctas + 15) & ~int64_t{15};
-      const int64_t end = min(l2_prefetch_bytes, (cta + 1) * chunk);
-      uint64_t policy;
-      asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-      for (int64_t at = cta * chunk; at < end; at += 32 << 10) {
-        const uint32_t bytes = static_cast<uint32_t>(end - at < (32 << 10) ? end - at : (32 << 10));
-        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;"
-                     :: "l"(l2_prefetch + at), "r"(bytes), "l"(policy) : "memory");
-      }
-    }
-  }
   const int kv_head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qg = lane >> 2, qc = lane & 3;  // fragment row group and column pair
