@@ -26,7 +26,8 @@ class GemmRunner {
   ~GemmRunner();
 
   // ldw: elements between W's rows (0: k), so that W may be a column slice of a wider matrix, as
-  // one half of the down projection's inputs is (rows > 1 only: the Gemv reads whole rows).
+  // one half of the down projection's inputs is (then even one row goes through cuBLASLt: the
+  // Gemv reads whole rows).
   absl::Status Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y, int ldw = 0);
 
   // While on (never during graph capture), the first Run of a shape times up to 8 of cuBLASLt's

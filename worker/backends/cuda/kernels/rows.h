@@ -32,7 +32,8 @@ absl::Status EmbedRows(const EmbedArgs& args, cudaStream_t stream);
 // weight == nullptr means ones (the weight was folded into the consumer's matrix). With `add`
 // (same layout as x), x[src[r], :] += add[src[r], :] first and is written back: a residual
 // contribution computed beside the one already added into x (the FFN's second half, see
-// CudaEngine::Forward).
+// CudaEngine::Forward). With `add`, the src rows must be distinct (a repeated row would be added
+// twice); the engine's are the identity.
 absl::Status RmsNormRows(float* x, const float* add, const int32_t* src, int rows, int hidden, const float* weight,
                          float eps, __half* out, cudaStream_t stream);
 
