@@ -179,7 +179,7 @@ absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int
   if (!per_sm.ok()) return per_sm.status();
   std::printf("\ndecode attention, %s cache, %d CTAs per SM; one row per sequence at position `context`\n\n",
               KvDtypeName(dtype), *per_sm);
-  std::printf("| rows | context | splits | µs | KV GB/s read | of 4.26 TB/s |\n|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| rows | context | splits | warps | µs | KV GB/s read | of 4.26 TB/s |\n|---:|---:|---:|---:|---:|---:|---:|\n");
   const double elem = KvElementBytes(dtype), scale = dtype == KvDtype::kFp16 ? 0 : 4;
   for (int rows : rows_list) {
     for (int context : contexts) {
@@ -203,9 +203,12 @@ absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int
                          static_cast<const int32_t*>(dtable->get())};
       const KvLayerView layer{k->get(), v->get(), static_cast<float*>(ks->get()), static_cast<float*>(vs->get())};
       const double kv_bytes = double(rows) * (context + 1) * kvh * (hd * elem + scale) * 2;
-      for (int splits : {1, 2, 4, 8, 16, 32}) {
+      // 4·s warps in one split stream as s splits of 4 warps (FP8 decode on the tensor cores).
+      const bool wide = dtype != KvDtype::kFp16 && (hd == 32 || hd == 64 || hd == 128);
+      for (auto [splits, warps] : {std::pair{1, 4}, {2, 4}, {4, 4}, {8, 4}, {16, 4}, {32, 4}, {1, 8}, {1, 16}, {2, 16}}) {
+        if (warps != 4 && !wide) continue;
         const cuda::AttentionShape shape{.rows = rows, .heads = m.heads, .q_stride = q_stride, .splits = splits,
-                                         .scale = 1.0f / std::sqrt(float(hd))};
+                                         .scale = 1.0f / std::sqrt(float(hd)), .warps = warps};
         auto ws = DeviceAlloc(cuda::AttentionWorkspaceFloats(shape, hd) * 4);
         if (!ws.ok()) return ws.status();
         absl::StatusOr<double> us = TimeGraph(s, reps, [&] {
@@ -214,7 +217,7 @@ absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int
         });
         if (!us.ok()) return us.status();
         const double gbs = kv_bytes / (*us * 1e-6) / 1e9;
-        std::printf("| %d | %d | %d | %.1f | %.0f | %.0f%% |\n", rows, context, splits, *us, gbs,
+        std::printf("| %d | %d | %d | %d | %.1f | %.0f | %.0f%% |\n", rows, context, splits, warps, *us, gbs,
                     100.0 * gbs * 1e9 / kCopyBandwidth);
       }
     }

@@ -530,20 +530,35 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
         }
       }
     }
-    // Splits merge with the combine kernel, or (decode, tensor cores, 2-16 splits) in a cluster.
+    // Splits merge with the combine kernel, or (decode, tensor cores, 2-16 splits) in a cluster;
+    // decode on the tensor cores also in CTAs of 8 and 16 warps.
     for (int splits : {1, 3, 11, 16, 32}) {
       for (int mode = 0; mode < 3; ++mode) {  // decode, decode merged in a cluster, prefill runs
         const bool runs = mode == 2, cluster = mode == 1;
         if (cluster && (!cuda::AttentionTakesNewKv(f.g) || splits == 1 || splits > cuda::kMaxClusterSplits)) continue;
-        cuda::AttentionShape shape{.rows = rows, .heads = heads, .q_stride = width, .sliding_window = window,
-                                   .splits = splits, .scale = 1.0f / std::sqrt(float(hd)), .runs = runs,
-                                   .cluster_merge = cluster};
-        Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
-        Dev<__half> out(size_t(rows) * heads * hd);
-        ASSERT_TRUE(cuda::PagedAttention(dqkv.p, shape, meta, f.g, f.view(), ws.p, out.p, nullptr).ok());
-        EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << "splits " << splits << " window " << window << " runs "
-                                                          << runs << " cluster " << cluster << " seed " << seed;
+        for (int warps : {4, 8, 16}) {
+          if (warps != 4 && (runs || !cuda::AttentionTakesNewKv(f.g))) continue;
+          cuda::AttentionShape shape{.rows = rows, .heads = heads, .q_stride = width, .sliding_window = window,
+                                     .splits = splits, .scale = 1.0f / std::sqrt(float(hd)), .runs = runs,
+                                     .cluster_merge = cluster, .warps = warps};
+          Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
+          Dev<__half> out(size_t(rows) * heads * hd);
+          ASSERT_TRUE(cuda::PagedAttention(dqkv.p, shape, meta, f.g, f.view(), ws.p, out.p, nullptr).ok());
+          EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << "splits " << splits << " window " << window << " runs "
+                                                            << runs << " cluster " << cluster << " warps " << warps
+                                                            << " seed " << seed;
+        }
       }
+    }
+    for (int warps : {2, 12, 32}) {  // refused: not a kernel instance
+      const cuda::AttentionShape odd{.rows = rows, .heads = heads, .q_stride = width, .warps = warps};
+      EXPECT_EQ(cuda::PagedAttention(dqkv.p, odd, meta, f.g, f.view(), nullptr, nullptr, nullptr).code(),
+                absl::StatusCode::kInvalidArgument) << "warps " << warps;
+    }
+    if (cuda::AttentionTakesNewKv(f.g)) {  // 8 and 16 warps decode only
+      const cuda::AttentionShape wide_prefill{.rows = rows, .heads = heads, .q_stride = width, .runs = true, .warps = 16};
+      EXPECT_EQ(cuda::PagedAttention(dqkv.p, wide_prefill, meta, f.g, f.view(), nullptr, nullptr, nullptr).code(),
+                absl::StatusCode::kInvalidArgument);
     }
     cuda::AttentionShape prefill_in_cluster{.rows = rows, .heads = heads, .q_stride = width, .splits = 3,
                                             .runs = true, .cluster_merge = true};
@@ -653,10 +668,15 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
   const RowMeta meta{dlast_seq.p, dlast_pos.p, dtable.p};
   // Each new_kv run merges as its reference does: 3, 11 and 16 splits in a cluster, 32 with the
   // combine kernel.
-  for (auto [splits, window] : {std::pair{1, 0}, {3, 0}, {16, 0}, {32, 0}, {1, 37}, {3, 37}, {11, 37}}) {
+  // 16 and 8 warps a CTA: one split (the engine's batch 16 and 32) and 3 in a cluster.
+  struct Run {
+    int splits, window, warps = 4;
+  };
+  for (auto [splits, window, warps] : {Run{1, 0}, Run{3, 0}, Run{16, 0}, Run{32, 0}, Run{1, 37}, Run{3, 37}, Run{11, 37},
+                                       Run{1, 0, 16}, Run{1, 37, 8}, Run{3, 0, 16}, Run{2, 37, 8}}) {
     cuda::AttentionShape shape{.rows = seqs, .heads = heads, .q_stride = width, .sliding_window = window,
                                .splits = splits, .scale = 1.0f / std::sqrt(float(hd)),
-                               .cluster_merge = splits > 1 && splits <= cuda::kMaxClusterSplits};
+                               .cluster_merge = splits > 1 && splits <= cuda::kMaxClusterSplits, .warps = warps};
     Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
     Dev<__half> cached(size_t(seqs) * heads * hd), fresh(cached.n);
     ASSERT_TRUE(cuda::PagedAttention(dlast.p, shape, meta, f.g, f.view(), ws.p, cached.p, nullptr).ok());
@@ -669,7 +689,7 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
     shape.new_kv = true;
     ASSERT_TRUE(cuda::PagedAttention(dlast.p, shape, meta, f.g, f.view(), ws.p, fresh.p, nullptr, clamps.p).ok());
     const std::string what = std::string(KvDtypeName(kc.dtype)) + " splits " + std::to_string(splits) + " window " +
-                             std::to_string(window) + " seed " + std::to_string(seed);
+                             std::to_string(window) + " warps " + std::to_string(warps) + " seed " + std::to_string(seed);
     EXPECT_LE(RelL2(ToFloats(fresh.Get()), ToFloats(cached.Get())), 1e-3) << what;
     for (int s = 0; s < seqs; ++s) {
       for (int kh = 0; kh < kv_heads; ++kh) {
@@ -715,7 +735,8 @@ std::vector<float> CachedRows(PagedFixture& f, bool value, int len) {
 }
 
 // One decode row over 8300 keys (519 scrambled blocks): on the tensor cores (E4M3) a single-split
-// CTA streams 130 tiles a warp, and the CUDA-core kernel (fp16) as many passes; 3 splits merge.
+// CTA streams 130 tiles a warp (33 in 16 warps), and the CUDA-core kernel (fp16) as many passes;
+// 3 splits merge.
 // The other attention tests stay under 48 keys.
 TEST(CudaKernelTest, DecodeAttentionOverALongContext) {
   REQUIRE_GPU();
@@ -754,16 +775,17 @@ TEST(CudaKernelTest, DecodeAttentionOverALongContext) {
       }
     }
     Dev<int32_t> last_seq(std::vector<int32_t>{0}), last_pos(std::vector<int32_t>{len - 1});
-    for (int splits : {1, 3}) {
+    for (auto [splits, warps] : {std::pair{1, 4}, {3, 4}, {1, 16}}) {
+      if (warps != 4 && !cuda::AttentionTakesNewKv(f.g)) continue;
       const cuda::AttentionShape shape{.rows = 1, .heads = heads, .q_stride = width, .splits = splits,
-                                       .scale = 1.0f / std::sqrt(float(hd))};
+                                       .scale = 1.0f / std::sqrt(float(hd)), .warps = warps};
       Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
       Dev<__half> out(size_t(heads) * hd);
       ASSERT_TRUE(cuda::PagedAttention(dqkv.p + size_t(len - 1) * width, shape, {last_seq.p, last_pos.p, dtable.p},
                                        f.g, f.view(), ws.p, out.p, nullptr)
                       .ok());
       EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3)
-          << KvDtypeName(dtype) << " splits " << splits << " seed " << seed;
+          << KvDtypeName(dtype) << " splits " << splits << " warps " << warps << " seed " << seed;
     }
   }
 }

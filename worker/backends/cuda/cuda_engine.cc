@@ -452,6 +452,12 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   shape.cluster_merge = decode && cuda::AttentionTakesNewKv(kv_) && shape.splits > 1 &&
                         shape.splits <= cuda::kMaxClusterSplits &&
                         attention_tiles * kv_.kv_heads * shape.splits <= sm_count_;
+  // Decode on the tensor cores where 2 or 4 splits would need the combine kernel (8B batch 16: 4
+  // splits, 512 CTAs; batch 32: 2): the splits become warps of one CTA, which merges them in
+  // shared memory and writes the output itself.
+  if (decode && cuda::AttentionTakesNewKv(kv_) && !shape.cluster_merge && (shape.splits == 2 || shape.splits == 4)) {
+    shape.warps = 4 * shape.splits, shape.splits = 1;
+  }
   // Decode through cuBLASLt (above batch 1, or a model the batch-1 Gemv does not take; dense, large
   // FFN): the FFN in two halves along its width, each gate/up → SwiGLU → down over its f / 2
   // inputs, the second half on a forked branch writing its own output, which the next norm adds

@@ -248,13 +248,17 @@ bool UsesMma(const KvGeometry& g) {
   return g.dtype != KvDtype::kFp16 && (g.head_dim == 32 || g.head_dim == 64 || g.head_dim == 128);
 }
 
-// Calls f with the tensor-core kernel instance for the shape (UsesMma(g) only).
+// Calls f with the tensor-core kernel instance for the shape (UsesMma(g) and ValidWarps only).
 template <typename F>
 void WithMmaKernel(const AttentionShape& shape, const KvGeometry& g, F&& f) {
+  using mma_attention::AttentionMmaKernel;
   auto by_dim = [&](auto dtype_tag, auto hd_tag) {
     constexpr KvDtype D = decltype(dtype_tag)::value;
     constexpr int HD = decltype(hd_tag)::value;
-    f(shape.runs ? mma_attention::AttentionMmaKernel<D, HD, true> : mma_attention::AttentionMmaKernel<D, HD, false>);
+    if (shape.runs) f(AttentionMmaKernel<D, HD, true, 4>);
+    else if (shape.warps == 16) f(AttentionMmaKernel<D, HD, false, 16>);
+    else if (shape.warps == 8) f(AttentionMmaKernel<D, HD, false, 8>);
+    else f(AttentionMmaKernel<D, HD, false, 4>);
   };
   auto by_dtype = [&](auto hd_tag) {
     if (g.dtype == KvDtype::kFp8E4M3) by_dim(std::integral_constant<KvDtype, KvDtype::kFp8E4M3>{}, hd_tag);
@@ -289,6 +293,9 @@ void WithSplitKernel(int group, KvDtype dtype, F&& f) {
 }
 
 absl::Status CheckShape(const AttentionShape& shape, const KvGeometry& g) {
+  if (shape.warps != 4 && !(UsesMma(g) && !shape.runs && (shape.warps == 8 || shape.warps == 16))) {
+    return absl::InvalidArgumentError("PagedAttention: 8 or 16 warps a CTA need the tensor-core kernel and decode rows");
+  }
   const int group = shape.heads / g.kv_heads;
   const int elem = static_cast<int>(KvElementBytes(g.dtype));
   const int ept = (elem == 1 && group > 2 ? 8 : 16) / elem;  // as VectorBytes picks
@@ -317,11 +324,15 @@ absl::StatusOr<int> AttentionCtasPerSm(const AttentionShape& shape, const KvGeom
   if (absl::Status s = CheckShape(shape, g); !s.ok()) return s;
   int blocks = 0;
   cudaError_t error = cudaSuccess;
-  auto occupancy = [&](auto kernel) { error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0); };
   if (UsesMma(g)) {
-    WithMmaKernel(shape, g, occupancy);
+    WithMmaKernel(shape, g, [&](auto kernel) {
+      const int smem = mma_attention::DynamicSmemBytes(g.head_dim, shape.warps);
+      error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (error == cudaSuccess) error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, shape.warps * 32, smem);
+    });
   } else {
-    WithSplitKernel(shape.heads / g.kv_heads, g.dtype, occupancy);
+    WithSplitKernel(shape.heads / g.kv_heads, g.dtype,
+                    [&](auto kernel) { error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0); });
   }
   TAILSERVE_CUDA_RETURN_IF_ERROR(error);
   return blocks;
@@ -343,12 +354,16 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
     const dim3 grid(AttentionRowTiles(shape, g), g.kv_heads, shape.splits);
     // With cluster_merge a row's splits form one cluster (more than 8 CTAs is a non-portable size).
     const unsigned cluster_z = cluster_merge ? static_cast<unsigned>(shape.splits) : 1;
+    const int smem = mma_attention::DynamicSmemBytes(g.head_dim, shape.warps);
     cudaError_t launched = cudaSuccess;
     WithMmaKernel(shape, g, [&](auto kernel) {
       if (cluster_z > 8) launched = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      if (launched == cudaSuccess && smem > 0) {
+        launched = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      }
       if (launched != cudaSuccess) return;
-      launched = LaunchMaybeOverlappedInClusters(shape.overlap_previous, cluster_z, grid, dim3(mma_attention::kWarps * 32),
-                                                 0, stream, kernel, q, shape.rows, shape.heads, shape.q_stride,
+      launched = LaunchMaybeOverlappedInClusters(shape.overlap_previous, cluster_z, grid, dim3(shape.warps * 32),
+                                                 smem, stream, kernel, q, shape.rows, shape.heads, shape.q_stride,
                                                  shape.sliding_window, shape.splits, shape.scale, meta, g, layer,
                                                  workspace, out, shape.new_kv, clamps, cluster_merge);
     });

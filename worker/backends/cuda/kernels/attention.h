@@ -48,6 +48,11 @@ struct AttentionShape {
   // −1.7 µs a layer, but batch 16 (512 CTAs, 4 an SM) +8 µs, so the engine asks for it only when
   // the grid fits one CTA an SM.
   bool cluster_merge = false;
+  // Decode on the tensor cores: warps a CTA, 4, 8 or 16. A CTA's warps split its keys and merge in
+  // shared memory, so 4·s warps and one split stream like 4 warps and s splits, without the
+  // partials and the combine kernel (which cluster_merge avoids only where the grid fits one CTA
+  // an SM). Prefill takes 4.
+  int warps = 4;
 };
 
 inline constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster on sm_90

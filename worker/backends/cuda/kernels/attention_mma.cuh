@@ -12,9 +12,9 @@
 //                                          decoding, Oᵀ[head_dim × 8 heads] += Vᵀ · Pᵀ instead:
 //                                          head_dim / 16 mma, no empty rows)
 // about 20 warp-instructions per key. FP8 → fp16 is exact, so only q (fp16) and P (fp16) round.
-// Each warp streams its own tiles (keys begin + 16·(warp + 4i)) through a two-stage cp.async
-// buffer in shared memory, with no block-wide barrier until the 4 warps merge their partial
-// softmaxes at the end. The V scale of each key folds into P relative to the tile's largest V
+// Each warp streams its own tiles (keys begin + 16·(warp + W·i), W warps a CTA) through a
+// two-stage cp.async buffer in shared memory, with no block-wide barrier until the warps merge
+// their partial softmaxes at the end. The V scale of each key folds into P relative to the tile's largest V
 // scale (so P stays in fp16's normal range), and O carries that factor from tile to tile.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -29,7 +29,7 @@
 namespace tailserve::cuda {
 namespace mma_attention {
 
-constexpr int kWarps = 4;
+constexpr int kDefaultWarps = 4;  // warps a CTA; decode also takes 8 and 16 (AttentionShape::warps)
 constexpr int kKeys = 16;  // keys per warp tile
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -60,8 +60,12 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
 }
 
 // CTAs an SM must hold (registers capped to fit): a decode CTA is mostly latency (the block
-// table, the first tile, the merge), so more of them in flight hide more of it.
-constexpr int MinBlocks(int hd, bool tiled) { return (hd == 128 ? 3 : 4) + (tiled ? 0 : 1); }
+// table, the first tile, the merge), so more of them in flight hide more of it. Wider CTAs keep
+// the same warps an SM.
+constexpr int MinBlocks(int hd, bool tiled, int warps) {
+  const int blocks = ((hd == 128 ? 3 : 4) + (tiled ? 0 : 1)) * kDefaultWarps / warps;
+  return blocks > 1 ? blocks : 1;
+}
 
 // cluster_merge: after each CTA of the cluster (one a split, rank = split) has left its
 // unnormalised output in acc_s[r · HD + d] and its max (log2 domain) and sum in ml_s[2r], [2r + 1]
@@ -109,7 +113,22 @@ struct Stage {
   alignas(16) uint8_t v[kKeys * RowBytes<HD>()];
 };
 
-// Grid (tiles, kv_heads, splits), kWarps · 32 threads. Writes each split's partial (acc[hd], max,
+// Dynamic shared memory a CTA of `warps` takes: the 4-warp kernel keeps its two stages a warp in
+// static shared memory (37 KB at head_dim 128); 16 warps need 147 KB, past the 48 KB static limit.
+constexpr int DynamicSmemBytes(int hd, int warps) {
+  return warps == kDefaultWarps ? 0 : warps * 2 * 2 * kKeys * (hd + 16);
+}
+
+// The CTA's stage buffers, [warp][2], in dynamic shared memory (W > kDefaultWarps).
+template <int HD, int W>
+__device__ __forceinline__ Stage<HD> (*DynamicStages())[2] {
+  static_assert(W == kDefaultWarps || DynamicSmemBytes(HD, W) == sizeof(Stage<HD>) * W * 2, "stage size");
+  extern __shared__ __align__(16) uint8_t dynamic_smem[];
+  return reinterpret_cast<Stage<HD>(*)[2]>(dynamic_smem);
+}
+
+// Grid (tiles, kv_heads, splits), kWarps · 32 threads (DynamicSmemBytes(HD, kWarps) of dynamic
+// shared memory). Writes each split's partial (acc[hd], max,
 // sum per row and query head, natural-log max) in the layout the combine kernel reads, or with
 // one split (or cluster_merge) the normalised output itself.
 // Decode (kTiled false): a tile is one row; its G ≤ 8 query heads fill mma rows 0..G-1 and rows
@@ -123,8 +142,8 @@ struct Stage {
 // cluster_merge (decode only, launched with clusters of `splits` CTAs along z): the splits merge
 // through distributed shared memory and write the output, no partials and no combine kernel (the
 // combine cost ~3 µs a layer at batch 1: a kernel boundary plus two L2 round trips).
-template <KvDtype D, int HD, bool kTiled>
-__global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
+template <KvDtype D, int HD, bool kTiled, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     AttentionMmaKernel(const float* q, int rows, int heads, int q_stride, int sliding_window, int splits, float scale,
                        RowMeta meta, KvGeometry g, KvLayerView layer, float* partial, __half* out, bool new_kv,
                        unsigned long long* clamps, bool cluster_merge) {
@@ -139,7 +158,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
   // kSpan contiguous bytes of a V row.
   constexpr int kOTiles = kTiled ? kDimTiles : HD / 16, kSpan = HD / 8;
   constexpr int kHalves = kTiled ? 2 : 1;  // mma row halves in use: rows qg (and qg + 8)
-  __shared__ Stage<HD> stages[kWarps][2];
+  __shared__ Stage<HD> static_stages[kWarps == kDefaultWarps ? kWarps : 1][2];
+  Stage<HD>(*const stages)[2] = kWarps == kDefaultWarps ? static_stages : DynamicStages<HD, kWarps>();
   __shared__ alignas(16) float fresh_s[2][kTiled ? 4 : HD];  // new_kv: the row's own K, V
 
   const int kv_head = blockIdx.y, split = blockIdx.z;
@@ -454,7 +474,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled))
       l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     }
 
-    // Merge the 4 warps' partial softmaxes through the stage buffers.
+    // Merge the warps' partial softmaxes through the stage buffers.
     __syncthreads();
 #pragma unroll
     for (int h = 0; h < kHalves; ++h) {
