@@ -439,6 +439,67 @@ void PrintTo(const KvCase& c, std::ostream* os) {
   *os << KvDtypeName(c.dtype) << " head_dim " << c.head_dim << " group " << c.group;
 }
 
+// Above batch 1 the engine launches RMSNorm, RoPE and SwiGLU programmatically after the kernel
+// before them. A Gemv lets its followers start as soon as it starts (gemv.cu), so each follower
+// here would read the NaN written before the Gemv if it read anything before its wait.
+TEST(CudaKernelTest, OverlappedRowKernelsWaitForTheirPredecessor) {
+  REQUIRE_GPU();
+  const unsigned seed = 81;
+  std::mt19937 rng(seed);
+  const int k = 4096, n = 12288, kv_heads = 2, heads = 4, hd = 64, pos = 37;
+  auto xf = Random(size_t(k), rng), wf = Random(size_t(n) * k, rng, 0.02f);
+  const auto xh = RoundToHalf(xf), wh = RoundToHalf(wf);
+  std::vector<float> y(n);  // the Gemv's output, in double from the fp16 inputs
+  for (int c = 0; c < n; ++c) {
+    double d = 0;
+    for (int i = 0; i < k; ++i) d += double(xf[i]) * wf[size_t(c) * k + i];
+    y[c] = float(d);
+  }
+  Dev<__half> dx(xh), dw(wh), out{size_t(n)};
+  Dev<float> dy{size_t(n)};
+  PagedFixture f(1, 48, kv_heads, hd, KvDtype::kFp8E4M3);
+  std::vector<float> inv(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / hd);
+  Dev<float> dinv(inv);
+  Dev<int32_t> dtable(f.table), dseq(std::vector<int32_t>{0}), dpos(std::vector<int32_t>{pos});
+  Dev<unsigned long long> clamps(1);
+  CUDA_OK(cudaMemset(clamps.p, 0, 8));
+  absl::StatusOr<CudaStream> stream = MakeStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  cudaStream_t s = stream->get();
+  for (int round = 0; round < 9; ++round) {
+    const int which = round % 3;  // RMSNorm over all n, SwiGLU over n / 2 pairs, RoPE of the first row of q/k/v heads
+    ASSERT_EQ(cudaMemsetAsync(dy.p, 0xff, size_t(n) * 4, s), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(out.p, 0xff, size_t(n) * 2, s), cudaSuccess);
+    ASSERT_TRUE(cuda::Gemv({.x = dx.p, .k = k, .w = dw.p, .n = n, .y = dy.p}, s).ok());
+    std::vector<float> got, want;
+    if (which == 0) {
+      ASSERT_TRUE(cuda::RmsNormRows(dy.p, nullptr, nullptr, 1, n, nullptr, 1e-5f, out.p, s, true).ok());
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);  // s does not block with cudaMemcpy's stream
+      double ss = 0;
+      for (float v : y) ss += double(v) * v;
+      for (float v : y) want.push_back(float(v / std::sqrt(ss / n + 1e-5)));
+      got = ToFloats(out.Get());
+    } else if (which == 1) {
+      ASSERT_TRUE(cuda::SwiGlu(dy.p, 1, n / 2, out.p, s, true).ok());
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      for (int i = 0; i < n / 2; ++i) want.push_back(y[2 * i] / (1 + std::exp(-y[2 * i])) * y[2 * i + 1]);
+      got = ToFloats(out.Get());
+      got.resize(n / 2);
+    } else {
+      const RowMeta meta{dseq.p, dpos.p, dtable.p};
+      ASSERT_TRUE(cuda::RopeWriteKv(dy.p, nullptr, 1, heads, meta, f.g, f.view(), dinv.p, clamps.p, s, true).ok());
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      want.assign(y.begin(), y.begin() + heads * hd);
+      for (int h = 0; h < heads; ++h) CpuRope(want.data() + h * hd, hd, pos, inv);
+      got = dy.Get();
+      got.resize(heads * hd);
+    }
+    EXPECT_LE(RelL2(got, want), 4e-3) << "round " << round << " seed " << seed;
+  }
+  EXPECT_EQ(clamps.Get()[0], 0u);
+}
+
 class CudaKvTest : public ::testing::TestWithParam<KvCase> {};
 
 // Writes every position of 3 sequences (lengths across block boundaries) through RopeWriteKv, then

@@ -492,13 +492,13 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       TRY("gemm_qkv", cuda::Gemv(qkv, s));
     } else {
       // The weight folded into w_qkv.
-      TRY("rmsnorm", cuda::RmsNormRows(b.x, ffn_pending, nullptr, rows, h, nullptr, eps, b.xn, s));
+      TRY("rmsnorm", cuda::RmsNormRows(b.x, ffn_pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
       ffn_pending = nullptr;
       TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
     }
     if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
-                                             inv_freq_, b.clamps, s));
+                                             inv_freq_, b.clamps, s, shape.overlap_previous));
     }
     TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
     if (fused) {
@@ -516,7 +516,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     TRY("gemm_o", gemm_->Run(b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM
     if (L.b_o) TRY("bias", cuda::AddBias(b.x, rows, h, L.b_o, s));
     // The weight folded into gate/up.
-    TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, nullptr, rows, h, nullptr, eps, b.xn, s));
+    TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
     if (ffn_halves) {
       // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.
       cudaStream_t side = side_stream_.get();
@@ -527,7 +527,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
         float* gate_up = b.gate_up + static_cast<size_t>(half) * rows * f;
         __half* act = b.act + static_cast<size_t>(half) * rows * (f / 2);
         TRY("gemm_gate_up", gemm.Run(b.xn, rows, h, L.w_gate_up + static_cast<size_t>(half) * f * h, f, 0.0f, gate_up));
-        TRY("swiglu", cuda::SwiGlu(gate_up, rows, f / 2, act, half ? side : s));
+        TRY("swiglu", cuda::SwiGlu(gate_up, rows, f / 2, act, half ? side : s, shape.overlap_previous));
         TRY("gemm_down", gemm.Run(act, rows, f / 2, L.w_down + half * (f / 2), h, half ? 0.0f : 1.0f,
                                   half ? b.ffn_side_out : b.x, /*ldw=*/f));
       }
@@ -536,7 +536,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       ffn_pending = b.ffn_side_out;
     } else if (c.num_experts == 0) {
       TRY("gemm_gate_up", gemm_->Run(b.xn, rows, h, L.w_gate_up, 2 * f, 0.0f, b.gate_up));
-      TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
+      TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s, shape.overlap_previous));
       TRY("gemm_down", gemm_->Run(b.act, rows, f, L.w_down, h, 1.0f, b.x));
     } else {
       // Every expert runs over every row and rows it did not route to get weight 0: wasteful
@@ -546,7 +546,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       TRY("moe_route", cuda::MoeRoute(b.router_logits, rows, E, static_cast<int>(c.experts_per_token), b.route_weights, s));
       for (int e = 0; e < E; ++e) {
         TRY("gemm_gate_up", gemm_->Run(b.xn, rows, h, L.expert_gate_up[e], 2 * f, 0.0f, b.gate_up));
-        TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s));
+        TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s, shape.overlap_previous));
         TRY("gemm_down", gemm_->Run(b.act, rows, f, L.expert_down[e], h, 0.0f, b.expert_out));
         TRY("moe_combine", cuda::AddScaledRows(b.x, b.expert_out, b.route_weights + e, E, rows, h, s));
       }

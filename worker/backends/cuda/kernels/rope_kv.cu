@@ -30,6 +30,7 @@ __global__ void RopeWriteKvKernel(float* qkv, const float* bias, int heads, RowM
   const int pos_i = meta.pos[row];
   const float pos = static_cast<float>(pos_i);
   const int64_t slot = head < heads ? 0 : CacheSlot(BlockTableRow(meta, g, row), g.block_size, pos_i);
+  GridDependencyWait();  // qkv is the previous kernel's (the step's inputs above were written before it)
   int clamped = 0;
   const bool is_v = head >= heads + kvh;
   float* v = x + head * hd;
@@ -91,22 +92,20 @@ __global__ void ReadKvKernel(KvGeometry g, KvLayerView layer, bool value, int64_
 
 absl::Status RopeWriteKv(float* qkv, const float* bias, int rows, int heads, const RowMeta& meta,
                          const KvGeometry& g, const KvLayerView& layer, const float* inv_freq,
-                         unsigned long long* clamps, cudaStream_t stream) {
+                         unsigned long long* clamps, cudaStream_t stream, bool overlap_previous) {
   if (g.head_dim > 2 * 32 * kMaxPairsPerLane || g.head_dim % 2) {
     return absl::InvalidArgumentError("RopeWriteKv: head_dim must be even and at most 256");
   }
   if (rows == 0) return absl::OkStatus();
   const dim3 grid(rows, (heads + 2 * g.kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock), block(32 * kHeadsPerBlock);
+  auto launch = [&](auto kernel) {
+    return LaunchMaybeOverlapped(overlap_previous, grid, block, 0, stream, kernel, qkv, bias, heads, meta, g, layer,
+                                 inv_freq, clamps);
+  };
   switch (g.dtype) {
-    case KvDtype::kFp8E4M3:
-      RopeWriteKvKernel<KvDtype::kFp8E4M3><<<grid, block, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
-      break;
-    case KvDtype::kFp8E5M2:
-      RopeWriteKvKernel<KvDtype::kFp8E5M2><<<grid, block, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
-      break;
-    case KvDtype::kFp16:
-      RopeWriteKvKernel<KvDtype::kFp16><<<grid, block, 0, stream>>>(qkv, bias, heads, meta, g, layer, inv_freq, clamps);
-      break;
+    case KvDtype::kFp8E4M3: TAILSERVE_CUDA_RETURN_IF_ERROR(launch(RopeWriteKvKernel<KvDtype::kFp8E4M3>)); break;
+    case KvDtype::kFp8E5M2: TAILSERVE_CUDA_RETURN_IF_ERROR(launch(RopeWriteKvKernel<KvDtype::kFp8E5M2>)); break;
+    case KvDtype::kFp16: TAILSERVE_CUDA_RETURN_IF_ERROR(launch(RopeWriteKvKernel<KvDtype::kFp16>)); break;
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();

@@ -13,10 +13,11 @@
 namespace tailserve::cuda {
 
 // qkv: fp32 [rows, (heads + 2 * kv_heads) * head_dim], q then k then v per row; bias: same width
-// or null; inv_freq: [head_dim / 2]. head_dim at most 256 and even.
+// or null; inv_freq: [head_dim / 2]. head_dim at most 256 and even. overlap_previous: launched
+// programmatically (common.cuh), it waits for the previous kernel before it reads qkv.
 absl::Status RopeWriteKv(float* qkv, const float* bias, int rows, int heads, const RowMeta& meta,
                          const KvGeometry& geometry, const KvLayerView& layer, const float* inv_freq,
-                         unsigned long long* clamps, cudaStream_t stream);
+                         unsigned long long* clamps, cudaStream_t stream, bool overlap_previous = false);
 
 // Reads back one cached head vector as fp32 (for tests): out[head_dim].
 absl::Status ReadKvForTest(const KvGeometry& geometry, const KvLayerView& layer, bool value, int block, int slot,

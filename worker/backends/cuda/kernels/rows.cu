@@ -46,6 +46,7 @@ __global__ void EmbedBesideKernel(const __half* table, const int32_t* tokens, in
 template <bool kVec>
 __global__ void RmsNormKernel(float* x, const float* add, const int32_t* src, int hidden, const float* w, float eps,
                               __half* out) {
+  GridDependencyWait();  // everything it reads may be the previous kernel's
   __shared__ float shared[32];
   const int r = blockIdx.x;
   const int64_t row = static_cast<int64_t>(src ? src[r] : r) * hidden;
@@ -94,6 +95,7 @@ __global__ void RmsNormKernel(float* x, const float* add, const int32_t* src, in
 // Gate and up interleave, so a float4 holds two outputs' inputs: one 16-byte load and one 4-byte
 // store per two outputs (each thread took one output with 4-byte loads: 3.9 us at batch 64).
 __global__ void SwiGluKernel(const float* gate_up, int64_t total, __half* out) {
+  GridDependencyWait();
   const int64_t pairs = total / 2;
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   for (int64_t p = first; p < pairs; p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -178,27 +180,30 @@ absl::Status EmbedRows(const EmbedArgs& a, cudaStream_t stream) {
 }
 
 absl::Status RmsNormRows(float* x, const float* add, const int32_t* src, int rows, int hidden, const float* weight,
-                         float eps, __half* out, cudaStream_t stream) {
+                         float eps, __half* out, cudaStream_t stream, bool overlap_previous) {
   if (rows == 0) return absl::OkStatus();
   // Enough threads that each handles a few elements: a short dependency chain per row, since at
   // decode there are only a few rows (blocks). Two float4 a thread where the row is whole float4s.
   if (hidden % 4 == 0 && hidden <= 4 * 4 * 1024 && Aligned16(x) && Aligned16(add) && Aligned16(weight) &&
       Aligned16(out)) {
     const int threads = std::clamp((hidden / 8 + 31) / 32 * 32, 32, 1024);
-    RmsNormKernel<true><<<rows, threads, 0, stream>>>(x, add, src, hidden, weight, eps, out);
+    TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(rows), dim3(threads), 0, stream,
+                                                         RmsNormKernel<true>, x, add, src, hidden, weight, eps, out));
   } else {
     const int threads = std::clamp((hidden / 4 + 31) / 32 * 32, 32, 1024);
-    RmsNormKernel<false><<<rows, threads, 0, stream>>>(x, add, src, hidden, weight, eps, out);
+    TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(rows), dim3(threads), 0, stream,
+                                                         RmsNormKernel<false>, x, add, src, hidden, weight, eps, out));
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 
-absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream) {
+absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream, bool overlap_previous) {
   const int64_t total = static_cast<int64_t>(rows) * ffn;
   if (total == 0) return absl::OkStatus();
   if (!Aligned16(gate_up) || !Aligned16(out)) return absl::InvalidArgumentError("SwiGlu: buffers 16-byte aligned");
-  SwiGluKernel<<<GridFor(std::max<int64_t>(total / 2, 1), 256), 256, 0, stream>>>(gate_up, total, out);
+  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(GridFor(std::max<int64_t>(total / 2, 1), 256)),
+                                                       dim3(256), 0, stream, SwiGluKernel, gate_up, total, out));
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -33,14 +33,16 @@ absl::Status EmbedRows(const EmbedArgs& args, cudaStream_t stream);
 // (same layout as x), x[src[r], :] += add[src[r], :] first and is written back: a residual
 // contribution computed beside the one already added into x (the FFN's second half, see
 // CudaEngine::Forward). With `add`, the src rows must be distinct (a repeated row would be added
-// twice); the engine's are the identity.
+// twice); the engine's are the identity. overlap_previous (also SwiGlu's): launched
+// programmatically (common.cuh), it waits for the previous kernel before it reads anything.
 absl::Status RmsNormRows(float* x, const float* add, const int32_t* src, int rows, int hidden, const float* weight,
-                         float eps, __half* out, cudaStream_t stream);
+                         float eps, __half* out, cudaStream_t stream, bool overlap_previous = false);
 
 // out[r, f] = fp16(silu(gate_up[r, 2f]) * gate_up[r, 2f + 1]): gate and up interleaved, as the
 // engine lays out its fused gate/up matrix (so a Gemv warp computes both halves of one output).
 // Both buffers 16-byte aligned (InvalidArgument otherwise).
-absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream);
+absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream,
+                    bool overlap_previous = false);
 
 // x[r, :] += bias.
 absl::Status AddBias(float* x, int rows, int n, const float* bias, cudaStream_t stream);
