@@ -248,7 +248,7 @@ bool UsesMma(const KvGeometry& g) {
   return g.dtype != KvDtype::kFp16 && (g.head_dim == 32 || g.head_dim == 64 || g.head_dim == 128);
 }
 
-// Calls f with the tensor-core kernel instance for the shape (UsesMma(g) and ValidWarps only).
+// Calls f with the tensor-core kernel instance for the shape (UsesMma(g), warps as CheckShape allows).
 template <typename F>
 void WithMmaKernel(const AttentionShape& shape, const KvGeometry& g, F&& f) {
   using mma_attention::AttentionMmaKernel;

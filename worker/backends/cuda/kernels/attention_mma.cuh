@@ -14,8 +14,9 @@
 // about 20 warp-instructions per key. FP8 → fp16 is exact, so only q (fp16) and P (fp16) round.
 // Each warp streams its own tiles (keys begin + 16·(warp + W·i), W warps a CTA) through a
 // two-stage cp.async buffer in shared memory, with no block-wide barrier until the warps merge
-// their partial softmaxes at the end. The V scale of each key folds into P relative to the tile's largest V
-// scale (so P stays in fp16's normal range), and O carries that factor from tile to tile.
+// their partial softmaxes at the end. The V scale of each key folds into P relative to the
+// tile's largest V scale (so P stays in fp16's normal range), and O carries that factor from
+// tile to tile.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_pipeline_primitives.h>
@@ -127,10 +128,10 @@ __device__ __forceinline__ Stage<HD> (*DynamicStages())[2] {
   return reinterpret_cast<Stage<HD>(*)[2]>(dynamic_smem);
 }
 
-// Grid (tiles, kv_heads, splits), kWarps · 32 threads (DynamicSmemBytes(HD, kWarps) of dynamic
-// shared memory). Writes each split's partial (acc[hd], max,
-// sum per row and query head, natural-log max) in the layout the combine kernel reads, or with
-// one split (or cluster_merge) the normalised output itself.
+// Grid (tiles, kv_heads, splits), kWarps · 32 threads and DynamicSmemBytes(HD, kWarps) of
+// dynamic shared memory. Writes each split's partial (acc[hd], max, sum per row and query head,
+// natural-log max) in the layout the combine kernel reads, or with one split (or cluster_merge)
+// the normalised output itself.
 // Decode (kTiled false): a tile is one row; its G ≤ 8 query heads fill mma rows 0..G-1 and rows
 // 8..15 are zero. Prefill (kTiled true): a tile is rows [x·T, x·T + T) with T = 16 / G, taken as
 // runs of consecutive positions of one sequence (a single run unless a sequence starts inside the
