@@ -204,7 +204,7 @@ absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int
       const KvLayerView layer{k->get(), v->get(), static_cast<float*>(ks->get()), static_cast<float*>(vs->get())};
       const double kv_bytes = double(rows) * (context + 1) * kvh * (hd * elem + scale) * 2;
       // 4·s warps in one split stream as s splits of 4 warps (FP8 decode on the tensor cores).
-      const bool wide = dtype != KvDtype::kFp16 && (hd == 32 || hd == 64 || hd == 128);
+      const bool wide = cuda::AttentionTakesNewKv(g);
       for (auto [splits, warps] : {std::pair{1, 4}, {2, 4}, {4, 4}, {8, 4}, {16, 4}, {32, 4}, {1, 8}, {1, 16}, {2, 16}}) {
         if (warps != 4 && !wide) continue;
         const cuda::AttentionShape shape{.rows = rows, .heads = m.heads, .q_stride = q_stride, .splits = splits,

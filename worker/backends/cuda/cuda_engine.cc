@@ -444,18 +444,18 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // Batch-1 decode on the tensor-core attention: RoPE rides in the q/k/v Gemv's epilogue and the
   // attention CTA holding the new position writes its K/V to the cache, so there is no RoPE kernel
   // (3.4 us a layer on the 8B shape, for one token).
-  shape.new_kv = fused && decode && cuda::AttentionTakesNewKv(kv_);
+  const bool mma_decode = decode && cuda::AttentionTakesNewKv(kv_);  // the tensor-core kernel's decode
+  shape.new_kv = fused && mma_decode;
   // The attention after RoPE or the q/k/v Gemv, and at batch 1 every Gemv after its predecessor,
   // start programmatically on the engine's own stream (common.cuh); not when profiling, where an
   // event sits between two ops and each is timed alone.
   shape.overlap_previous = profile_ == nullptr;
-  shape.cluster_merge = decode && cuda::AttentionTakesNewKv(kv_) && shape.splits > 1 &&
-                        shape.splits <= cuda::kMaxClusterSplits &&
+  shape.cluster_merge = mma_decode && shape.splits > 1 && shape.splits <= cuda::kMaxClusterSplits &&
                         attention_tiles * kv_.kv_heads * shape.splits <= sm_count_;
   // Decode on the tensor cores where 2 or 4 splits would need the combine kernel (8B batch 16: 4
   // splits, 512 CTAs; batch 32: 2): the splits become warps of one CTA, which merges them in
   // shared memory and writes the output itself.
-  if (decode && cuda::AttentionTakesNewKv(kv_) && !shape.cluster_merge && (shape.splits == 2 || shape.splits == 4)) {
+  if (mma_decode && !shape.cluster_merge && (shape.splits == 2 || shape.splits == 4)) {
     shape.warps = 4 * shape.splits, shape.splits = 1;
   }
   // Decode through cuBLASLt (above batch 1, or a model the batch-1 Gemv does not take; dense, large
