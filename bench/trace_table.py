@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Where a replayed decode step's time goes, from bench/cupti_trace.cc's trace.
+
+Usage: trace_table.py trace.tsv
+For every graph replayed at least 5 times, takes each replay's kernels in order of their end, and
+charges each kernel the time from the previous kernel's end to its own (its cost to the step: a
+kernel launched programmatically starts early and waits inside, so its span overstates it). Prints
+the median over replays, summed by kernel name, beside the median span.
+"""
+import collections
+import statistics
+import sys
+
+
+def short(name):
+    for key, label in (("RmsNorm", "rmsnorm"), ("RopeWriteKv", "rope_kv_write"), ("AttentionMma", "attention"),
+                       ("AttentionCombine", "combine"), ("SwiGlu", "swiglu"), ("splitKreduce", "cublas splitK reduce"),
+                       ("Embed", "embed"), ("Sample", "sample"), ("CopyBytes", "copy"), ("Gemv", "gemv"),
+                       ("nvjet", "cublas gemm"), ("gemm", "cublas gemm")):
+        if key in name:
+            return label
+    return name[:40]
+
+
+def main():
+    rows = []
+    with open(sys.argv[1]) as f:
+        for line in f:
+            start, end, graph, node, grid, name = line.rstrip("\n").split("\t", 5)
+            rows.append((int(start), int(end), int(graph), int(node), int(grid), name))
+    by_graph = collections.defaultdict(list)
+    for r in rows:
+        if r[2]:
+            by_graph[r[2]].append(r)
+    for graph, recs in sorted(by_graph.items()):
+        nodes = sorted({r[3] for r in recs})
+        # Replays: each node's k-th record belongs to replay k.
+        per_node = collections.defaultdict(list)
+        for r in sorted(recs):
+            per_node[r[3]].append(r)
+        replays = min(len(v) for v in per_node.values())
+        if replays < 5:
+            continue
+        steps, cost, span, count = [], collections.defaultdict(list), collections.defaultdict(list), collections.Counter()
+        grids = {}
+        for k in range(replays):
+            ks = sorted((per_node[n][k] for n in nodes), key=lambda r: r[1])
+            t0 = min(r[0] for r in ks)
+            steps.append(ks[-1][1] - t0)
+            prev_end = t0
+            acc, sp = collections.Counter(), collections.Counter()
+            for r in ks:
+                label = short(r[5])
+                acc[label] += max(0, r[1] - max(prev_end, 0))
+                sp[label] += r[1] - r[0]
+                prev_end = max(prev_end, r[1])
+                if k == 0:
+                    count[label] += 1
+                    grids.setdefault(label, set()).add(r[4])
+            for label in acc:
+                cost[label].append(acc[label])
+                span[label].append(sp[label])
+        total = statistics.median(steps)
+        print(f"\ngraph {graph}: {len(nodes)} kernels, {replays} replays, step (first start to last end) "
+              f"median {total / 1e3:.1f} us, min {min(steps) / 1e3:.1f}")
+        print("| kernel | launches | cost to the step us (median) | per launch | share | span us (median) | grids |")
+        print("|---|---:|---:|---:|---:|---:|---|")
+        for label in sorted(cost, key=lambda l: -statistics.median(cost[l])):
+            c = statistics.median(cost[label])
+            print(f"| {label} | {count[label]} | {c / 1e3:.1f} | {c / 1e3 / count[label]:.2f} | {100 * c / total:.0f}% | "
+                  f"{statistics.median(span[label]) / 1e3:.1f} | {','.join(str(g) for g in sorted(grids[label])[:4])} |")
+
+
+if __name__ == "__main__":
+    main()
