@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # One device run (see ../shared/gpu/README.md): GPU tests, kernel tests under compute-sanitizer,
 # then the decode/prefill benchmark on synthetic Llama-3.2-1B and Llama-3.1-8B checkpoints.
-# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|ab|soak|kernels]
+# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|ab|soak|kernels|trace]
 # (kernels [args]: the projections and attention alone at the 8B shape, no checkpoint: seconds, for kernel work;
 # args go to tailserve-bench-kernels, e.g. --gemm-search; ab: decode at 512 tokens, batch 1/16/64, of a baseline
 # build packed as .gpu/bin/tailserve-bench-cuda-base against this one, in alternating processes, AB_ROUNDS (2)
-# rounds on the 8B and the 1B shape; AB_BATCHES and AB_MODELS (l8b l1b) override the batches and shapes)
+# rounds on the 8B and the 1B shape; AB_BATCHES and AB_MODELS (l8b l1b) override the batches and shapes;
+# trace: the 8B decode at TRACE_BATCHES (1,16,64) under bench/cupti_trace.cc, then bench/trace_table.py:
+# what each kernel of the replayed step costs it)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 R=.gpu/run
 export TAILSERVE_SHARED_DIR=$PWD/.gpu/data
 MODE=${1:-check}
-for z in .gpu/lib/*.xz; do  # see bench/gpu_pack.sh
+for z in .gpu/lib/*.xz .gpu/bin/*.xz; do  # see bench/gpu_pack.sh
   [ -f "$z" ] || continue
   xz -d -f "$z" 2>/dev/null || python3 -c 'import lzma,sys; open(sys.argv[1][:-3],"wb").write(lzma.open(sys.argv[1]).read())' "$z"
 done
@@ -57,6 +59,13 @@ if [ "$MODE" = ab ]; then
       done
     done
   done
+elif [ "$MODE" = trace ]; then
+  echo "== kernel timeline of the replayed 8B step (CUPTI), batches ${TRACE_BATCHES:-1,16,64}, 512 tokens"
+  CUDA_INJECTION64_PATH=$PWD/.gpu/lib/libtailserve_cupti_trace.so TAILSERVE_TRACE_OUT=/tmp/trace.tsv \
+    $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches "${TRACE_BATCHES:-1,16,64}" --contexts 512 \
+    --prefills 512 > "$OUT/bench_traced.md" 2>&1
+  python3 bench/trace_table.py /tmp/trace.tsv --layer | tee "$OUT/trace_table.md"
+  xz -T0 -c /tmp/trace.tsv > "$OUT/trace.tsv.xz"
 elif [ "$MODE" = bench8b ]; then
   echo "== bench 8B (decode only)"
   $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512,2048 --prefills 512 2>&1 | tee "$OUT/bench_8b.md"

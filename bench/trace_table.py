@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Where a replayed decode step's time goes, from bench/cupti_trace.cc's trace.
 
-Usage: trace_table.py trace.tsv
+Usage: trace_table.py trace.tsv [--layer]
 For every graph replayed at least 5 times, takes each replay's kernels in order of their end, and
 charges each kernel the time from the previous kernel's end to its own (its cost to the step: a
 kernel launched programmatically starts early and waits inside, so its span overstates it). Prints
-the median over replays, summed by kernel name, beside the median span.
+the median over replays, summed by kernel name, beside the median span. Where two graph branches
+run at once (the FFN halves) the kernels of one are charged time the other spent: read them as a
+block. --layer also prints one layer of one replay (from the 21st RMSNorm to the 23rd), kernel by
+kernel in order of start.
 """
 import collections
 import statistics
@@ -15,7 +18,7 @@ import sys
 def short(name):
     for key, label in (("RmsNorm", "rmsnorm"), ("RopeWriteKv", "rope_kv_write"), ("AttentionMma", "attention"),
                        ("AttentionCombine", "combine"), ("SwiGlu", "swiglu"), ("splitKreduce", "cublas splitK reduce"),
-                       ("Embed", "embed"), ("Sample", "sample"), ("CopyBytes", "copy"), ("Gemv", "gemv"),
+                       ("Embed", "embed"), ("Sample", "sample"), ("CopyKernel", "copy"), ("Gemv", "gemv"),
                        ("nvjet", "cublas gemm"), ("gemm", "cublas gemm")):
         if key in name:
             return label
@@ -69,6 +72,17 @@ def main():
             c = statistics.median(cost[label])
             print(f"| {label} | {count[label]} | {c / 1e3:.1f} | {c / 1e3 / count[label]:.2f} | {100 * c / total:.0f}% | "
                   f"{statistics.median(span[label]) / 1e3:.1f} | {','.join(str(g) for g in sorted(grids[label])[:4])} |")
+        if "--layer" in sys.argv:
+            ks = sorted((per_node[n][replays // 2] for n in nodes), key=lambda r: r[0])
+            norms = [i for i, r in enumerate(ks) if short(r[5]) == "rmsnorm"]
+            if len(norms) < 23:
+                continue
+            t0, prev_end = ks[0][0], ks[norms[20] - 1][1]
+            print("\n| kernel | grid | start us | end us | span us | end - latest end so far us (negative: off the critical path) |\n|---|---:|---:|---:|---:|---:|")
+            for r in ks[norms[20]:norms[22] + 1]:
+                print(f"| {short(r[5])} | {r[4]} | {(r[0] - t0) / 1e3:.2f} | {(r[1] - t0) / 1e3:.2f} | "
+                      f"{(r[1] - r[0]) / 1e3:.2f} | {(r[1] - prev_end) / 1e3:.2f} |")
+                prev_end = max(prev_end, r[1])
 
 
 if __name__ == "__main__":
