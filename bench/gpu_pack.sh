@@ -6,9 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ninja -C build tailserve_cuda_tests tailserve-bench-cuda tailserve-bench-kernels tailserve-make-checkpoint \
-  tailserve_cupti_trace
+  tailserve_cupti_trace tailserve-bench-kv-layout
 ../shared/gpu/pack --data ../shared/reference build/bin/tailserve_cuda_tests build/bin/tailserve-bench-cuda \
-  build/bin/tailserve-bench-kernels build/bin/tailserve-make-checkpoint
+  build/bin/tailserve-bench-kernels build/bin/tailserve-make-checkpoint build/bin/tailserve-bench-kv-layout
 strip .gpu/bin/*
 # gpu_run.sh trace: the CUPTI injection library and CUPTI itself (xz-compressed below).
 cp build/bench/libtailserve_cupti_trace.so .gpu/lib/

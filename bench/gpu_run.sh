@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run (see ../shared/gpu/README.md): GPU tests, kernel tests under compute-sanitizer,
 # then the decode/prefill benchmark on synthetic Llama-3.2-1B and Llama-3.1-8B checkpoints.
-# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|ab|soak|kernels|trace]
+# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|ab|soak|kernels|kvlayout|trace]
 # (kernels [args]: the projections and attention alone at the 8B shape, no checkpoint: seconds, for kernel work;
 # args go to tailserve-bench-kernels, e.g. --gemm-search; ab: decode at 512 tokens, batch 1/16/64, of a baseline
 # build packed as .gpu/bin/tailserve-bench-cuda-base against this one, in alternating processes, AB_ROUNDS (2)
@@ -33,6 +33,11 @@ if [ "$MODE" = check ]; then
   else
     echo "compute-sanitizer not found"
   fi
+fi
+if [ "$MODE" = kvlayout ]; then
+  echo "== the attention's KV reads alone, slot-major (the cache) against head-major blocks"
+  $R tailserve-bench-kv-layout 2>&1 | tee "$OUT/kv_layout.md"
+  exit 0
 fi
 if [ "$MODE" = kernels ]; then
   echo "== kernels alone, 8B shape"
