@@ -16,4 +16,4 @@ cp -L /usr/local/cuda/lib64/libcupti.so.13 .gpu/lib/ 2>/dev/null || echo "no lib
 for f in .gpu/lib/libopenblas.so.* .gpu/lib/libcupti.so.* .gpu/bin/tailserve-bench-* .gpu/bin/tailserve_cuda_tests; do
   [ -f "$f" ] && xz -T2 -6 -f "$f"
 done
-du -sh .gpu
+echo "after compression (what a device run carries): $(du -sh .gpu | cut -f1)"
