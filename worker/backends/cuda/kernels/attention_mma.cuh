@@ -78,23 +78,23 @@ template <int HD>
 constexpr int DecodeMergeStride() {
   return (8 * (HD / 8 + 2) + 11) / 16 * 16 + 4;
 }
+// Offset of (row, dim d) in the decode merge buffer; row = warp · kDecodeMergeRows + query head.
 template <int HD>
-__device__ __forceinline__ int DecodeMergeIndex(int d) {
-  return d / (HD / 8) * (HD / 8 + 2) + d % (HD / 8);
+__device__ __forceinline__ int DecodeMergeAt(int row, int d) {
+  return row * DecodeMergeStride<HD>() + d / (HD / 8) * (HD / 8 + 2) + d % (HD / 8);
 }
 constexpr int kDecodeMergeRows = 8;  // query heads a warp's Oᵀ covers (G ≤ 8)
 
 // cluster_merge: after each CTA of the cluster (one a split, rank = split) has left its
-// unnormalised output in acc_s[r · DecodeMergeStride + DecodeMergeIndex(d)] and its max (log2
-// domain) and sum in ml_s[2r], [2r + 1] (max -inf: no keys, and then its values are garbage), CTA
-// `rank` merges a share of the rows × HD outputs from every rank's shared memory and writes them.
-// Shares are whole warps of one row (HD is a multiple of 32): lane s reads split s's max and sum,
-// the warp turns them into weights by shuffles, and every lane reads its element from each split,
-// all loads issued at once. The second barrier keeps each CTA's shared memory alive until every
-// rank has read it.
+// unnormalised output in acc_s[DecodeMergeAt(r, d)] and its max (log2 domain) and sum in
+// ml_s[2r], [2r + 1] (max -inf: no keys, and then its values are garbage), CTA `rank` merges a
+// share of the rows × HD outputs from every rank's shared memory and writes them. Shares are
+// whole warps of one row (HD is a multiple of 32): lane s reads split s's max and sum, the warp
+// turns them into weights by shuffles, and every lane reads its element from each split, all
+// loads issued at once. The second barrier keeps each CTA's shared memory alive until every rank
+// has read it.
 template <int HD, typename Out>
 __device__ __forceinline__ void ClusterMerge(float* acc_s, float* ml_s, int rows, int splits, Out&& final_at) {
-  constexpr int kStride = DecodeMergeStride<HD>();
   static_assert(HD % 32 == 0, "a warp's share lies in one row");
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
@@ -109,7 +109,7 @@ __device__ __forceinline__ void ClusterMerge(float* acc_s, float* ml_s, int rows
       const float* ml = cluster.map_shared_rank(ml_s, lane);
       m = ml[2 * r], l = ml[2 * r + 1];
     }
-    const int at = r * kStride + DecodeMergeIndex<HD>(i % HD);
+    const int at = DecodeMergeAt<HD>(r, i % HD);
     float as[kMaxClusterSplits];
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) as[s] = s < splits ? cluster.map_shared_rank(acc_s, s)[at] : 0.0f;
@@ -190,9 +190,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
   const int tile_end = min(rows, (static_cast<int>(blockIdx.x) + 1) * tile_rows);
   const uint8_t* kbase = static_cast<const uint8_t*>(layer.k) + kv_head * HD;
   const uint8_t* vbase = static_cast<const uint8_t*>(layer.v) + kv_head * HD;
-  // Merge buffers: [kWarps][16][HD], decode [kWarps][8][kMergeStride] (DecodeMergeIndex).
-  constexpr int kMergeStride = DecodeMergeStride<HD>();
-  static_assert(kDecodeMergeRows * kMergeStride <= 16 * HD, "the decode layout fits the merge buffer");
+  // Merge buffers: [kWarps][16][HD], decode [kWarps][8] rows at DecodeMergeAt.
+  static_assert(kDecodeMergeRows * DecodeMergeStride<HD>() <= 16 * HD, "the decode layout fits the merge buffer");
   float* o_s = reinterpret_cast<float*>(&stages[0][0]);
   float* ml_s = o_s + kWarps * 16 * HD;                  // [kWarps][16][2]
   float* merged_ml_s = ml_s + kWarps * 32;                // [16][2]: the CTA's max (log2) and sum (cluster_merge)
@@ -512,8 +511,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
       if (qc == 0) ml_s[(warp * 16 + r) * 2] = m[h], ml_s[(warp * 16 + r) * 2 + 1] = l[h];
     }
     if constexpr (!kTiled) {  // Oᵀ fragments: dims qg·kSpan + 2mt (+1), query heads 2qc, 2qc + 1
-      float* row_a = o_s + (warp * kDecodeMergeRows + 2 * qc) * kMergeStride + DecodeMergeIndex<HD>(qg * kSpan);
-      float* row_b = row_a + kMergeStride;
+      float* row_a = o_s + DecodeMergeAt<HD>(warp * kDecodeMergeRows + 2 * qc, qg * kSpan);
+      float* row_b = row_a + DecodeMergeStride<HD>();  // head 2qc + 1
 #pragma unroll
       for (int mt = 0; mt < kOTiles; ++mt) {
         *reinterpret_cast<float2*>(row_a + 2 * mt) = make_float2(o[mt][0] * o_scale, o[mt][2] * o_scale);
@@ -525,7 +524,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
       const int r = i / HD, d = i % HD;
       // This thread's element of warp w's slot (read by this thread alone).
       auto slot = [&](int w) {
-        return kTiled ? (w * 16 + r) * HD + d : (w * kDecodeMergeRows + r) * kMergeStride + DecodeMergeIndex<HD>(d);
+        return kTiled ? (w * 16 + r) * HD + d : DecodeMergeAt<HD>(w * kDecodeMergeRows + r, d);
       };
       float mm = -INFINITY;
 #pragma unroll
