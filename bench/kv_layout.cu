@@ -64,15 +64,28 @@ struct Case {
   int rows, warps, keys;
 };
 
+template <int kWarps>
+constexpr int SmemBytes() {
+  return kWarps * 2 * 2 * kKeys * kRowBytes;
+}
+
+// Once, before anything is timed: every instance may take its stages' dynamic shared memory.
+cudaError_t AllowSmem() {
+  cudaError_t e = cudaSuccess;
+  auto allow = [&](auto kernel, int bytes) {
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  };
+  allow(ReadKv<false, 4>, SmemBytes<4>()), allow(ReadKv<true, 4>, SmemBytes<4>());
+  allow(ReadKv<false, 8>, SmemBytes<8>()), allow(ReadKv<true, 8>, SmemBytes<8>());
+  allow(ReadKv<false, 16>, SmemBytes<16>()), allow(ReadKv<true, 16>, SmemBytes<16>());
+  return e;
+}
+
 template <bool kHeadMajor, int kWarps>
 cudaError_t LaunchWarps(const Case& c, const uint8_t* k, const uint8_t* v, int blocks_per_row, unsigned* sink,
                         cudaStream_t s) {
-  constexpr int kSmem = kWarps * 2 * 2 * kKeys * kRowBytes;
-  if (cudaError_t e = cudaFuncSetAttribute(ReadKv<kHeadMajor, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      e != cudaSuccess) {
-    return e;
-  }
-  ReadKv<kHeadMajor, kWarps><<<dim3(c.rows, kKvHeads), kWarps * 32, kSmem, s>>>(k, v, c.keys, blocks_per_row, sink);
+  ReadKv<kHeadMajor, kWarps><<<dim3(c.rows, kKvHeads), kWarps * 32, SmemBytes<kWarps>(), s>>>(k, v, c.keys,
+                                                                                            blocks_per_row, sink);
   return cudaGetLastError();
 }
 
@@ -100,6 +113,7 @@ absl::Status Run() {
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMalloc(&sink, sizeof(unsigned)));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(k, 1, layer_bytes * kLayers));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(v, 2, layer_bytes * kLayers));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(AllowSmem());
   cudaEvent_t e0, e1;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e0));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e1));
