@@ -95,15 +95,17 @@ TEST(CudaKernelTest, RmsNormMatchesCpuOnOddSizes) {
   std::mt19937 rng(seed);
   for (int rows : {1, 3, 19}) {
     for (int hidden : {64, 200, 203, 4096}) {  // 203: the scalar path (not whole float4s)
-      for (bool with_add : {false, true}) {  // add: x += add first, written back
+      for (int adds : {0, 1, 3}) {  // x += Σ adds arrays first, written back (stride past the rows)
         auto x = Random(size_t(rows) * hidden, rng, 3.0f);
-        const auto w = Random(hidden, rng), add = Random(x.size(), rng);
+        const int64_t stride = int64_t(x.size()) + 4;
+        const auto w = Random(hidden, rng), add = Random(size_t(stride) * std::max(adds, 1), rng);
         Dev<float> dx(x), dw(w), dadd(add);
         Dev<__half> out(size_t(rows) * hidden);
-        ASSERT_TRUE(
-            cuda::RmsNormRows(dx.p, with_add ? dadd.p : nullptr, nullptr, rows, hidden, dw.p, 1e-5f, out.p, nullptr).ok());
-        if (with_add) {
-          for (size_t i = 0; i < x.size(); ++i) x[i] += add[i];
+        ASSERT_TRUE(cuda::RmsNormRows(dx.p, {adds ? dadd.p : nullptr, adds, stride}, nullptr, rows, hidden, dw.p, 1e-5f,
+                                      out.p, nullptr)
+                        .ok());
+        for (int a = 0; a < adds; ++a) {
+          for (size_t i = 0; i < x.size(); ++i) x[i] += add[a * stride + i];
         }
         std::vector<float> want(x.size());
         for (int r = 0; r < rows; ++r) {
@@ -112,10 +114,11 @@ TEST(CudaKernelTest, RmsNormMatchesCpuOnOddSizes) {
           const double inv = 1 / std::sqrt(ss / hidden + 1e-5);
           for (int i = 0; i < hidden; ++i) want[r * hidden + i] = float(w[i] * x[r * hidden + i] * inv);
         }
-        const std::string what = "rows " + std::to_string(rows) + " hidden " + std::to_string(hidden) + " add " +
-                                 std::to_string(with_add) + " seed " + std::to_string(seed);
+        const std::string what = "rows " + std::to_string(rows) + " hidden " + std::to_string(hidden) + " adds " +
+                                 std::to_string(adds) + " seed " + std::to_string(seed);
         EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << what;
-        EXPECT_EQ(dx.Get(), x) << what;  // the sum written back (or x untouched)
+        const auto got_x = dx.Get();  // the sum written back (or x untouched); the GPU adds in another order
+        for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got_x[i], x[i], 1e-5f * (1 + std::abs(x[i]))) << what;
       }
     }
   }
@@ -352,6 +355,57 @@ TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
   cudaFree(workspace);
 }
 
+// RunSplitK: k in chunks, each chunk's product an array `stride` floats apart whose sum is X·Wᵀ;
+// a k the chunks would not split into whole 16-byte vectors falls back to one chunk.
+TEST(CudaKernelTest, GemmRunnerSplitKPartialsSumToTheProduct) {
+  REQUIRE_GPU();
+  const unsigned seed = 79;
+  std::mt19937 rng(seed);
+  void* workspace = nullptr;
+  ASSERT_EQ(cudaMalloc(&workspace, 32 << 20), cudaSuccess);
+  auto runner = cuda::GemmRunner::Create(nullptr, workspace, 32 << 20);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  for (bool tuning : {false, true}) {
+    (*runner)->set_tuning(tuning);
+    for (int rows : {1, 3, 19, 64}) {
+      for (int splits : {1, 2, 3}) {
+        for (int ldw : {0, 1000}) {  // 1000: columns [40, 40 + k) of a wider W
+          for (int k : {240, 200}) {  // 200 / 2 = 100: not whole vectors, one chunk
+            const int n = 77, wstride = ldw ? ldw : k, first = ldw ? 40 : 0;
+            const int64_t stride = int64_t(rows) * n + 12;
+            auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * wstride, rng, 0.05f);
+            Dev<__half> dx(RoundToHalf(xf)), dw(RoundToHalf(wf));
+            Dev<float> dy(std::vector<float>(size_t(stride) * splits, std::nanf("")));
+            absl::StatusOr<int> chunks = (*runner)->RunSplitK(dx.p, rows, k, dw.p + first, n, splits, dy.p, stride, ldw);
+            ASSERT_TRUE(chunks.ok()) << chunks.status();
+            const bool whole = k % splits == 0 && (k / splits) % 8 == 0;
+            EXPECT_EQ(*chunks, whole ? splits : 1) << "k " << k << " splits " << splits;
+            const auto got = dy.Get();
+            std::vector<float> sum(size_t(rows) * n, 0.0f), want(sum.size());
+            for (int c = 0; c < *chunks; ++c) {
+              for (size_t i = 0; i < sum.size(); ++i) sum[i] += got[c * stride + i];
+            }
+            for (int r = 0; r < rows; ++r) {
+              for (int c = 0; c < n; ++c) {
+                double d = 0;
+                for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[size_t(c) * wstride + first + i];
+                want[size_t(r) * n + c] = float(d);
+              }
+            }
+            EXPECT_LE(RelL2(sum, want), 1e-5) << "rows " << rows << " k " << k << " splits " << splits << " ldw " << ldw
+                                              << " tuning " << tuning << " seed " << seed;
+          }
+        }
+      }
+    }
+  }
+  Dev<__half> dx(size_t(64)), dw(size_t(64));
+  Dev<float> dy(size_t(64));
+  EXPECT_EQ((*runner)->RunSplitK(dx.p, 2, 16, dw.p, 2, 2, dy.p, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*runner)->RunSplitK(dx.p, 2, 16, dw.p, 2, 0, dy.p, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  cudaFree(workspace);
+}
+
 TEST(CudaKernelTest, SwiGluAndMoeRouteMatchCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(7);
@@ -422,7 +476,7 @@ std::vector<float> CacheRows(PagedFixture& f, const int32_t* dtable, const std::
                              const std::vector<float>& inv, unsigned long long* clamps) {
   Dev<float> dqkv(qkv), dinv(inv);
   Dev<int32_t> dseq(row_seq), dpos(row_pos);
-  EXPECT_TRUE(cuda::RopeWriteKv(dqkv.p, nullptr, int(row_seq.size()), heads, {dseq.p, dpos.p, dtable}, f.g, f.view(),
+  EXPECT_TRUE(cuda::RopeWriteKv(dqkv.p, {}, nullptr, int(row_seq.size()), heads, {dseq.p, dpos.p, dtable}, f.g, f.view(),
                                 dinv.p, clamps, nullptr)
                   .ok());
   return dqkv.Get();
@@ -474,7 +528,7 @@ TEST(CudaKernelTest, OverlappedRowKernelsWaitForTheirPredecessor) {
     ASSERT_TRUE(cuda::Gemv({.x = dx.p, .k = k, .w = dw.p, .n = n, .y = dy.p}, s).ok());
     std::vector<float> got, want;
     if (which == 0) {
-      ASSERT_TRUE(cuda::RmsNormRows(dy.p, nullptr, nullptr, 1, n, nullptr, 1e-5f, out.p, s, true).ok());
+      ASSERT_TRUE(cuda::RmsNormRows(dy.p, {}, nullptr, 1, n, nullptr, 1e-5f, out.p, s, true).ok());
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);  // s does not block with cudaMemcpy's stream
       double ss = 0;
       for (float v : y) ss += double(v) * v;
@@ -488,7 +542,7 @@ TEST(CudaKernelTest, OverlappedRowKernelsWaitForTheirPredecessor) {
       got.resize(n / 2);
     } else {
       const RowMeta meta{dseq.p, dpos.p, dtable.p};
-      ASSERT_TRUE(cuda::RopeWriteKv(dy.p, nullptr, 1, heads, meta, f.g, f.view(), dinv.p, clamps.p, s, true).ok());
+      ASSERT_TRUE(cuda::RopeWriteKv(dy.p, {}, nullptr, 1, heads, meta, f.g, f.view(), dinv.p, clamps.p, s, true).ok());
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       want.assign(y.begin(), y.begin() + heads * hd);
       for (int h = 0; h < heads; ++h) CpuRope(want.data() + h * hd, hd, pos, inv);
@@ -526,7 +580,7 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
   Dev<unsigned long long> clamps(1);
   CUDA_OK(cudaMemset(clamps.p, 0, 8));
   const RowMeta meta{dseq.p, dpos.p, dtable.p};
-  ASSERT_TRUE(cuda::RopeWriteKv(dqkv.p, dbias.p, rows, heads, meta, f.g, f.view(), dinv.p, clamps.p, nullptr).ok());
+  ASSERT_TRUE(cuda::RopeWriteKv(dqkv.p, {}, dbias.p, rows, heads, meta, f.g, f.view(), dinv.p, clamps.p, nullptr).ok());
   const auto got_qkv = dqkv.Get();
 
   // CPU: bias, rotation; keys and values as the cache should hold them.
@@ -560,6 +614,37 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
   EXPECT_LE(RelL2(k_got, k_want), kc.tol) << KvDtypeName(kc.dtype) << " seed " << seed;
   EXPECT_LE(RelL2(v_got, v_want), kc.tol) << KvDtypeName(kc.dtype) << " seed " << seed;
   EXPECT_EQ(clamps.Get()[0], 0u);
+
+  // The same q/k/v as a split-K projection's two partials, which RoPE sums (q to its own buffer),
+  // into a second cache (same block table): the same q and K/V to rounding.
+  {
+    PagedFixture f2(int(lens.size()), 48, kv_heads, hd, kc.dtype);
+    const int64_t stride = int64_t(rows) * width + 4;
+    const auto p0 = Random(size_t(rows) * width, rng, 1.0f);
+    std::vector<float> parts(size_t(2 * stride), std::nanf(""));
+    for (size_t i = 0; i < p0.size(); ++i) parts[i] = p0[i], parts[size_t(stride) + i] = qkv[i] - p0[i];
+    Dev<float> dparts(parts), dq(std::vector<float>(size_t(rows) * width, std::nanf("")));
+    ASSERT_TRUE(cuda::RopeWriteKv(dq.p, {dparts.p, 2, stride}, dbias.p, rows, heads, meta, f2.g, f2.view(), dinv.p,
+                                  clamps.p, nullptr)
+                    .ok());
+    const auto q2 = dq.Get();
+    std::vector<float> q2_got, k2_got, v2_got;
+    for (int r = 0; r < rows; ++r) {
+      q2_got.insert(q2_got.end(), q2.begin() + size_t(r) * width, q2.begin() + size_t(r) * width + heads * hd);
+      const int block = f2.table[size_t(row_seq[r]) * f2.g.max_blocks_per_seq + row_pos[r] / 16];
+      for (int kh = 0; kh < kv_heads; ++kh) {
+        for (int value = 0; value < 2; ++value) {
+          ASSERT_TRUE(cuda::ReadKvForTest(f2.g, f2.view(), value, block, row_pos[r] % 16, kh, head.p, nullptr).ok());
+          const auto h = head.Get();
+          (value ? v2_got : k2_got).insert((value ? v2_got : k2_got).end(), h.begin(), h.end());
+        }
+      }
+    }
+    EXPECT_LE(RelL2(q2_got, q_want), 1e-5) << "partials, seed " << seed;
+    EXPECT_LE(RelL2(k2_got, k_want), kc.tol) << "partials, " << KvDtypeName(kc.dtype) << " seed " << seed;
+    EXPECT_LE(RelL2(v2_got, v_want), kc.tol) << "partials, " << KvDtypeName(kc.dtype) << " seed " << seed;
+    EXPECT_EQ(clamps.Get()[0], 0u);
+  }
 
   // Attention of every row over the cache as stored (quantisation is not counted against the
   // kernel), as decode rows and as prefill runs.
@@ -865,7 +950,7 @@ TEST(CudaKernelTest, KvWriteClampsNonFiniteValuesAndCountsThem) {
     Dev<int32_t> dseq(std::vector<int32_t>{0}), dpos(std::vector<int32_t>{0}), dtable(f.table);
     Dev<unsigned long long> clamps(1);
     CUDA_OK(cudaMemset(clamps.p, 0, 8));
-    ASSERT_TRUE(cuda::RopeWriteKv(dqkv.p, nullptr, 1, 1, {dseq.p, dpos.p, dtable.p}, f.g, f.view(), dinv.p, clamps.p,
+    ASSERT_TRUE(cuda::RopeWriteKv(dqkv.p, {}, nullptr, 1, 1, {dseq.p, dpos.p, dtable.p}, f.g, f.view(), dinv.p, clamps.p,
                                   nullptr).ok());
     Dev<float> head(64);
     for (int value = 0; value < 2; ++value) {
@@ -1044,7 +1129,8 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
-// branches, the second half's output added by the next norm.
+// branches. Together the 19 rows take the split-K projections (partials summed by RoPE and the
+// norms); alone each row takes the batch-1 Gemv path.
 class CudaEngineBatchTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {

@@ -17,6 +17,16 @@
 #include "worker/backends/cuda/kernels/rows.h"
 
 namespace tailserve {
+namespace {
+
+// Decode above batch 1 splits the k range of the q/k/v, o and down projections in two
+// (GemmRunner::RunSplitK); RoPE and the next RMSNorm add the halves. Kernel bench, H200, 8B
+// shape, 16 / 32 / 64 rows (µs, cuBLASLt's best pick of each): q/k/v 16.3 / 16.1 / 16.2 → 15.0 /
+// 15.3 / 15.7, o (with its split-K reduce) 12.9 / 13.7 / 11.6 → 10.6 / 10.7 / 11.1, down 32.8 /
+// 33.4 / 34.9 → 30.3 / 30.3 / 31.2; 4 and 8 chunks were slower than 2, gate/up gains nothing.
+constexpr int kDecodeKSplits = 2;
+
+}  // namespace
 
 struct CudaEngine::Buffers {
   // Step inputs: one pinned host mirror, one device copy, uploaded together before each forward
@@ -62,7 +72,10 @@ struct CudaEngine::Buffers {
   float* sumsq = nullptr;            // [2 layers + 1]: Σ x² of the residual before each norm (batch 1)
   __half* final_xn = nullptr;  // [logit_rows, h]
   float* logits = nullptr;          // [logit_rows, vocab]
-  float* ffn_side_out = nullptr;     // [max_rows, h]: the FFN's second half (decode above batch 1)
+  // Decode above batch 1: the split-K projections' chunk outputs (kDecodeKSplits), which RoPE
+  // and the norms add.
+  float* qkv_partials = nullptr;       // [kDecodeKSplits][max_bucket, q + 2 kv]
+  float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN halves' down
   void* cublas_workspace = nullptr;
   void* side_cublas_workspace = nullptr;  // side_gemm_'s, as large
   size_t cublas_workspace_bytes = 32 << 20;
@@ -293,7 +306,8 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                             256 + R * h * 4 + R * h * 2 + R * (qd + 2 * kvd) * 4 + R * qd * 2 + R * 2 * f * 4 +
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
-                            (2 * static_cast<size_t>(c.num_layers) + 1) * 4 + R * h * 4 + 2 * (32 << 20) + 64 * 256;
+                            (2 * static_cast<size_t>(c.num_layers) + 1) * 4 +
+                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) + 64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
   work_memory_ = *std::move(mem);
@@ -361,7 +375,8 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.sumsq = a.Take<float>(2 * static_cast<size_t>(c.num_layers) + 1);
   b.final_xn = a.Take<__half>(L * h);
   b.logits = a.Take<float>(L * c.vocab_size);
-  b.ffn_side_out = a.Take<float>(R * h);
+  b.qkv_partials = a.Take<float>(kDecodeKSplits * max_bucket_ * (qd + 2 * kvd));
+  b.residual_partials = a.Take<float>(2 * kDecodeKSplits * max_bucket_ * h);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   b.side_cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   if (!b.side_cublas_workspace) return absl::InternalError("cuda: workspace arena too small (a sizing bug)");
@@ -458,18 +473,29 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   if (mma_decode && !shape.cluster_merge && (shape.splits == 2 || shape.splits == 4)) {
     shape.warps = 4 * shape.splits, shape.splits = 1;
   }
+  // Decode above batch 1: q/k/v, o and down split along k (kDecodeKSplits), each chunk's output
+  // an fp32 array that RoPE or the next norm adds; the residual's stay pending until a norm.
+  const bool split_k = decode && !fused && rows <= max_bucket_;
+  const int64_t qkv_stride = int64_t{max_bucket_} * qkvw, residual_stride = int64_t{max_bucket_} * h;
+  cuda::Partials pending;
   // Decode through cuBLASLt (above batch 1, or a model the batch-1 Gemv does not take; dense, large
   // FFN): the FFN in two halves along its width, each gate/up → SwiGLU → down over its f / 2
-  // inputs, the second half on a forked branch writing its own output, which the next norm adds
-  // into the residual. The halves fill each other's ramps, tails and
+  // inputs, the second half on a forked branch; both write their down projection's k chunks,
+  // which the next norm adds into the residual. The halves fill each other's ramps, tails and
   // SwiGLU. Measured on the H200 (bench/RESULTS.md): the 8B's FFN (352 MB) at 16 / 32 / 64 rows
   // 90.5 / 92.2 / 95.3 µs against 91.9 / 96.9 / 99.3 on one stream (kernel bench --mlp-branches);
   // the 1B's (100 MB) got slower (engine b16 1.19 → 1.22 ms): each half's GEMMs are then too short
   // to hide anything, hence the size floor (options_.ffn_halves_min_bytes). Not when profiling (one
   // event after each op on one stream; the whole-FFN shapes then run on cuBLASLt's untimed pick).
-  const bool ffn_halves = !fused && decode && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
+  const bool ffn_halves = split_k && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
                           3 * int64_t{h} * f * 2 >= options_.ffn_halves_min_bytes;
-  const float* ffn_pending = nullptr;  // the second half's output, until a norm adds it
+  auto gemm_split_k = [&](cuda::GemmRunner& gemm, const __half* x, int k, const __half* w, int n, float* out,
+                          int64_t stride, cuda::Partials* written, int ldw = 0) -> absl::Status {
+    absl::StatusOr<int> chunks = gemm.RunSplitK(x, rows, k, w, n, kDecodeKSplits, out, stride, ldw);
+    if (!chunks.ok()) return chunks.status();
+    *written = {out, *chunks, stride};
+    return absl::OkStatus();
+  };
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
   // At batch 1 the embedding writes sumsq(0) and zeroes the slots the Gemvs accumulate into (no
   // memset node in the graph).
@@ -482,6 +508,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                 .beside_previous = io != nullptr && shape.overlap_previous}, s));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
+    cuda::Partials qkv_in;  // none: RoPE reads b.qkv
     if (fused) {
       cuda::GemvArgs qkv{.x_f32 = b.x, .k = h, .w = L.w_qkv, .n = qkvw, .y = b.qkv, .in_sumsq = sumsq(2 * l), .eps = eps,
                          .overlap_previous = shape.overlap_previous};
@@ -492,12 +519,16 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       TRY("gemm_qkv", cuda::Gemv(qkv, s));
     } else {
       // The weight folded into w_qkv.
-      TRY("rmsnorm", cuda::RmsNormRows(b.x, ffn_pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
-      ffn_pending = nullptr;
-      TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
+      TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
+      pending = {};
+      if (split_k) {
+        TRY("gemm_qkv", gemm_split_k(*gemm_, b.xn, h, L.w_qkv, qkvw, b.qkv_partials, qkv_stride, &qkv_in));
+      } else {
+        TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
+      }
     }
     if (!shape.new_kv) {
-      TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
+      TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
                                              inv_freq_, b.clamps, s, shape.overlap_previous));
     }
     TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
@@ -513,31 +544,44 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                    .out_sumsq = sumsq(2 * l + 2), .overlap_previous = shape.overlap_previous}, s));
       continue;
     }
-    TRY("gemm_o", gemm_->Run(b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM
+    if (split_k) {
+      TRY("gemm_o", gemm_split_k(*gemm_, b.attn, qd, L.w_o, h, b.residual_partials, residual_stride, &pending));
+    } else {
+      TRY("gemm_o", gemm_->Run(b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM
+    }
     if (L.b_o) TRY("bias", cuda::AddBias(b.x, rows, h, L.b_o, s));
     // The weight folded into gate/up.
-    TRY("rmsnorm", cuda::RmsNormRows(b.x, nullptr, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
+    TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
+    pending = {};
     if (ffn_halves) {
       // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.
       cudaStream_t side = side_stream_.get();
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_fork_.get(), s));
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, ffn_fork_.get(), 0));
+      // Each half's down projection writes its k chunks' outputs after the other's; the next norm
+      // adds them all.
+      cuda::Partials downs[2];
       for (int half = 0; half < 2; ++half) {
         cuda::GemmRunner& gemm = half ? *side_gemm_ : *gemm_;
         float* gate_up = b.gate_up + static_cast<size_t>(half) * rows * f;
         __half* act = b.act + static_cast<size_t>(half) * rows * (f / 2);
         TRY("gemm_gate_up", gemm.Run(b.xn, rows, h, L.w_gate_up + static_cast<size_t>(half) * f * h, f, 0.0f, gate_up));
         TRY("swiglu", cuda::SwiGlu(gate_up, rows, f / 2, act, half ? side : s, shape.overlap_previous));
-        TRY("gemm_down", gemm.Run(act, rows, f / 2, L.w_down + half * (f / 2), h, half ? 0.0f : 1.0f,
-                                  half ? b.ffn_side_out : b.x, /*ldw=*/f));
+        float* out = b.residual_partials + (half ? downs[0].count * residual_stride : 0);
+        TRY("gemm_down", gemm_split_k(gemm, act, f / 2, L.w_down + half * (f / 2), h, out, residual_stride, &downs[half],
+                                      /*ldw=*/f));
       }
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_join_.get(), side));
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, ffn_join_.get(), 0));
-      ffn_pending = b.ffn_side_out;
+      pending = {b.residual_partials, downs[0].count + downs[1].count, residual_stride};
     } else if (c.num_experts == 0) {
       TRY("gemm_gate_up", gemm_->Run(b.xn, rows, h, L.w_gate_up, 2 * f, 0.0f, b.gate_up));
       TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s, shape.overlap_previous));
-      TRY("gemm_down", gemm_->Run(b.act, rows, f, L.w_down, h, 1.0f, b.x));
+      if (split_k) {
+        TRY("gemm_down", gemm_split_k(*gemm_, b.act, f, L.w_down, h, b.residual_partials, residual_stride, &pending));
+      } else {
+        TRY("gemm_down", gemm_->Run(b.act, rows, f, L.w_down, h, 1.0f, b.x));
+      }
     } else {
       // Every expert runs over every row and rows it did not route to get weight 0: wasteful
       // (experts / top_k times the FLOPs) but shape-static, so it lives in the graph.
@@ -567,8 +611,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                .in_sumsq = sumsq(2 * layers_.size()), .eps = eps,
                                .overlap_previous = shape.overlap_previous}, s));
   } else if (logit_rows > 0) {
-    TRY("final_norm", cuda::RmsNormRows(b.x, ffn_pending, b.logit_src, logit_rows, h, nullptr, eps, b.final_xn, s));
-    ffn_pending = nullptr;
+    TRY("final_norm", cuda::RmsNormRows(b.x, pending, b.logit_src, logit_rows, h, nullptr, eps, b.final_xn, s));
+    pending = {};
     TRY("lm_head", gemm_->Run(b.final_xn, logit_rows, h, lm_head_, static_cast<int>(c.vocab_size), 0.0f, b.logits));
   }
   if (logit_rows > 0 && decode) {

@@ -56,8 +56,9 @@ cublasStatus_t GemmRunner::Matmul(const Plan& plan, const cublasLtMatmulAlgo_t& 
                         workspace_, workspace_bytes_, stream_);
 }
 
-absl::StatusOr<GemmRunner::Plan*> GemmRunner::PlanFor(int rows, int k, int n, int ldw, bool accumulate) {
-  auto& slot = plans_[{rows, k, n, ldw, accumulate}];
+absl::StatusOr<GemmRunner::Plan*> GemmRunner::PlanFor(int rows, int k, int n, int ldw, bool accumulate, int splits,
+                                                      int64_t partial_stride) {
+  auto& slot = plans_[{rows, k, n, ldw, accumulate, splits, partial_stride}];
   if (slot) return slot.get();
   auto plan = std::make_unique<Plan>();
   // Column-major view: Yᵀ[n, rows] = W[n, k] (stored k-major, so op T) · Xᵀ[k, rows].
@@ -66,8 +67,18 @@ absl::StatusOr<GemmRunner::Plan*> GemmRunner::PlanFor(int rows, int k, int n, in
   TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16F, k, n, ldw));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16F, k, rows, k));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16F, k, rows, k * splits));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_32F, n, rows, n));
+  if (splits > 1) {  // chunk s of W and X starts s · k elements into their rows; its output s · stride
+    const int32_t count = splits;
+    const int64_t chunk = k;
+    for (auto [layout, stride] : {std::pair{plan->a, chunk}, {plan->b, chunk}, {plan->c, partial_stride}}) {
+      TAILSERVE_CUDA_RETURN_IF_ERROR(
+          cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(
+          cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    }
+  }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (absl::Status st = Candidates(*plan, 1, &result, &found); !st.ok()) return st;
@@ -116,6 +127,29 @@ absl::Status GemmRunner::Run(const __half* x, int rows, int k, const __half* w, 
   }
   TAILSERVE_CUDA_RETURN_IF_ERROR(Matmul(**plan, (*plan)->algo, x, w, beta, y));
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> GemmRunner::RunSplitK(const __half* x, int rows, int k, const __half* w, int n, int splits,
+                                          float* partials, int64_t partial_stride, int ldw) {
+  if (ldw == 0) ldw = k;
+  if (ldw < k) return absl::InvalidArgumentError(absl::StrCat("GemmRunner: ldw ", ldw, " below k ", k));
+  if (splits < 1 || partial_stride < static_cast<int64_t>(rows) * n) {
+    return absl::InvalidArgumentError(absl::StrCat("GemmRunner: ", splits, " splits of ", rows, "x", n,
+                                                   " outputs with stride ", partial_stride));
+  }
+  if (k % splits != 0 || (k / splits) % 8 != 0) splits = 1;
+  if (splits == 1) {
+    if (absl::Status st = Run(x, rows, k, w, n, 0.0f, partials, ldw); !st.ok()) return st;
+    return 1;
+  }
+  if (rows == 0) return splits;
+  absl::StatusOr<Plan*> plan = PlanFor(rows, k / splits, n, ldw, false, splits, partial_stride);
+  if (!plan.ok()) return plan.status();
+  if (tuning_ && !(*plan)->tuned) {
+    if (absl::Status s = Tune(**plan, x, w, 0.0f, partials); !s.ok()) return s;
+  }
+  TAILSERVE_CUDA_RETURN_IF_ERROR(Matmul(**plan, (*plan)->algo, x, w, 0.0f, partials));
+  return splits;
 }
 
 }  // namespace tailserve::cuda

@@ -11,6 +11,7 @@
 
 #include <map>
 #include <memory>
+#include <cstdint>
 #include <tuple>
 
 #include "absl/status/statusor.h"
@@ -30,6 +31,15 @@ class GemmRunner {
   // Gemv reads whole rows).
   absl::Status Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y, int ldw = 0);
 
+  // The k range split into `splits` equal chunks (1 where k / splits is not whole 16-byte
+  // vectors), one strided-batched GEMM writing each chunk's product, fp32 [rows, n], to
+  // partials + s · partial_stride: a consumer that reads Y anyway sums them (kernels/partials.h).
+  // cuBLASLt's own split-K adds a reduce kernel after the GEMM; at 16-64 rows two chunks also
+  // stream W faster than any configuration of the whole (bench/CUDA_NOTES.md). Returns the chunks
+  // written.
+  absl::StatusOr<int> RunSplitK(const __half* x, int rows, int k, const __half* w, int n, int splits, float* partials,
+                                int64_t partial_stride, int ldw = 0);
+
   // While on (never during graph capture), the first Run of a shape times up to 8 of cuBLASLt's
   // candidate algorithms on that very call (same buffers; beta = 1 calls accumulate several
   // times into y) and keeps the fastest for every later Run of the shape.
@@ -39,7 +49,10 @@ class GemmRunner {
  private:
   struct Plan;
   GemmRunner() = default;
-  absl::StatusOr<Plan*> PlanFor(int rows, int k, int n, int ldw, bool accumulate);
+  // splits > 1: a strided batch over k chunks of k / splits (`k` is the chunk), outputs
+  // partial_stride apart.
+  absl::StatusOr<Plan*> PlanFor(int rows, int k, int n, int ldw, bool accumulate, int splits = 1,
+                                int64_t partial_stride = 0);
   // Up to `wanted` of cuBLASLt's heuristic candidates for the plan's shape.
   absl::Status Candidates(const Plan& plan, int wanted, cublasLtMatmulHeuristicResult_t* results, int* found);
   // Y = W·X + beta·Y on the stream with one algorithm (its scratch: the runner's workspace).
@@ -53,7 +66,7 @@ class GemmRunner {
   CublasLtHandle lt_;
   bool tuning_ = false;
   int tuned_ = 0;
-  std::map<std::tuple<int, int, int, int, bool>, std::unique_ptr<Plan>> plans_;
+  std::map<std::tuple<int, int, int, int, bool, int, int64_t>, std::unique_ptr<Plan>> plans_;
 };
 
 }  // namespace tailserve::cuda

@@ -11,13 +11,14 @@ namespace {
 
 constexpr int kMaxPairsPerLane = 4;  // head_dim <= 256
 constexpr int kHeadsPerBlock = 4;
+constexpr int kMaxPartials = 4;  // RopeWriteKv's in.count
 
 // Grid (rows, heads / 4): a warp per head (q heads, then k heads, then v heads), each lane the
 // rotation pairs lane, lane + 32, ... One head a warp and blocks spread over the SMs, so a warp's
 // chain is one load of its head, its position and block-table entry (issued together), then the
 // writes: a block per row looping its warps over 48 heads had two such chains (5.3 us a layer).
 template <KvDtype D>
-__global__ void RopeWriteKvKernel(float* qkv, const float* bias, int heads, RowMeta meta, KvGeometry g,
+__global__ void RopeWriteKvKernel(float* qkv, Partials in, const float* bias, int heads, RowMeta meta, KvGeometry g,
                                   KvLayerView layer, const float* inv_freq, unsigned long long* clamps) {
   using Codec = KvCodec<D>;
   TriggerDependents();  // the attention that follows may start its prologue (see PagedAttention)
@@ -34,14 +35,27 @@ __global__ void RopeWriteKvKernel(float* qkv, const float* bias, int heads, RowM
   int clamped = 0;
   const bool is_v = head >= heads + kvh;
   float* v = x + head * hd;
+  // The projection: in place, or the sum of the partials (x's layout, in.stride floats apart).
+  const float* src = in.count > 0 ? in.data + static_cast<int64_t>(row) * width + head * hd : v;
+  const int parts = in.count > 0 ? in.count : 1;
+  const int64_t part_stride = in.stride;
   const float* b = bias ? bias + head * hd : nullptr;
   float lo[kMaxPairsPerLane], hi[kMaxPairsPerLane];
 #pragma unroll
-  for (int j = 0; j < kMaxPairsPerLane; ++j) {
+  for (int j = 0; j < kMaxPairsPerLane; ++j) {  // all loads first: one round trip
     const int i = lane + 32 * j;
     lo[j] = hi[j] = 0.0f;
     if (i >= half) continue;
-    float a = v[i], c = v[i + half];
+#pragma unroll
+    for (int p = 0; p < kMaxPartials; ++p) {
+      if (p < parts) lo[j] += src[p * part_stride + i], hi[j] += src[p * part_stride + i + half];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxPairsPerLane; ++j) {
+    const int i = lane + 32 * j;
+    if (i >= half) continue;
+    float a = lo[j], c = hi[j];
     if (b) a += b[i], c += b[i + half];
     if (!is_v) {  // rotate-half RoPE; the angle in fp32 as transformers computes it
       float s, co;
@@ -90,17 +104,18 @@ __global__ void ReadKvKernel(KvGeometry g, KvLayerView layer, bool value, int64_
 
 }  // namespace
 
-absl::Status RopeWriteKv(float* qkv, const float* bias, int rows, int heads, const RowMeta& meta,
+absl::Status RopeWriteKv(float* qkv, const Partials& in, const float* bias, int rows, int heads, const RowMeta& meta,
                          const KvGeometry& g, const KvLayerView& layer, const float* inv_freq,
                          unsigned long long* clamps, cudaStream_t stream, bool overlap_previous) {
   if (g.head_dim > 2 * 32 * kMaxPairsPerLane || g.head_dim % 2) {
     return absl::InvalidArgumentError("RopeWriteKv: head_dim must be even and at most 256");
   }
+  if (in.data && in.count > kMaxPartials) return absl::InvalidArgumentError("RopeWriteKv: at most 4 partials");
   if (rows == 0) return absl::OkStatus();
   const dim3 grid(rows, (heads + 2 * g.kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock), block(32 * kHeadsPerBlock);
   auto launch = [&](auto kernel) {
-    return LaunchMaybeOverlapped(overlap_previous, grid, block, 0, stream, kernel, qkv, bias, heads, meta, g, layer,
-                                 inv_freq, clamps);
+    return LaunchMaybeOverlapped(overlap_previous, grid, block, 0, stream, kernel, qkv, in.data ? in : Partials{}, bias,
+                                 heads, meta, g, layer, inv_freq, clamps);
   };
   switch (g.dtype) {
     case KvDtype::kFp8E4M3: TAILSERVE_CUDA_RETURN_IF_ERROR(launch(RopeWriteKvKernel<KvDtype::kFp8E4M3>)); break;

@@ -40,31 +40,43 @@ __global__ void EmbedBesideKernel(const __half* table, const int32_t* tokens, in
   GridDependencyWait();
 }
 
-// One block per row. kVec (hidden % 4 == 0, at most 4 float4 a thread: see RmsNormRows): each
-// thread loads its float4s once and keeps them for the scaled write, where the scalar path reads
-// the row twice.
-template <bool kVec>
-__global__ void RmsNormKernel(float* x, const float* add, const int32_t* src, int hidden, const float* w, float eps,
+// One block per row. kVec (hidden % 4 == 0, at most kMax float4 a thread: see RmsNormRows): each
+// thread loads its float4s (and the arrays it adds) once and keeps them for the scaled write, where
+// the scalar path reads the row twice. kMax 2 keeps those loads in 64 registers for 1024 threads;
+// 4 (hidden above 8192) spills some.
+constexpr int kMaxAdds = 4;  // RmsNormRows's add.count
+
+template <bool kVec, int kMax = 1>
+__global__ void __launch_bounds__(1024) RmsNormKernel(float* x, Partials add, const int32_t* src, int hidden, const float* w, float eps,
                               __half* out) {
   GridDependencyWait();  // everything it reads may be the previous kernel's
   __shared__ float shared[32];
   const int r = blockIdx.x;
   const int64_t row = static_cast<int64_t>(src ? src[r] : r) * hidden;
   float* xr = x + row;
-  const float* ar = add ? add + row : nullptr;
+  const float* ar = add.count > 0 ? add.data + row : nullptr;
   __half* o = out + static_cast<int64_t>(r) * hidden;
   if constexpr (kVec) {
-    constexpr int kMax = 4;
     const int n4 = hidden / 4;
-    float4 v[kMax];
+    float4 v[kMax], a[kMax][kMaxAdds];
     float sum = 0;
+    // Every load before the first store (which may alias them): one round trip, not one a float4.
 #pragma unroll
     for (int j = 0; j < kMax; ++j) {
       const int i = threadIdx.x + j * blockDim.x;
       v[j] = i < n4 ? reinterpret_cast<const float4*>(xr)[i] : make_float4(0, 0, 0, 0);
+#pragma unroll
+      for (int p = 0; p < kMaxAdds; ++p) {
+        a[j][p] = ar && p < add.count && i < n4 ? reinterpret_cast<const float4*>(ar + p * add.stride)[i]
+                                                : make_float4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMax; ++j) {
+      const int i = threadIdx.x + j * blockDim.x;
       if (ar && i < n4) {
-        const float4 a = reinterpret_cast<const float4*>(ar)[i];
-        v[j].x += a.x, v[j].y += a.y, v[j].z += a.z, v[j].w += a.w;
+#pragma unroll
+        for (int p = 0; p < kMaxAdds; ++p) v[j].x += a[j][p].x, v[j].y += a[j][p].y, v[j].z += a[j][p].z, v[j].w += a[j][p].w;
         reinterpret_cast<float4*>(xr)[i] = v[j];
       }
       sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
@@ -84,7 +96,9 @@ __global__ void RmsNormKernel(float* x, const float* add, const int32_t* src, in
   } else {
     float sum = 0;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-      if (ar) xr[i] += ar[i];  // this thread reads it back below
+      if (ar) {  // this thread reads it back below
+        for (int p = 0; p < add.count; ++p) xr[i] += ar[p * add.stride + i];
+      }
       sum += xr[i] * xr[i];
     }
     const float inv = rsqrtf(BlockSum(sum, shared) / hidden + eps);
@@ -179,20 +193,25 @@ absl::Status EmbedRows(const EmbedArgs& a, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-absl::Status RmsNormRows(float* x, const float* add, const int32_t* src, int rows, int hidden, const float* weight,
+absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int rows, int hidden, const float* weight,
                          float eps, __half* out, cudaStream_t stream, bool overlap_previous) {
   if (rows == 0) return absl::OkStatus();
   // Enough threads that each handles a few elements: a short dependency chain per row, since at
   // decode there are only a few rows (blocks). Two float4 a thread where the row is whole float4s.
-  if (hidden % 4 == 0 && hidden <= 4 * 4 * 1024 && Aligned16(x) && Aligned16(add) && Aligned16(weight) &&
+  const Partials a = add.data ? add : Partials{};
+  if (a.count > kMaxAdds) return absl::InvalidArgumentError("RmsNormRows: at most 4 arrays to add");
+  const bool add_aligned = a.count <= 0 || (Aligned16(a.data) && a.stride % 4 == 0);
+  if (hidden % 4 == 0 && hidden <= 4 * 4 * 1024 && Aligned16(x) && add_aligned && Aligned16(weight) &&
       Aligned16(out)) {
     const int threads = std::clamp((hidden / 8 + 31) / 32 * 32, 32, 1024);
+    const int n4_per_thread = (hidden / 4 + threads - 1) / threads;
     TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(rows), dim3(threads), 0, stream,
-                                                         RmsNormKernel<true>, x, add, src, hidden, weight, eps, out));
+                                                         n4_per_thread <= 2 ? RmsNormKernel<true, 2> : RmsNormKernel<true, 4>,
+                                                         x, a, src, hidden, weight, eps, out));
   } else {
     const int threads = std::clamp((hidden / 4 + 31) / 32 * 32, 32, 1024);
     TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(rows), dim3(threads), 0, stream,
-                                                         RmsNormKernel<false>, x, add, src, hidden, weight, eps, out));
+                                                         RmsNormKernel<false>, x, a, src, hidden, weight, eps, out));
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();

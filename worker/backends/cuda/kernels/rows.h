@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "worker/backends/cuda/kernels/partials.h"
 
 namespace tailserve::cuda {
 
@@ -30,12 +31,12 @@ absl::Status EmbedRows(const EmbedArgs& args, cudaStream_t stream);
 
 // out[r, :] = fp16(x[src[r], :] / rms(x[src[r], :]) * weight); src == nullptr means src[r] = r;
 // weight == nullptr means ones (the weight was folded into the consumer's matrix). With `add`
-// (same layout as x), x[src[r], :] += add[src[r], :] first and is written back: a residual
-// contribution computed beside the one already added into x (the FFN's second half, see
+// (at most 4 arrays laid out as x), x[src[r], :] += Σ add[src[r], :] first and is written back: residual
+// contributions not yet added into x (a split-K projection's partials, the FFN halves', see
 // CudaEngine::Forward). With `add`, the src rows must be distinct (a repeated row would be added
 // twice); the engine's are the identity. overlap_previous (also SwiGlu's): launched
 // programmatically (common.cuh), it waits for the previous kernel before it reads anything.
-absl::Status RmsNormRows(float* x, const float* add, const int32_t* src, int rows, int hidden, const float* weight,
+absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int rows, int hidden, const float* weight,
                          float eps, __half* out, cudaStream_t stream, bool overlap_previous = false);
 
 // out[r, f] = fp16(silu(gate_up[r, 2f]) * gate_up[r, 2f + 1]): gate and up interleaved, as the

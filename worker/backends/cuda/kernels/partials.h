@@ -1,0 +1,16 @@
+#pragma once
+// Fp32 arrays laid out like the buffer a kernel reads, `stride` floats apart, that the kernel sums
+// into what it reads: the outputs of a GEMM whose k range was split into chunks
+// (GemmRunner::RunSplitK), so the sum rides in a kernel that runs anyway instead of cuBLASLt's
+// split-K reduce kernel.
+#include <cstdint>
+
+namespace tailserve::cuda {
+
+struct Partials {
+  const float* data = nullptr;  // null or count == 0: none
+  int count = 0;
+  int64_t stride = 0;  // floats from one array to the next
+};
+
+}  // namespace tailserve::cuda
