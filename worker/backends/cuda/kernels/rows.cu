@@ -47,8 +47,8 @@ __global__ void EmbedBesideKernel(const __half* table, const int32_t* tokens, in
 constexpr int kMaxAdds = 4;  // RmsNormRows's add.count
 
 template <bool kVec, int kMax = 1>
-__global__ void __launch_bounds__(1024) RmsNormKernel(float* x, Partials add, const int32_t* src, int hidden, const float* w, float eps,
-                              __half* out) {
+__global__ void __launch_bounds__(1024)
+    RmsNormKernel(float* x, Partials add, const int32_t* src, int hidden, const float* w, float eps, __half* out) {
   GridDependencyWait();  // everything it reads may be the previous kernel's
   __shared__ float shared[32];
   const int r = blockIdx.x;
@@ -76,7 +76,9 @@ __global__ void __launch_bounds__(1024) RmsNormKernel(float* x, Partials add, co
       const int i = threadIdx.x + j * blockDim.x;
       if (ar && i < n4) {
 #pragma unroll
-        for (int p = 0; p < kMaxAdds; ++p) v[j].x += a[j][p].x, v[j].y += a[j][p].y, v[j].z += a[j][p].z, v[j].w += a[j][p].w;
+        for (int p = 0; p < kMaxAdds; ++p) {
+          v[j].x += a[j][p].x, v[j].y += a[j][p].y, v[j].z += a[j][p].z, v[j].w += a[j][p].w;
+        }
         reinterpret_cast<float4*>(xr)[i] = v[j];
       }
       sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
@@ -206,7 +208,8 @@ absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int 
     const int threads = std::clamp((hidden / 8 + 31) / 32 * 32, 32, 1024);
     const int n4_per_thread = (hidden / 4 + threads - 1) / threads;
     TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(rows), dim3(threads), 0, stream,
-                                                         n4_per_thread <= 2 ? RmsNormKernel<true, 2> : RmsNormKernel<true, 4>,
+                                                         n4_per_thread <= 2 ? RmsNormKernel<true, 2>
+                                                                            : RmsNormKernel<true, 4>,
                                                          x, a, src, hidden, weight, eps, out));
   } else {
     const int threads = std::clamp((hidden / 4 + 31) / 32 * 32, 32, 1024);
