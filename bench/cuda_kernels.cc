@@ -250,6 +250,19 @@ T CapValue(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t a
   return v;
 }
 
+// GemmRunner's pick for the projection at `rows` (its candidates timed on the first call, as the
+// engine does at start), then that pick's mean µs in a graph as the engine replays it; each call
+// of `weights` gives the next weight copy.
+absl::StatusOr<double> TunedGemmRunnerUs(cuda::GemmRunner& gemm, const Projection& p, int rows, const __half* x,
+                                         const std::function<const __half*()>& weights, float* y, int reps,
+                                         cudaStream_t s) {
+  const float beta = p.residual ? 1.0f : 0.0f;
+  gemm.set_tuning(true);
+  if (absl::Status st = gemm.Run(x, rows, p.k, weights(), p.n, beta, y); !st.ok()) return st;
+  gemm.set_tuning(false);
+  return TimeGraph(s, reps, [&] { return gemm.Run(x, rows, p.k, weights(), p.n, beta, y); });
+}
+
 // Experiment, not the engine's path: how far cuBLASLt's whole configuration space (algorithm ×
 // tile × stages × split-K × cluster) is from the pick GemmRunner's tuning makes among the
 // heuristic's 8 first candidates, on the decode projections at `rows` > 1.
@@ -288,11 +301,7 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
       auto* yp = static_cast<float*>(y->get());
       int launches = 0;
       auto wp = [&] { return static_cast<const __half*>(w[launches++ % copies].get()); };
-      // GemmRunner's pick, timed in a graph as the engine replays it.
-      (*gemm)->set_tuning(true);
-      if (absl::Status st = (*gemm)->Run(x, rows, p.k, wp(), p.n, beta, yp); !st.ok()) return st;
-      (*gemm)->set_tuning(false);
-      absl::StatusOr<double> tuned = TimeGraph(s, reps, [&] { return (*gemm)->Run(x, rows, p.k, wp(), p.n, beta, yp); });
+      absl::StatusOr<double> tuned = TunedGemmRunnerUs(**gemm, p, rows, x, wp, yp, reps, s);
       if (!tuned.ok()) return tuned.status();
 
       cublasLtMatmulDesc_t op = nullptr;
@@ -563,11 +572,7 @@ absl::Status BenchBatchedSplitK(const Shape& m, const std::vector<int>& rows_lis
       auto* yp = static_cast<float*>(y->get());
       int launches = 0;
       auto wp = [&] { return static_cast<const __half*>(w[launches++ % copies].get()); };
-      const float beta = p.residual ? 1.0f : 0.0f;
-      (*gemm)->set_tuning(true);
-      if (absl::Status st = (*gemm)->Run(x, rows, p.k, wp(), p.n, beta, yp); !st.ok()) return st;
-      (*gemm)->set_tuning(false);
-      absl::StatusOr<double> base = TimeGraph(s, reps, [&] { return (*gemm)->Run(x, rows, p.k, wp(), p.n, beta, yp); });
+      absl::StatusOr<double> base = TunedGemmRunnerUs(**gemm, p, rows, x, wp, yp, reps, s);
       if (!base.ok()) return base.status();
       std::printf("| %s | %d | %.1f |", p.name, rows, *base);
       double best_all = *base;

@@ -313,9 +313,9 @@ TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
   REQUIRE_GPU();
   const unsigned seed = 78;
   std::mt19937 rng(seed);
-  void* workspace = nullptr;
-  ASSERT_EQ(cudaMalloc(&workspace, 32 << 20), cudaSuccess);
-  auto runner = cuda::GemmRunner::Create(nullptr, workspace, 32 << 20);
+  absl::StatusOr<DeviceMemory> workspace = DeviceAlloc(32 << 20);
+  ASSERT_TRUE(workspace.ok()) << workspace.status();
+  auto runner = cuda::GemmRunner::Create(nullptr, workspace->get(), 32 << 20);
   ASSERT_TRUE(runner.ok()) << runner.status();
   for (bool tuning : {false, true}) {
     (*runner)->set_tuning(tuning);
@@ -352,7 +352,6 @@ TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
   Dev<__half> dx(size_t(8)), dw(size_t(8));
   Dev<float> dy(size_t(8));
   EXPECT_EQ((*runner)->Run(dx.p, 2, 8, dw.p, 1, 0.0f, dy.p, 4).code(), absl::StatusCode::kInvalidArgument);
-  cudaFree(workspace);
 }
 
 // RunSplitK: k in chunks, each chunk's product an array `stride` floats apart whose sum is X·Wᵀ;
@@ -361,9 +360,9 @@ TEST(CudaKernelTest, GemmRunnerSplitKPartialsSumToTheProduct) {
   REQUIRE_GPU();
   const unsigned seed = 79;
   std::mt19937 rng(seed);
-  void* workspace = nullptr;
-  ASSERT_EQ(cudaMalloc(&workspace, 32 << 20), cudaSuccess);
-  auto runner = cuda::GemmRunner::Create(nullptr, workspace, 32 << 20);
+  absl::StatusOr<DeviceMemory> workspace = DeviceAlloc(32 << 20);
+  ASSERT_TRUE(workspace.ok()) << workspace.status();
+  auto runner = cuda::GemmRunner::Create(nullptr, workspace->get(), 32 << 20);
   ASSERT_TRUE(runner.ok()) << runner.status();
   for (bool tuning : {false, true}) {
     (*runner)->set_tuning(tuning);
@@ -403,7 +402,6 @@ TEST(CudaKernelTest, GemmRunnerSplitKPartialsSumToTheProduct) {
   Dev<float> dy(size_t(64));
   EXPECT_EQ((*runner)->RunSplitK(dx.p, 2, 16, dw.p, 2, 2, dy.p, 3).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*runner)->RunSplitK(dx.p, 2, 16, dw.p, 2, 0, dy.p, 4).status().code(), absl::StatusCode::kInvalidArgument);
-  cudaFree(workspace);
 }
 
 TEST(CudaKernelTest, SwiGluAndMoeRouteMatchCpu) {

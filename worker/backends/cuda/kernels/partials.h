@@ -11,6 +11,9 @@ struct Partials {
   const float* data = nullptr;  // null or count == 0: none
   int count = 0;
   int64_t stride = 0;  // floats from one array to the next
+
+  // What a launcher passes its kernel: none where data is null or count is not positive.
+  Partials OrNone() const { return data && count > 0 ? *this : Partials{}; }
 };
 
 }  // namespace tailserve::cuda

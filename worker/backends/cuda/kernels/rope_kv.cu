@@ -110,11 +110,12 @@ absl::Status RopeWriteKv(float* qkv, const Partials& in, const float* bias, int 
   if (g.head_dim > 2 * 32 * kMaxPairsPerLane || g.head_dim % 2) {
     return absl::InvalidArgumentError("RopeWriteKv: head_dim must be even and at most 256");
   }
-  if (in.data && in.count > kMaxPartials) return absl::InvalidArgumentError("RopeWriteKv: at most 4 partials");
+  const Partials parts = in.OrNone();
+  if (parts.count > kMaxPartials) return absl::InvalidArgumentError("RopeWriteKv: at most 4 partials");
   if (rows == 0) return absl::OkStatus();
   const dim3 grid(rows, (heads + 2 * g.kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock), block(32 * kHeadsPerBlock);
   auto launch = [&](auto kernel) {
-    return LaunchMaybeOverlapped(overlap_previous, grid, block, 0, stream, kernel, qkv, in.data ? in : Partials{}, bias,
+    return LaunchMaybeOverlapped(overlap_previous, grid, block, 0, stream, kernel, qkv, parts, bias,
                                  heads, meta, g, layer, inv_freq, clamps);
   };
   switch (g.dtype) {

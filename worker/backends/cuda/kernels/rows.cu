@@ -200,9 +200,9 @@ absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int 
   if (rows == 0) return absl::OkStatus();
   // Enough threads that each handles a few elements: a short dependency chain per row, since at
   // decode there are only a few rows (blocks). Two float4 a thread where the row is whole float4s.
-  const Partials a = add.data ? add : Partials{};
+  const Partials a = add.OrNone();
   if (a.count > kMaxAdds) return absl::InvalidArgumentError("RmsNormRows: at most 4 arrays to add");
-  const bool add_aligned = a.count <= 0 || (Aligned16(a.data) && a.stride % 4 == 0);
+  const bool add_aligned = a.count == 0 || (Aligned16(a.data) && a.stride % 4 == 0);
   if (hidden % 4 == 0 && hidden <= 4 * 4 * 1024 && Aligned16(x) && add_aligned && Aligned16(weight) &&
       Aligned16(out)) {
     const int threads = std::clamp((hidden / 8 + 31) / 32 * 32, 32, 1024);
