@@ -173,26 +173,37 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
 }
 
 absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int>& rows_list,
-                            const std::vector<int>& contexts, int reps, cudaStream_t s) {
+                            const std::vector<int>& contexts, int reps, bool l2_hot, cudaStream_t s) {
   const int block = 16, hd = m.head_dim, kvh = m.kv_heads, q_stride = (m.heads + 2 * kvh) * hd;
   absl::StatusOr<int> per_sm = cuda::AttentionCtasPerSm({.heads = m.heads}, {block, kvh, hd, 1, dtype});
   if (!per_sm.ok()) return per_sm.status();
-  std::printf("\ndecode attention, %s cache, %d CTAs per SM; one row per sequence at position `context`\n\n",
-              KvDtypeName(dtype), *per_sm);
+  std::printf("\ndecode attention, %s cache, %d CTAs per SM; one row per sequence at position `context`; KV %s\n\n",
+              KvDtypeName(dtype), *per_sm, l2_hot ? "one copy (L2-hot where it fits)" : "rotating copies past L2");
   std::printf("| rows | context | splits | warps | µs | KV GB/s read | of 4.26 TB/s |\n|---:|---:|---:|---:|---:|---:|---:|\n");
   const double elem = KvElementBytes(dtype), scale = dtype == KvDtype::kFp16 ? 0 : 4;
   for (int rows : rows_list) {
     for (int context : contexts) {
       const int per_seq = (context + block) / block, blocks = rows * per_seq + 1;
       const size_t entries = size_t(blocks) * block * kvh;
-      auto k = Filled(entries * hd * size_t(elem), 0x38), v = Filled(entries * hd * size_t(elem), 0x38);
-      auto ks = Filled(entries * 4, 0x3c), vs = Filled(entries * 4, 0x3c), q = Filled(size_t(rows) * q_stride * 4, 0x3c);
+      // Like the weights: copies past L2 unless --l2-hot, each launch reading the next (in a step
+      // the attention finds its layer's KV in DRAM).
+      const size_t kv_set_bytes = entries * (hd * size_t(elem) + 4) * 2;
+      const int copies = l2_hot ? 1 : int(std::max<size_t>(1, (size_t(256) << 20) / kv_set_bytes + 1));
+      std::vector<absl::StatusOr<DeviceMemory>> k, v, ks, vs;
+      for (int i = 0; i < copies; ++i) {
+        k.push_back(Filled(entries * hd * size_t(elem), 0x38)), v.push_back(Filled(entries * hd * size_t(elem), 0x38));
+        ks.push_back(Filled(entries * 4, 0x3c)), vs.push_back(Filled(entries * 4, 0x3c));
+        for (auto* b : {&k.back(), &v.back(), &ks.back(), &vs.back()}) {
+          if (!b->ok()) return b->status();
+        }
+      }
+      auto q = Filled(size_t(rows) * q_stride * 4, 0x3c);
       std::vector<int32_t> table(size_t(rows) * per_seq), seq(rows), pos(rows, context);
       for (size_t i = 0; i < table.size(); ++i) table[i] = 1 + int32_t(i);
       for (int r = 0; r < rows; ++r) seq[r] = r;
       auto dtable = DeviceAlloc(table.size() * 4), dseq = DeviceAlloc(rows * 4), dpos = DeviceAlloc(rows * 4);
       auto out = DeviceAlloc(size_t(rows) * m.heads * hd * 2);
-      for (auto* b : {&k, &v, &ks, &vs, &q, &dtable, &dseq, &dpos, &out}) {
+      for (auto* b : {&q, &dtable, &dseq, &dpos, &out}) {
         if (!b->ok()) return b->status();
       }
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dtable->get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
@@ -201,7 +212,11 @@ absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int
       const KvGeometry g{block, kvh, hd, per_seq, dtype};
       const RowMeta meta{static_cast<const int32_t*>(dseq->get()), static_cast<const int32_t*>(dpos->get()),
                          static_cast<const int32_t*>(dtable->get())};
-      const KvLayerView layer{k->get(), v->get(), static_cast<float*>(ks->get()), static_cast<float*>(vs->get())};
+      int next = 0;
+      auto layer = [&] {
+        const int i = next++ % copies;
+        return KvLayerView{k[i]->get(), v[i]->get(), static_cast<float*>(ks[i]->get()), static_cast<float*>(vs[i]->get())};
+      };
       const double kv_bytes = double(rows) * (context + 1) * kvh * (hd * elem + scale) * 2;
       // 4·s warps in one split stream as s splits of 4 warps (FP8 decode on the tensor cores).
       const bool wide = cuda::AttentionTakesNewKv(g);
@@ -212,7 +227,7 @@ absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int
         auto ws = DeviceAlloc(cuda::AttentionWorkspaceFloats(shape, hd) * 4);
         if (!ws.ok()) return ws.status();
         absl::StatusOr<double> us = TimeGraph(s, reps, [&] {
-          return cuda::PagedAttention(static_cast<const float*>(q->get()), shape, meta, g, layer,
+          return cuda::PagedAttention(static_cast<const float*>(q->get()), shape, meta, g, layer(),
                                       static_cast<float*>(ws->get()), static_cast<__half*>(out->get()), s);
         });
         if (!us.ok()) return us.status();
@@ -657,7 +672,7 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "launches per timed graph");
   app.add_flag("--gemm-search", gemm_search, "only: time cuBLASLt's whole configuration space per projection");
   bool l2_hot = false;
-  app.add_flag("--l2-hot", l2_hot, "projections read one weight copy, so W stays in L2 where it fits (50 MB)");
+  app.add_flag("--l2-hot", l2_hot, "projections and attention read one weight / KV copy, so it stays in L2 where it fits (50 MB)");
   bool mlp_branches = false;
   app.add_flag("--mlp-branches", mlp_branches, "only: the MLP block on one stream against two halves on graph branches");
   bool ksplit = false;
@@ -691,7 +706,7 @@ int main(int argc, char** argv) {
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;
   }
-  if (st.ok()) st = BenchAttention(m, *dtype, Ints(rows), Ints(contexts), reps, stream->get());
+  if (st.ok()) st = BenchAttention(m, *dtype, Ints(rows), Ints(contexts), reps, l2_hot, stream->get());
   if (!st.ok()) {
     std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return 1;
