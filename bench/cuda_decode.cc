@@ -107,11 +107,6 @@ int Main(int argc, char** argv) {
   app.add_option("--attention-splits", max_splits, "most splits of a row's keys the engine may choose (its split model picks)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  int kv_prefetch_blocks = 0;
-  bool kv_prefetch_normal = false;
-  app.add_option("--kv-prefetch-blocks", kv_prefetch_blocks, "decode above batch 1: each row's first KV blocks a layer prefetched into L2 (0: off)")
-      ->capture_default_str();
-  app.add_flag("--kv-prefetch-normal", kv_prefetch_normal, "the prefetch at normal L2 priority instead of evict_last");
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
   for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
@@ -124,9 +119,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) return std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str()), 2;
   const double t0 = Now();
-  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
-                                         .kv_l2_prefetch_blocks = kv_prefetch_blocks,
-                                         .kv_l2_prefetch_evict_last = !kv_prefetch_normal});
+  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

@@ -13,7 +13,6 @@
 #include "worker/backends/cuda/kernels/attention.h"
 #include "worker/backends/cuda/kernels/copy.h"
 #include "worker/backends/cuda/kernels/gemv.h"
-#include "worker/backends/cuda/kernels/kv_prefetch.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
 
@@ -130,10 +129,6 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   if (!ffn_fork.ok()) return ffn_fork.status();
   if (!ffn_join.ok()) return ffn_join.status();
   ffn_fork_ = *std::move(ffn_fork), ffn_join_ = *std::move(ffn_join);
-  absl::StatusOr<CudaEvent> kv_fork = MakeEvent(), kv_join = MakeEvent();
-  if (!kv_fork.ok()) return kv_fork.status();
-  if (!kv_join.ok()) return kv_join.status();
-  kv_fork_ = *std::move(kv_fork), kv_join_ = *std::move(kv_join);
   if (absl::Status s = LoadWeights(ckpt); !s.ok()) return s;
   if (absl::Status s = AllocateWorkspaces(); !s.ok()) return s;
   if (options_.use_graphs) {
@@ -494,7 +489,6 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // event after each op on one stream; the whole-FFN shapes then run on cuBLASLt's untimed pick).
   const bool ffn_halves = split_k && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
                           3 * int64_t{h} * f * 2 >= options_.ffn_halves_min_bytes;
-  const bool kv_prefetch = split_k && mma_decode && options_.kv_l2_prefetch_blocks > 0;
   auto gemm_split_k = [&](cuda::GemmRunner& gemm, const __half* x, int k, const __half* w, int n, float* out,
                           int64_t stride, cuda::Partials* written, int ldw = 0) -> absl::Status {
     absl::StatusOr<int> chunks = gemm.RunSplitK(x, rows, k, w, n, kDecodeKSplits, out, stride, ldw);
@@ -524,17 +518,6 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       }
       TRY("gemm_qkv", cuda::Gemv(qkv, s));
     } else {
-      if (kv_prefetch) {
-        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(kv_fork_.get(), s));
-        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_stream_.get(), kv_fork_.get(), 0));
-        if (absl::Status st = cuda::PrefetchKvToL2({.rows = rows, .max_blocks_per_row = options_.kv_l2_prefetch_blocks,
-                                                    .evict_last = options_.kv_l2_prefetch_evict_last},
-                                                   meta, kv_, L.kv, side_stream_.get());
-            !st.ok()) {
-          return st;
-        }
-        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(kv_join_.get(), side_stream_.get()));
-      }
       // The weight folded into w_qkv.
       TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
       pending = {};
@@ -561,7 +544,6 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                    .out_sumsq = sumsq(2 * l + 2), .overlap_previous = shape.overlap_previous}, s));
       continue;
     }
-    if (kv_prefetch) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, kv_join_.get(), 0));
     if (split_k) {
       TRY("gemm_o", gemm_split_k(*gemm_, b.attn, qd, L.w_o, h, b.residual_partials, residual_stride, &pending));
     } else {

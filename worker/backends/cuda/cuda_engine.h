@@ -38,10 +38,6 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
-  // Experiment: decode above batch 1 prefetches each row's first this many KV blocks of a layer
-  // into L2 beside its q/k/v GEMM (0: off); evict_last protects them from the streamed weights.
-  int kv_l2_prefetch_blocks = 0;
-  bool kv_l2_prefetch_evict_last = true;
 };
 
 class CudaEngine final : public Engine {
@@ -156,7 +152,6 @@ class CudaEngine final : public Engine {
   // Decode above batch 1: the FFN's second half runs on side_stream_ beside the first (Forward).
   std::unique_ptr<cuda::GemmRunner> side_gemm_;
   CudaEvent ffn_fork_, ffn_join_;
-  CudaEvent kv_fork_, kv_join_;  // the KV prefetch's branch
   DeviceMemory weight_memory_, kv_memory_, work_memory_;
   std::map<std::string, size_t> memory_;
   const __half* embed_ = nullptr;
