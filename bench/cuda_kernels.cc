@@ -47,19 +47,38 @@ absl::StatusOr<DeviceMemory> Filled(size_t bytes, int byte) {
   return m;
 }
 
-// As many copies of a weight matrix as keep timed launches reading DRAM (the engine's layers each
-// have their own weights; one copy would be served from the 50 MB L2 after the first launch).
-// `l2_hot`: one copy, on purpose: what a projection would take with its weights already in L2
-// (the ceiling of prefetching them there while a latency-bound kernel runs).
-absl::StatusOr<std::vector<DeviceMemory>> WeightCopies(size_t w_bytes, bool l2_hot = false) {
-  const int copies = l2_hot ? 1 : int(std::max<size_t>(1, (size_t(256) << 20) / w_bytes + 1));
-  std::vector<DeviceMemory> w;
-  for (int c = 0; c < copies; ++c) {
-    absl::StatusOr<DeviceMemory> m = Filled(w_bytes, 0x3c);
-    if (!m.ok()) return m.status();
-    w.push_back(*std::move(m));
+// Copies of one buffer (weights, a layer's KV), handed out in turn, so that timed launches read
+// DRAM as the engine's layers do, each from its own buffer; one copy would be served from the
+// 50 MB L2 after the first launch.
+class RotatingCopies {
+ public:
+  // As many copies of `bytes` as keep the reads past L2 (256 MB in all). `l2_hot`: one copy, on
+  // purpose: what a kernel would take with its data already in L2 (the ceiling of a prefetch).
+  static int PastL2(size_t bytes, bool l2_hot) {
+    return l2_hot ? 1 : int(std::max<size_t>(1, (size_t(256) << 20) / bytes + 1));
   }
-  return w;
+  static absl::StatusOr<RotatingCopies> Make(size_t bytes, int count, int fill = 0x3c) {
+    RotatingCopies r;
+    for (int c = 0; c < count; ++c) {
+      absl::StatusOr<DeviceMemory> m = Filled(bytes, fill);
+      if (!m.ok()) return m.status();
+      r.copies_.push_back(*std::move(m));
+    }
+    return r;
+  }
+  // The next copy (the first after the last).
+  template <typename T = __half>
+  T* Next() {
+    return static_cast<T*>(copies_[next_++ % copies_.size()].get());
+  }
+
+ private:
+  std::vector<DeviceMemory> copies_;
+  size_t next_ = 0;
+};
+
+absl::StatusOr<RotatingCopies> WeightCopies(size_t w_bytes, bool l2_hot = false) {
+  return RotatingCopies::Make(w_bytes, RotatingCopies::PastL2(w_bytes, l2_hot));
 }
 
 // Mean microseconds of `launch` over `reps` launches captured into one graph (after one warm replay).
@@ -132,13 +151,10 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
   if (l2_hot) std::printf("weights: one copy each (--l2-hot): read from L2 after the first launch where they fit\n\n");
   std::printf("| projection | rows | n × k | kernel | µs | TB/s | of 4.26 TB/s |\n|---|---:|---|---|---:|---:|---:|\n");
   for (const Projection& p : projections) {
-    absl::StatusOr<std::vector<DeviceMemory>> copies_or = WeightCopies(size_t(p.n) * p.k * 2, l2_hot);
-    if (!copies_or.ok()) return copies_or.status();
-    const std::vector<DeviceMemory>& w = *copies_or;
-    const int copies = int(w.size());
+    absl::StatusOr<RotatingCopies> w = WeightCopies(size_t(p.n) * p.k * 2, l2_hot);
+    if (!w.ok()) return w.status();
     for (int rows : rows_list) {
       const bool gemv = rows == 1;
-      int launches = 0;  // picks the weight copy
       cuda::GemvArgs a{.k = p.k, .n = p.n};
       if (p.f32_in) {
         a.x_f32 = static_cast<const float*>(x32->get()), a.in_sumsq = static_cast<const float*>(sums->get()), a.eps = 1e-5f;
@@ -149,7 +165,7 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
       else a.y = static_cast<float*>(y->get());
       if (p.residual) a.beta = 1.0f, a.out_sumsq = static_cast<float*>(sums->get());
       auto launch = [&]() -> absl::Status {
-        const auto* wp = static_cast<const __half*>(w[launches++ % copies].get());
+        const __half* wp = w->Next();
         a.w = wp;
         if (gemv) return cuda::Gemv(a, s);
         return (*gemm)->Run(static_cast<const __half*>(x16->get()), rows, p.k, wp, p.n, p.residual ? 1.0f : 0.0f,
@@ -187,15 +203,12 @@ absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int
       const size_t entries = size_t(blocks) * block * kvh;
       // Like the weights: copies past L2 unless --l2-hot, each launch reading the next (in a step
       // the attention finds its layer's KV in DRAM).
-      const size_t kv_set_bytes = entries * (hd * size_t(elem) + 4) * 2;
-      const int copies = l2_hot ? 1 : int(std::max<size_t>(1, (size_t(256) << 20) / kv_set_bytes + 1));
-      std::vector<absl::StatusOr<DeviceMemory>> k, v, ks, vs;
-      for (int i = 0; i < copies; ++i) {
-        k.push_back(Filled(entries * hd * size_t(elem), 0x38)), v.push_back(Filled(entries * hd * size_t(elem), 0x38));
-        ks.push_back(Filled(entries * 4, 0x3c)), vs.push_back(Filled(entries * 4, 0x3c));
-        for (auto* b : {&k.back(), &v.back(), &ks.back(), &vs.back()}) {
-          if (!b->ok()) return b->status();
-        }
+      const int copies = RotatingCopies::PastL2(entries * (hd * size_t(elem) + 4) * 2, l2_hot);
+      auto k = RotatingCopies::Make(entries * hd * size_t(elem), copies, 0x38);
+      auto v = RotatingCopies::Make(entries * hd * size_t(elem), copies, 0x38);
+      auto ks = RotatingCopies::Make(entries * 4, copies), vs = RotatingCopies::Make(entries * 4, copies);
+      for (auto* b : {&k, &v, &ks, &vs}) {
+        if (!b->ok()) return b->status();
       }
       auto q = Filled(size_t(rows) * q_stride * 4, 0x3c);
       std::vector<int32_t> table(size_t(rows) * per_seq), seq(rows), pos(rows, context);
@@ -212,11 +225,7 @@ absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int
       const KvGeometry g{block, kvh, hd, per_seq, dtype};
       const RowMeta meta{static_cast<const int32_t*>(dseq->get()), static_cast<const int32_t*>(dpos->get()),
                          static_cast<const int32_t*>(dtable->get())};
-      int next = 0;
-      auto layer = [&] {
-        const int i = next++ % copies;
-        return KvLayerView{k[i]->get(), v[i]->get(), static_cast<float*>(ks[i]->get()), static_cast<float*>(vs[i]->get())};
-      };
+      auto layer = [&] { return KvLayerView{k->Next<void>(), v->Next<void>(), ks->Next<float>(), vs->Next<float>()}; };
       const double kv_bytes = double(rows) * (context + 1) * kvh * (hd * elem + scale) * 2;
       // 4·s warps in one split stream as s splits of 4 warps (FP8 decode on the tensor cores).
       const bool wide = cuda::AttentionTakesNewKv(g);
@@ -305,17 +314,14 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
   std::printf("\n| projection | rows | tuned (GemmRunner) µs | heuristic best of 100 µs | search best µs | of 4.26 TB/s | configs timed | best config |\n"
               "|---|---:|---:|---:|---:|---:|---:|---|\n");
   for (const Projection& p : projections) {
-    absl::StatusOr<std::vector<DeviceMemory>> copies_or = WeightCopies(size_t(p.n) * p.k * 2);
-    if (!copies_or.ok()) return copies_or.status();
-    const std::vector<DeviceMemory>& w = *copies_or;
-    const int copies = int(w.size());
+    absl::StatusOr<RotatingCopies> w = WeightCopies(size_t(p.n) * p.k * 2);
+    if (!w.ok()) return w.status();
     for (int rows : rows_list) {
       if (rows == 1) continue;
       const float beta = p.residual ? 1.0f : 0.0f, alpha = 1.0f;
       const auto* x = static_cast<const __half*>(x16->get());
       auto* yp = static_cast<float*>(y->get());
-      int launches = 0;
-      auto wp = [&] { return static_cast<const __half*>(w[launches++ % copies].get()); };
+      auto wp = [&] { return w->Next<const __half>(); };
       absl::StatusOr<double> tuned = TunedGemmRunnerUs(**gemm, p, rows, x, wp, yp, reps, s);
       if (!tuned.ok()) return tuned.status();
 
@@ -476,12 +482,8 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
   // Weight copies of the whole MLP (gate/up then down, 352 MB at the 8B shape): each timed MLP
   // reads its own from DRAM. A half's weights are the first or second half of a copy's bytes.
   const size_t gu_elems = size_t(2) * f * h, down_elems = size_t(h) * f;
-  std::vector<DeviceMemory> w;
-  for (int c = 0; c < 3; ++c) {
-    absl::StatusOr<DeviceMemory> mem = Filled((gu_elems + down_elems) * 2, 0x3c);
-    if (!mem.ok()) return mem.status();
-    w.push_back(*std::move(mem));
-  }
+  absl::StatusOr<RotatingCopies> w = RotatingCopies::Make((gu_elems + down_elems) * 2, 3);
+  if (!w.ok()) return w.status();
   absl::StatusOr<CudaEvent> fork = MakeEvent(), mid = MakeEvent(), join = MakeEvent();
   if (!fork.ok()) return fork.status();
   if (!mid.ok()) return mid.status();
@@ -493,8 +495,7 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
               2 * f, h, h, f);
   for (int rows : rows_list) {
     if (rows < 2) continue;
-    int launches = 0;
-    auto weights = [&] { return static_cast<const __half*>(w[launches++ % w.size()].get()); };
+    auto weights = [&] { return w->Next<const __half>(); };
     // One half (0 or 1) of the MLP on `gemm`'s stream.
     auto half = [&](cuda::GemmRunner& gemm, cudaStream_t st, const __half* wc, int which, float* out, float beta,
                     cudaEvent_t after_gate_up) -> absl::Status {
@@ -577,16 +578,13 @@ absl::Status BenchBatchedSplitK(const Shape& m, const std::vector<int>& rows_lis
   std::printf("\n| projection | rows | GemmRunner µs | GemmRunner RunSplitK 2 µs (chunks) | S = 1 | S = 2 | S = 3 | S = 4 | S = 6 | S = 8 | best of 4.26 TB/s |\n"
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const Projection& p : projections) {
-    absl::StatusOr<std::vector<DeviceMemory>> copies_or = WeightCopies(size_t(p.n) * p.k * 2);
-    if (!copies_or.ok()) return copies_or.status();
-    const std::vector<DeviceMemory>& w = *copies_or;
-    const int copies = int(w.size());
+    absl::StatusOr<RotatingCopies> w = WeightCopies(size_t(p.n) * p.k * 2);
+    if (!w.ok()) return w.status();
     for (int rows : rows_list) {
       if (rows == 1) continue;
       const auto* x = static_cast<const __half*>(x16->get());
       auto* yp = static_cast<float*>(y->get());
-      int launches = 0;
-      auto wp = [&] { return static_cast<const __half*>(w[launches++ % copies].get()); };
+      auto wp = [&] { return w->Next<const __half>(); };
       absl::StatusOr<double> base = TunedGemmRunnerUs(**gemm, p, rows, x, wp, yp, reps, s);
       if (!base.ok()) return base.status();
       // The engine's path above batch 1 (q/k/v, o, down): RunSplitK's two-chunk pick, tuned as the
