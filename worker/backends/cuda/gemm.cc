@@ -122,10 +122,14 @@ absl::Status GemmRunner::Run(const __half* x, int rows, int k, const __half* w, 
   }
   absl::StatusOr<Plan*> plan = PlanFor(rows, k, n, ldw, beta != 0.0f);
   if (!plan.ok()) return plan.status();
-  if (tuning_ && !(*plan)->tuned) {
-    if (absl::Status s = Tune(**plan, x, w, beta, y); !s.ok()) return s;
+  return TuneAndRun(**plan, x, w, beta, y);
+}
+
+absl::Status GemmRunner::TuneAndRun(Plan& plan, const __half* x, const __half* w, float beta, float* y) {
+  if (tuning_ && !plan.tuned) {
+    if (absl::Status s = Tune(plan, x, w, beta, y); !s.ok()) return s;
   }
-  TAILSERVE_CUDA_RETURN_IF_ERROR(Matmul(**plan, (*plan)->algo, x, w, beta, y));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(Matmul(plan, plan.algo, x, w, beta, y));
   return absl::OkStatus();
 }
 
@@ -145,10 +149,7 @@ absl::StatusOr<int> GemmRunner::RunSplitK(const __half* x, int rows, int k, cons
   if (rows == 0) return splits;
   absl::StatusOr<Plan*> plan = PlanFor(rows, k / splits, n, ldw, false, splits, partial_stride);
   if (!plan.ok()) return plan.status();
-  if (tuning_ && !(*plan)->tuned) {
-    if (absl::Status s = Tune(**plan, x, w, 0.0f, partials); !s.ok()) return s;
-  }
-  TAILSERVE_CUDA_RETURN_IF_ERROR(Matmul(**plan, (*plan)->algo, x, w, 0.0f, partials));
+  if (absl::Status s = TuneAndRun(**plan, x, w, 0.0f, partials); !s.ok()) return s;
   return splits;
 }
 

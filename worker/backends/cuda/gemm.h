@@ -59,6 +59,8 @@ class GemmRunner {
   cublasStatus_t Matmul(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const __half* x, const __half* w,
                         float beta, float* y);
   absl::Status Tune(Plan& plan, const __half* x, const __half* w, float beta, float* y);
+  // The plan's algorithm (tuned first while tuning is on and it is not yet).
+  absl::Status TuneAndRun(Plan& plan, const __half* x, const __half* w, float beta, float* y);
 
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;

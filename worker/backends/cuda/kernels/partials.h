@@ -7,6 +7,10 @@
 
 namespace tailserve::cuda {
 
+// The most arrays a consumer adds: it holds all their loads in registers, issued before its first
+// store (one round trip), so the bound is the kernels' register budget.
+constexpr int kMaxPartials = 4;
+
 struct Partials {
   const float* data = nullptr;  // null or count == 0: none
   int count = 0;

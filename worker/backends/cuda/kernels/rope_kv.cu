@@ -11,7 +11,6 @@ namespace {
 
 constexpr int kMaxPairsPerLane = 4;  // head_dim <= 256
 constexpr int kHeadsPerBlock = 4;
-constexpr int kMaxPartials = 4;  // RopeWriteKv's in.count
 
 // Grid (rows, heads / 4): a warp per head (q heads, then k heads, then v heads), each lane the
 // rotation pairs lane, lane + 32, ... One head a warp and blocks spread over the SMs, so a warp's

@@ -44,8 +44,6 @@ __global__ void EmbedBesideKernel(const __half* table, const int32_t* tokens, in
 // thread loads its float4s (and the arrays it adds) once and keeps them for the scaled write, where
 // the scalar path reads the row twice. kMax 2 keeps those loads in 64 registers for 1024 threads;
 // 4 (hidden above 8192) spills some.
-constexpr int kMaxAdds = 4;  // RmsNormRows's add.count
-
 template <bool kVec, int kMax = 1>
 __global__ void __launch_bounds__(1024)
     RmsNormKernel(float* x, Partials add, const int32_t* src, int hidden, const float* w, float eps, __half* out) {
@@ -58,7 +56,7 @@ __global__ void __launch_bounds__(1024)
   __half* o = out + static_cast<int64_t>(r) * hidden;
   if constexpr (kVec) {
     const int n4 = hidden / 4;
-    float4 v[kMax], a[kMax][kMaxAdds];
+    float4 v[kMax], a[kMax][kMaxPartials];
     float sum = 0;
     // Every load before the first store (which may alias them): one round trip, not one a float4.
 #pragma unroll
@@ -66,7 +64,7 @@ __global__ void __launch_bounds__(1024)
       const int i = threadIdx.x + j * blockDim.x;
       v[j] = i < n4 ? reinterpret_cast<const float4*>(xr)[i] : make_float4(0, 0, 0, 0);
 #pragma unroll
-      for (int p = 0; p < kMaxAdds; ++p) {
+      for (int p = 0; p < kMaxPartials; ++p) {
         a[j][p] = ar && p < add.count && i < n4 ? reinterpret_cast<const float4*>(ar + p * add.stride)[i]
                                                 : make_float4(0, 0, 0, 0);
       }
@@ -76,7 +74,7 @@ __global__ void __launch_bounds__(1024)
       const int i = threadIdx.x + j * blockDim.x;
       if (ar && i < n4) {
 #pragma unroll
-        for (int p = 0; p < kMaxAdds; ++p) {
+        for (int p = 0; p < kMaxPartials; ++p) {
           v[j].x += a[j][p].x, v[j].y += a[j][p].y, v[j].z += a[j][p].z, v[j].w += a[j][p].w;
         }
         reinterpret_cast<float4*>(xr)[i] = v[j];
@@ -201,7 +199,7 @@ absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int 
   // Enough threads that each handles a few elements: a short dependency chain per row, since at
   // decode there are only a few rows (blocks). Two float4 a thread where the row is whole float4s.
   const Partials a = add.OrNone();
-  if (a.count > kMaxAdds) return absl::InvalidArgumentError("RmsNormRows: at most 4 arrays to add");
+  if (a.count > kMaxPartials) return absl::InvalidArgumentError("RmsNormRows: at most 4 arrays to add");
   const bool add_aligned = a.count == 0 || (Aligned16(a.data) && a.stride % 4 == 0);
   if (hidden % 4 == 0 && hidden <= 4 * 4 * 1024 && Aligned16(x) && add_aligned && Aligned16(weight) &&
       Aligned16(out)) {
