@@ -404,6 +404,40 @@ TEST(CudaKernelTest, GemmRunnerSplitKPartialsSumToTheProduct) {
   EXPECT_EQ((*runner)->RunSplitK(dx.p, 2, 16, dw.p, 2, 0, dy.p, 4).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Tuning over the layers (set_tuning_layers) times a first-layer W's counterparts in every
+// layer, yet each call computes with the W it was given: here three layers, W a slice 40 columns
+// into each, tuned on layer 0 (rotating) and then run on layers 0 and 2.
+TEST(CudaKernelTest, GemmRunnerTunedOverLayersUsesTheGivenW) {
+  REQUIRE_GPU();
+  const unsigned seed = 80;
+  std::mt19937 rng(seed);
+  absl::StatusOr<DeviceMemory> workspace = DeviceAlloc(32 << 20);
+  ASSERT_TRUE(workspace.ok()) << workspace.status();
+  auto runner = cuda::GemmRunner::Create(nullptr, workspace->get(), 32 << 20);
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  const int rows = 19, k = 200, n = 77, layers = 3;
+  const size_t layer_elems = size_t(n) * k + 40;  // W's rows, then 40 elements of padding
+  auto xf = Random(size_t(rows) * k, rng), wf = Random(layer_elems * layers, rng, 0.05f);
+  Dev<__half> dx(RoundToHalf(xf)), dw(RoundToHalf(wf));
+  (*runner)->set_tuning_layers(dw.p, int64_t(layer_elems) * 2, layers);
+  (*runner)->set_tuning(true);
+  for (int layer : {0, 2, 0}) {
+    Dev<float> dy(std::vector<float>(size_t(rows) * n, std::nanf("")));
+    ASSERT_TRUE((*runner)->Run(dx.p, rows, k, dw.p + layer * layer_elems, n, 0.0f, dy.p).ok());
+    (*runner)->set_tuning(false);
+    std::vector<float> want(size_t(rows) * n);
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < n; ++c) {
+        double d = 0;
+        for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[layer * layer_elems + size_t(c) * k + i];
+        want[size_t(r) * n + c] = float(d);
+      }
+    }
+    EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "layer " << layer << " seed " << seed;
+  }
+  EXPECT_EQ((*runner)->tuned_shapes(), 1);
+}
+
 TEST(CudaKernelTest, SwiGluAndMoeRouteMatchCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(7);

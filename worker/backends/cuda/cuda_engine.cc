@@ -702,6 +702,22 @@ absl::StatusOr<double> CudaEngine::ReplayMilliseconds(int rows, int reps) {
   return static_cast<double>(ms) / reps;
 }
 
+int64_t CudaEngine::LayerStrideBytes() const {
+  if (layers_.size() < 2 || layers_[0].w_qkv == nullptr) return 0;
+  auto at = [](const void* p) { return reinterpret_cast<intptr_t>(p); };
+  const int64_t stride = at(layers_[1].w_qkv) - at(layers_[0].w_qkv);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    const Layer& first = layers_[0];
+    const int64_t offset = static_cast<int64_t>(l) * stride;
+    if (at(L.w_qkv) - at(first.w_qkv) != offset || at(L.w_o) - at(first.w_o) != offset ||
+        at(L.w_gate_up) - at(first.w_gate_up) != offset || at(L.w_down) - at(first.w_down) != offset) {
+      return 0;
+    }
+  }
+  return stride;
+}
+
 absl::Status CudaEngine::CaptureGraphs() {
   cudaStream_t s = stream_.get();
   // Padded rows: token 0 at position 0 of the trash row; logits row i reads row i.
@@ -713,6 +729,11 @@ absl::Status CudaEngine::CaptureGraphs() {
   // count they may raise (tuning repeats residual adds) is reset.
   gemm_->set_tuning(true);
   side_gemm_->set_tuning(true);
+  if (const int64_t stride = LayerStrideBytes(); stride > 0) {
+    for (cuda::GemmRunner* g : {gemm_.get(), side_gemm_.get()}) {
+      g->set_tuning_layers(layers_[0].w_qkv, stride, static_cast<int>(layers_.size()));
+    }
+  }
   for (int bucket : options_.buckets) {
     if (bucket == 1 && max_bucket_ > 1) continue;  // no cuBLASLt shapes to time
     if (absl::Status st = Forward(bucket, bucket, true); !st.ok()) return st;

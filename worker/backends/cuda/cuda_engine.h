@@ -99,6 +99,9 @@ class CudaEngine final : public Engine {
   absl::Status LoadWeights(const Checkpoint& ckpt);
   absl::Status AllocateWorkspaces();
   absl::Status CaptureGraphs();
+  // Bytes between one layer's weight matrices and the next's when every dense layer's are that
+  // far apart (they are loaded in one arena, layer by layer); else 0.
+  int64_t LayerStrideBytes() const;
   struct Profile;
   // Captures a decode Forward(rows, rows, true) as a graph; with `profile`, an event after every op.
   absl::StatusOr<CudaGraphExec> CaptureForward(int rows, Profile* profile);

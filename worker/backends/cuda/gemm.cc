@@ -89,19 +89,25 @@ absl::StatusOr<GemmRunner::Plan*> GemmRunner::PlanFor(int rows, int k, int n, in
 }
 
 absl::Status GemmRunner::Tune(Plan& plan, const __half* x, const __half* w, float beta, float* y) {
-  cublasLtMatmulHeuristicResult_t results[8];
+  cublasLtMatmulHeuristicResult_t results[16];
   int found = 0;
-  if (absl::Status st = Candidates(plan, 8, results, &found); !st.ok()) return st;
+  if (absl::Status st = Candidates(plan, 16, results, &found); !st.ok()) return st;
   absl::StatusOr<CudaEvent> start = MakeEvent(), stop = MakeEvent();
   if (!start.ok()) return start.status();
   if (!stop.ok()) return stop.status();
+  // W's counterpart in layer r (W itself when W is not a layer's).
+  const auto at = reinterpret_cast<uintptr_t>(w), first = reinterpret_cast<uintptr_t>(first_layer_);
+  const bool in_layers = layers_ > 1 && at >= first && at - first < static_cast<uintptr_t>(layer_bytes_);
+  auto layer_w = [&](int r) {
+    return in_layers ? reinterpret_cast<const __half*>(at + static_cast<uintptr_t>(r % layers_) * layer_bytes_) : w;
+  };
+  const int reps = std::max(5, in_layers ? layers_ : 1);
   float best = std::numeric_limits<float>::infinity();
   for (int i = 0; i < found; ++i) {
-    auto run = [&] { return Matmul(plan, results[i].algo, x, w, beta, y); };
-    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that cannot run this shape
-    constexpr int kReps = 5;
+    auto run = [&](int r) { return Matmul(plan, results[i].algo, x, layer_w(r), beta, y); };
+    if (run(0) != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that cannot run this shape
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(start->get(), stream_));
-    for (int r = 0; r < kReps; ++r) TAILSERVE_CUDA_RETURN_IF_ERROR(run());
+    for (int r = 1; r <= reps; ++r) TAILSERVE_CUDA_RETURN_IF_ERROR(run(r));
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop->get(), stream_));
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop->get()));
     float ms = 0.0f;

@@ -44,14 +44,15 @@ __device__ __forceinline__ float Dot8(const uint4& w, const float (&xf)[8]) {
 
 // Shared memory a CTA may fill with W before its wait. Measured with the 8B o Gemv preloading
 // (batch-1 step, one process each): none 4.13 ms, 8 KB 4.11, 16 KB 4.07, 32 KB 4.55 with the
-// driver's shared-memory configuration, 4.02 with kPreloadConfigBytes.
+// driver's shared-memory configuration, 4.02 with kPreloadConfigBytes. Against 32 KB in
+// kPreloadConfigBytes (A/B, two rounds each, 12-03): 24 KB (5 CTAs fit: o's 512 CTAs in one
+// wave, all preloading) +0.04-0.06 ms, 40 KB (still 3 CTAs, 3 MB more preloaded) +0.11.
 constexpr int kMaxPreloadBytes = 32 << 10;
 // The SM shared-memory configuration the preloading instances ask for. A large one slows the
 // kernels chained after o on the SM (less L1, or SMs draining to change it back: not told apart):
 // at 196 KB (the driver's choice for 6 CTAs of 33 KB) the step took 4.57 ms, at 164 KB 4.06, at
 // 132 KB 4.02; 228 KB for every Gemv, even with no preload, 4.71. 132 KB holds 3 such CTAs (a
-// CTA also takes 1 KB reserved and its static arrays), so o's 512 CTAs on the 8B are 1.3 waves:
-// 24 KB a CTA (5 fit) is still to time (bench/CUDA_NOTES.md).
+// CTA also takes 1 KB reserved and its static arrays), so o's 512 CTAs on the 8B are 1.3 waves.
 constexpr int kPreloadConfigBytes = 132 << 10;
 constexpr int kPreloadStepBytes = kWarps * 2 * 32 * 16;  // one step: every lane's two 16-byte W loads
 
