@@ -705,10 +705,10 @@ absl::StatusOr<double> CudaEngine::ReplayMilliseconds(int rows, int reps) {
 int64_t CudaEngine::LayerStrideBytes() const {
   if (layers_.size() < 2 || layers_[0].w_qkv == nullptr) return 0;
   auto at = [](const void* p) { return reinterpret_cast<intptr_t>(p); };
-  const int64_t stride = at(layers_[1].w_qkv) - at(layers_[0].w_qkv);
+  const Layer& first = layers_[0];
+  const int64_t stride = at(layers_[1].w_qkv) - at(first.w_qkv);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
-    const Layer& first = layers_[0];
     const int64_t offset = static_cast<int64_t>(l) * stride;
     if (at(L.w_qkv) - at(first.w_qkv) != offset || at(L.w_o) - at(first.w_o) != offset ||
         at(L.w_gate_up) - at(first.w_gate_up) != offset || at(L.w_down) - at(first.w_down) != offset) {
