@@ -176,11 +176,18 @@ int Main(int argc, char** argv) {
       }
     }
     const double p50 = Quantile(times, 0.5), p99 = Quantile(times, 0.99);
-    // The graph alone, replayed back to back: what the host's round trip between steps costs.
-    if (absl::StatusOr<double> replay = (*engine)->ReplayMilliseconds(batch, 20); replay.ok()) {
-      breakdowns.push_back(absl::StrCat("batch ", batch, " context ", context, " graph replayed back to back ",
-                                        absl::SixDigits(*replay), " ms a step; Step() P50 ", absl::SixDigits(p50 * 1e3),
-                                        " ms: ", absl::SixDigits((p50 * 1e3 - *replay) * 1e3), " us between graphs"));
+    // The graph alone, replayed back to back: what the host's round trip between steps costs;
+    // launched on an idle GPU and waited for, one at a time: how much of that is the launch from
+    // idle and how much Step()'s own host work.
+    absl::StatusOr<double> replay = (*engine)->ReplayMilliseconds(batch, 20);
+    absl::StatusOr<double> idle = (*engine)->ReplayMilliseconds(batch, 21, /*from_idle=*/true);
+    if (replay.ok() && idle.ok()) {
+      breakdowns.push_back(absl::StrCat(
+          "batch ", batch, " context ", context, " graph replayed back to back ", absl::SixDigits(*replay),
+          " ms a step; launched from idle and waited for (median) ", absl::SixDigits(*idle), " ms; Step() P50 ",
+          absl::SixDigits(p50 * 1e3), " ms: ", absl::SixDigits((p50 * 1e3 - *replay) * 1e3),
+          " us between graphs, of which ", absl::SixDigits((*idle - *replay) * 1e3), " us launch from idle and ",
+          absl::SixDigits((p50 * 1e3 - *idle) * 1e3), " us Step()'s host work"));
     }
     // Where a step's time goes: one eager forward of the same rows, an event after every op.
     auto profile = (*engine)->ProfileDecode(batch);

@@ -67,8 +67,11 @@ class CudaEngine final : public Engine {
   // Milliseconds of device time per replay of the decode graph for `rows` rows, replayed `reps`
   // times back to back on the inputs of the last step (each writes the same K/V to the same slots
   // and samples the same tokens; the clamp count is put back): a step without the host's round
-  // trip between steps, which the benchmark reports beside Step()'s time.
-  absl::StatusOr<double> ReplayMilliseconds(int rows, int reps);
+  // trip between steps, which the benchmark reports beside Step()'s time. `from_idle`: the
+  // median host time from each launch to its synchronize returning, the GPU idle before each (a
+  // Step() without its bookkeeping), which splits that round trip into the launch from idle and
+  // Step()'s own host work.
+  absl::StatusOr<double> ReplayMilliseconds(int rows, int reps, bool from_idle = false);
   // Device memory taken at start, by purpose (bytes).
   const std::map<std::string, size_t>& memory() const { return memory_; }
 
