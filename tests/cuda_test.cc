@@ -306,6 +306,20 @@ TEST(CudaKernelTest, OverlappedGemvWaitsForItsPredecessor) {
   }
 }
 
+// A GemmRunner on the default stream with a 32 MB cuBLASLt workspace of its own.
+struct TestGemm {
+  DeviceMemory workspace;
+  std::unique_ptr<cuda::GemmRunner> runner;
+};
+absl::StatusOr<TestGemm> MakeTestGemm() {
+  constexpr size_t kBytes = 32 << 20;
+  absl::StatusOr<DeviceMemory> workspace = DeviceAlloc(kBytes);
+  if (!workspace.ok()) return workspace.status();
+  absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> runner = cuda::GemmRunner::Create(nullptr, workspace->get(), kBytes);
+  if (!runner.ok()) return runner.status();
+  return TestGemm{*std::move(workspace), *std::move(runner)};
+}
+
 // Past one row, projections go through cuBLASLt: with the heuristic's algorithm, and
 // with the one timing picked (the timing runs accumulate into y when beta = 1, so y is reset).
 // W also as a column slice of a wider matrix (ldw > k: one row goes to cuBLASLt then too).
@@ -313,12 +327,11 @@ TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
   REQUIRE_GPU();
   const unsigned seed = 78;
   std::mt19937 rng(seed);
-  absl::StatusOr<DeviceMemory> workspace = DeviceAlloc(32 << 20);
-  ASSERT_TRUE(workspace.ok()) << workspace.status();
-  auto runner = cuda::GemmRunner::Create(nullptr, workspace->get(), 32 << 20);
-  ASSERT_TRUE(runner.ok()) << runner.status();
+  absl::StatusOr<TestGemm> gemm = MakeTestGemm();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  cuda::GemmRunner& runner = *gemm->runner;
   for (bool tuning : {false, true}) {
-    (*runner)->set_tuning(tuning);
+    runner.set_tuning(tuning);
     for (int rows : {1, 3, 19, 64}) {  // 1: the Gemv
       for (float beta : {0.0f, 1.0f}) {
         for (int ldw : {0, 256}) {  // 256: columns [40, 240) of a 256-wide W
@@ -327,10 +340,10 @@ TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
                y0 = Random(size_t(rows) * n, rng);
           Dev<__half> dx(RoundToHalf(xf)), dw(RoundToHalf(wf));
           Dev<float> dy(y0);
-          ASSERT_TRUE((*runner)->Run(dx.p, rows, k, dw.p + first, n, beta, dy.p, ldw).ok());
+          ASSERT_TRUE(runner.Run(dx.p, rows, k, dw.p + first, n, beta, dy.p, ldw).ok());
           if (tuning && beta != 0.0f) {  // timed runs accumulated: run again on a fresh y
             dy.Put(y0);
-            ASSERT_TRUE((*runner)->Run(dx.p, rows, k, dw.p + first, n, beta, dy.p, ldw).ok());
+            ASSERT_TRUE(runner.Run(dx.p, rows, k, dw.p + first, n, beta, dy.p, ldw).ok());
           }
           std::vector<float> want(y0.size());
           for (int r = 0; r < rows; ++r) {
@@ -348,10 +361,10 @@ TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
   }
   // Rows 3, 19, 64 × beta 0, 1 × both ldw, and one row with ldw 256 × beta 0, 1: one row with
   // ldw = k takes the Gemv, untuned.
-  EXPECT_EQ((*runner)->tuned_shapes(), 14);
+  EXPECT_EQ(runner.tuned_shapes(), 14);
   Dev<__half> dx(size_t(8)), dw(size_t(8));
   Dev<float> dy(size_t(8));
-  EXPECT_EQ((*runner)->Run(dx.p, 2, 8, dw.p, 1, 0.0f, dy.p, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(runner.Run(dx.p, 2, 8, dw.p, 1, 0.0f, dy.p, 4).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // RunSplitK: k in chunks, each chunk's product an array `stride` floats apart whose sum is X·Wᵀ;
@@ -360,12 +373,11 @@ TEST(CudaKernelTest, GemmRunnerSplitKPartialsSumToTheProduct) {
   REQUIRE_GPU();
   const unsigned seed = 79;
   std::mt19937 rng(seed);
-  absl::StatusOr<DeviceMemory> workspace = DeviceAlloc(32 << 20);
-  ASSERT_TRUE(workspace.ok()) << workspace.status();
-  auto runner = cuda::GemmRunner::Create(nullptr, workspace->get(), 32 << 20);
-  ASSERT_TRUE(runner.ok()) << runner.status();
+  absl::StatusOr<TestGemm> gemm = MakeTestGemm();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  cuda::GemmRunner& runner = *gemm->runner;
   for (bool tuning : {false, true}) {
-    (*runner)->set_tuning(tuning);
+    runner.set_tuning(tuning);
     for (int rows : {1, 3, 19, 64}) {
       for (int splits : {1, 2, 3}) {
         for (int ldw : {0, 1000}) {  // 1000: columns [40, 40 + k) of a wider W
@@ -375,7 +387,7 @@ TEST(CudaKernelTest, GemmRunnerSplitKPartialsSumToTheProduct) {
             auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * wstride, rng, 0.05f);
             Dev<__half> dx(RoundToHalf(xf)), dw(RoundToHalf(wf));
             Dev<float> dy(std::vector<float>(size_t(stride) * splits, std::nanf("")));
-            absl::StatusOr<int> chunks = (*runner)->RunSplitK(dx.p, rows, k, dw.p + first, n, splits, dy.p, stride, ldw);
+            absl::StatusOr<int> chunks = runner.RunSplitK(dx.p, rows, k, dw.p + first, n, splits, dy.p, stride, ldw);
             ASSERT_TRUE(chunks.ok()) << chunks.status();
             const bool whole = k % splits == 0 && (k / splits) % 8 == 0;
             EXPECT_EQ(*chunks, whole ? splits : 1) << "k " << k << " splits " << splits;
@@ -400,8 +412,8 @@ TEST(CudaKernelTest, GemmRunnerSplitKPartialsSumToTheProduct) {
   }
   Dev<__half> dx(size_t(64)), dw(size_t(64));
   Dev<float> dy(size_t(64));
-  EXPECT_EQ((*runner)->RunSplitK(dx.p, 2, 16, dw.p, 2, 2, dy.p, 3).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*runner)->RunSplitK(dx.p, 2, 16, dw.p, 2, 0, dy.p, 4).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(runner.RunSplitK(dx.p, 2, 16, dw.p, 2, 2, dy.p, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(runner.RunSplitK(dx.p, 2, 16, dw.p, 2, 0, dy.p, 4).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Tuning over the layers (set_tuning_layers) times a first-layer W's counterparts in every
@@ -411,20 +423,19 @@ TEST(CudaKernelTest, GemmRunnerTunedOverLayersUsesTheGivenW) {
   REQUIRE_GPU();
   const unsigned seed = 80;
   std::mt19937 rng(seed);
-  absl::StatusOr<DeviceMemory> workspace = DeviceAlloc(32 << 20);
-  ASSERT_TRUE(workspace.ok()) << workspace.status();
-  auto runner = cuda::GemmRunner::Create(nullptr, workspace->get(), 32 << 20);
-  ASSERT_TRUE(runner.ok()) << runner.status();
+  absl::StatusOr<TestGemm> gemm = MakeTestGemm();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  cuda::GemmRunner& runner = *gemm->runner;
   const int rows = 19, k = 200, n = 77, layers = 3;
   const size_t layer_elems = size_t(n) * k + 40;  // W's rows, then 40 elements of padding
   auto xf = Random(size_t(rows) * k, rng), wf = Random(layer_elems * layers, rng, 0.05f);
   Dev<__half> dx(RoundToHalf(xf)), dw(RoundToHalf(wf));
-  (*runner)->set_tuning_layers(dw.p, int64_t(layer_elems) * 2, layers);
-  (*runner)->set_tuning(true);
+  runner.set_tuning_layers(dw.p, int64_t(layer_elems) * 2, layers);
+  runner.set_tuning(true);
   for (int layer : {0, 2, 0}) {
     Dev<float> dy(std::vector<float>(size_t(rows) * n, std::nanf("")));
-    ASSERT_TRUE((*runner)->Run(dx.p, rows, k, dw.p + layer * layer_elems, n, 0.0f, dy.p).ok());
-    (*runner)->set_tuning(false);
+    ASSERT_TRUE(runner.Run(dx.p, rows, k, dw.p + layer * layer_elems, n, 0.0f, dy.p).ok());
+    runner.set_tuning(false);
     std::vector<float> want(size_t(rows) * n);
     for (int r = 0; r < rows; ++r) {
       for (int c = 0; c < n; ++c) {
@@ -435,7 +446,7 @@ TEST(CudaKernelTest, GemmRunnerTunedOverLayersUsesTheGivenW) {
     }
     EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "layer " << layer << " seed " << seed;
   }
-  EXPECT_EQ((*runner)->tuned_shapes(), 1);
+  EXPECT_EQ(runner.tuned_shapes(), 1);
 }
 
 TEST(CudaKernelTest, SwiGluAndMoeRouteMatchCpu) {
