@@ -142,6 +142,61 @@ std::pair<int, int> MaxKN(const std::vector<Projection>& projections) {
   return {max_k, max_n};
 }
 
+// The batch-1 Gemv of projection p as the engine launches it (without the preload and the
+// programmatic launch, which the caller sets).
+cuda::GemvArgs GemvFor(const Projection& p, const DeviceMemory& x16, const DeviceMemory& x32, const DeviceMemory& y,
+                       const DeviceMemory& act, const DeviceMemory& sums) {
+  cuda::GemvArgs a{.k = p.k, .n = p.n};
+  if (p.f32_in) {
+    a.x_f32 = static_cast<const float*>(x32.get()), a.in_sumsq = static_cast<const float*>(sums.get()), a.eps = 1e-5f;
+  } else {
+    a.x = static_cast<const __half*>(x16.get());
+  }
+  if (p.swiglu) a.swiglu_out = static_cast<__half*>(act.get());
+  else a.y = static_cast<float*>(y.get());
+  if (p.residual) a.beta = 1.0f, a.out_sumsq = static_cast<float*>(sums.get());
+  return a;
+}
+
+// The batch-1 Gemv of each projection at every k split, launched plain (each launch drains before
+// the next starts), programmatically (the next launch's CTAs wait on the GPU, as in the engine's
+// chain), and programmatically with W's first loads copied to shared memory before the wait;
+// weights rotating past L2.
+absl::Status BenchGemvSplits(const Shape& m, int reps, cudaStream_t s) {
+  const std::vector<Projection> projections = Projections(m);
+  const auto [max_k, max_n] = MaxKN(projections);
+  auto x16 = Filled(size_t(max_k) * 2, 0x2c), x32 = Filled(size_t(max_k) * 4, 0x3c);
+  auto y = Filled(size_t(max_n) * 4, 0), act = Filled(size_t(max_n) * 2, 0), sums = Filled(4, 0x3c);
+  for (auto* b : {&x16, &x32, &y, &act, &sums}) {
+    if (!b->ok()) return b->status();
+  }
+  absl::StatusOr<int> wave = cuda::GemvWave();
+  if (!wave.ok()) return wave.status();
+  std::printf("batch-1 Gemv by k split (0: the engine's rule), %d CTAs a wave\n\n", *wave);
+  std::printf("| projection | n × k | k split | µs plain | µs chained | µs chained + preload | best chained of 4.26 TB/s |\n|---|---|---:|---:|---:|---:|---:|\n");
+  for (const Projection& p : projections) {
+    absl::StatusOr<RotatingCopies> w = WeightCopies(size_t(p.n) * p.k * 2);
+    if (!w.ok()) return w.status();
+    for (int split : {0, 1, 2, 4, 8}) {
+      double us[3] = {};
+      for (int mode = 0; mode < 3; ++mode) {
+        cuda::GemvArgs a = GemvFor(p, *x16, *x32, *y, *act, *sums);
+        a.k_split = split, a.overlap_previous = mode > 0, a.preload_w = mode == 2;
+        absl::StatusOr<double> t = TimeGraph(s, reps, [&]() -> absl::Status {
+          a.w = w->Next();
+          return cuda::Gemv(a, s);
+        });
+        if (!t.ok()) return t.status();
+        us[mode] = *t;
+      }
+      const double bytes = 2.0 * p.n * p.k + (p.f32_in ? 4.0 : 2.0) * p.k;
+      std::printf("| %s | %d × %d | %d | %.1f | %.1f | %.1f | %.0f%% |\n", p.name, p.n, p.k, split, us[0], us[1],
+                  us[2], 100.0 * bytes / (std::min(us[1], us[2]) * 1e-6) / kCopyBandwidth);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list, int reps, bool l2_hot, cudaStream_t s) {
   const std::vector<Projection> projections = Projections(m);
   const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
@@ -161,15 +216,7 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
     if (!w.ok()) return w.status();
     for (int rows : rows_list) {
       const bool gemv = rows == 1;
-      cuda::GemvArgs a{.k = p.k, .n = p.n};
-      if (p.f32_in) {
-        a.x_f32 = static_cast<const float*>(x32->get()), a.in_sumsq = static_cast<const float*>(sums->get()), a.eps = 1e-5f;
-      } else {
-        a.x = static_cast<const __half*>(x16->get());
-      }
-      if (p.swiglu) a.swiglu_out = static_cast<__half*>(act->get());
-      else a.y = static_cast<float*>(y->get());
-      if (p.residual) a.beta = 1.0f, a.out_sumsq = static_cast<float*>(sums->get());
+      cuda::GemvArgs a = GemvFor(p, *x16, *x32, *y, *act, *sums);
       auto launch = [&]() -> absl::Status {
         const __half* wp = w->Next();
         a.w = wp;
@@ -705,6 +752,8 @@ int main(int argc, char** argv) {
   app.add_flag("--l2-hot", l2_hot, "projections and attention read one weight / KV copy, so it stays in L2 where it fits (50 MB)");
   bool mlp_branches = false;
   app.add_flag("--mlp-branches", mlp_branches, "only: the MLP block on one stream against two halves on graph branches");
+  bool gemv_splits = false;
+  app.add_flag("--gemv-splits", gemv_splits, "only: the batch-1 Gemv of each projection at every k split");
   bool ksplit = false;
   app.add_flag("--ksplit", ksplit, "only: each projection as a strided-batched GEMM over k chunks into fp32 partials");
   CLI11_PARSE(app, argc, argv);
@@ -722,6 +771,11 @@ int main(int argc, char** argv) {
               m.heads, m.kv_heads, m.head_dim, reps);
   if (mlp_branches) {
     absl::Status st = BenchMlpBranches(m, Ints(rows), reps);
+    if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return st.ok() ? 0 : 1;
+  }
+  if (gemv_splits) {
+    absl::Status st = BenchGemvSplits(m, reps, stream->get());
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;
   }

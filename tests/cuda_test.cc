@@ -247,9 +247,10 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
         const double g = want[2 * c], u = want[2 * c + 1];
         want_act[c] = float(g / (1 + std::exp(-g)) * u);
       }
-      for (bool preload : {false, true}) {  // W's first loads through shared memory, or none
+      // W's first loads through shared memory, or none; Gemv's k split, or each one forced.
+      for (auto [preload, split] : {std::pair{false, 0}, {true, 0}, {false, 1}, {false, 2}, {true, 4}, {false, 8}}) {
         dy.Put(y0), dout.Put({0.0f});
-        cuda::GemvArgs a{.k = k, .w = dw.p, .n = n, .preload_w = preload};
+        cuda::GemvArgs a{.k = k, .w = dw.p, .n = n, .preload_w = preload, .k_split = split};
         if (normed) a.x_f32 = dxf.p, a.in_sumsq = din.p, a.eps = eps;
         else a.x = dx.p;
         if (swiglu) a.swiglu_out = dact.p;
@@ -257,8 +258,8 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
         if (residual) a.beta = 1.0f, a.bias = dbias.p, a.out_sumsq = dout.p;
         ASSERT_TRUE(cuda::Gemv(a, nullptr).ok());
         const std::string what = "n " + std::to_string(n) + " k " + std::to_string(k) + " mode " +
-                                 std::to_string(mode) + " preload " + std::to_string(preload) + " seed " +
-                                 std::to_string(seed);
+                                 std::to_string(mode) + " preload " + std::to_string(preload) + " k split " +
+                                 std::to_string(split) + " seed " + std::to_string(seed);
         if (swiglu) {
           EXPECT_LE(RelL2(ToFloats(dact.Get()), want_act), 2e-3) << what;  // fp16 output
         } else {
@@ -270,6 +271,10 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
       }
     }
   }
+  Dev<__half> dx(std::vector<__half>(8)), dw(std::vector<__half>(8));
+  Dev<float> dy(std::vector<float>(1));
+  EXPECT_EQ(cuda::Gemv({.x = dx.p, .k = 8, .w = dw.p, .n = 1, .y = dy.p, .k_split = 3}, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // A Gemv launched programmatically starts while its predecessor runs and must still read that

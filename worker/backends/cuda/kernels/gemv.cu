@@ -181,8 +181,10 @@ absl::StatusOr<int> GemvWave() {
 
 absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
   if (a.k % 8 != 0 || (a.x == nullptr) == (a.x_f32 == nullptr) || (a.y == nullptr) == (a.swiglu_out == nullptr) ||
-      (a.swiglu_out != nullptr && a.n % 2 != 0)) {
-    return absl::InvalidArgumentError("Gemv: k a multiple of 8, one input, one output (SwiGLU: n even)");
+      (a.swiglu_out != nullptr && a.n % 2 != 0) || a.k_split < 0 || a.k_split > kWarps ||
+      (a.k_split & (a.k_split - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        "Gemv: k a multiple of 8, one input, one output (SwiGLU: n even), k_split 0, 1, 2, 4 or 8");
   }
   if (a.rope_head_dim > 0 &&
       (a.rope_head_dim % 2 != 0 || a.n % a.rope_head_dim != 0 || a.rope_cols % a.rope_head_dim != 0 ||
@@ -194,7 +196,8 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
   // the start, no tail wave), or where even no split overflows a wave, the finest (a short tail)
   // that still leaves each lane two steps of W loads. On the 8B shape that is 2 for q/k/v, o and
   // down, 8 for gate/up: 4.42 → 4.23 ms a step. The 1B's k = 2048 takes 4 for gate/up and the LM
-  // head, where 8 left a lane one step (bench/CUDA_NOTES.md).
+  // head, where 8 left a lane one step (bench/CUDA_NOTES.md). Every split forced on every 8B
+  // projection (`tailserve-bench-kernels --gemv-splits`, 12-03): this one is the fastest.
   absl::StatusOr<int> wave = GemvWave();
   if (!wave.ok()) return wave.status();
   const int pairs = (a.n + 1) / 2, vecs = a.k / 8;
@@ -202,6 +205,7 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
   for (int k = 2; k <= kWarps && vecs >= 64 * k; k *= 2) {
     if (Blocks(pairs, k) <= *wave || Blocks(pairs, 1) > *wave) ks = k;
   }
+  if (a.k_split > 0) ks = a.k_split;
   const dim3 block(kWarps * 32);
   const int blocks = Blocks(pairs, ks);
   const int steps = (vecs + 32 * ks - 1) / (32 * ks);  // W loads a lane makes

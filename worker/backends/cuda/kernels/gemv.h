@@ -50,6 +50,9 @@ struct GemvArgs {
   // Copy each lane's first W loads (up to 32 KB a CTA) into shared memory before that wait: worth
   // it where the previous kernel leaves DRAM idle (the attention before the batch-1 o Gemv).
   bool preload_w = false;
+  // The k split (1, 2, 4 or 8 warps a column pair); 0: Gemv's rule (gemv.cu). For the kernel
+  // bench's sweep.
+  int k_split = 0;
 };
 
 // CTAs of the Gemv the GPU holds at once (registers allow ~6 per SM), which sets its k split;
