@@ -101,9 +101,6 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   config_ = ckpt.config;
   const ModelConfig& c = config_;
   if (options_.buckets.empty()) return absl::InvalidArgumentError("cuda: at least one batch bucket is needed");
-  for (int bytes : {options_.l2_prefetch_bytes.qkv, options_.l2_prefetch_bytes.o, options_.l2_prefetch_bytes.gate_up}) {
-    if (bytes < 0 || bytes % 16 != 0) return absl::InvalidArgumentError("cuda: L2 prefetch bytes a multiple of 16");
-  }
   std::sort(options_.buckets.begin(), options_.buckets.end());
   max_bucket_ = options_.buckets.back();
   max_rows_ = std::max(options_.prefill_chunk, max_bucket_);
@@ -500,14 +497,6 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     *written = {out, *chunks, stride};
     return absl::OkStatus();
   };
-  // The first `bytes` of each of W's n rows of k (and of its second k chunk when split), for the
-  // latency-bound kernel before the projection to put in L2 (CudaEngineOptions::l2_prefetch_bytes).
-  auto prefetch = [&](const __half* w, int n, int k, bool split, int bytes) {
-    if (!split_k || bytes <= 0) return cuda::L2Prefetch{};
-    const bool halves = split && k % (2 * 8) == 0;
-    return cuda::L2Prefetch{.base = w, .rows = n, .chunks = halves ? 2 : 1, .row_bytes = int64_t{k} * 2,
-                            .chunk_bytes = halves ? int64_t{k} : 0, .bytes = std::min(bytes, k * 2 / (halves ? 2 : 1))};
-  };
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
   // At batch 1 the embedding writes sumsq(0) and zeroes the slots the Gemvs accumulate into (no
   // memset node in the graph).
@@ -531,8 +520,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       TRY("gemm_qkv", cuda::Gemv(qkv, s));
     } else {
       // The weight folded into w_qkv.
-      TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous,
-                                       prefetch(L.w_qkv, qkvw, h, split_k, options_.l2_prefetch_bytes.qkv)));
+      TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
       pending = {};
       if (split_k) {
         TRY("gemm_qkv", gemm_split_k(*gemm_, b.xn, h, L.w_qkv, qkvw, b.qkv_partials, qkv_stride, &qkv_in));
@@ -542,8 +530,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     }
     if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
-                                             inv_freq_, b.clamps, s, shape.overlap_previous,
-                                             prefetch(L.w_o, h, qd, split_k, options_.l2_prefetch_bytes.o)));
+                                             inv_freq_, b.clamps, s, shape.overlap_previous));
     }
     TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
     if (fused) {
@@ -565,10 +552,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     }
     if (L.b_o) TRY("bias", cuda::AddBias(b.x, rows, h, L.b_o, s));
     // The weight folded into gate/up.
-    TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous,
-                                     c.num_experts == 0 ? prefetch(L.w_gate_up, 2 * f, h, false,
-                                                                   options_.l2_prefetch_bytes.gate_up)
-                                                        : cuda::L2Prefetch{}));
+    TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
     pending = {};
     if (ffn_halves) {
       // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.

@@ -38,13 +38,6 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
-  // Decode above batch 1: the latency-bound kernel before each projection (the norms, RoPE) asks
-  // L2 for the first this many bytes of every row (and k chunk) of that projection's W: q/k/v,
-  // o, gate/up (0: none). Multiples of 16.
-  struct L2PrefetchBytes {
-    int qkv = 0, o = 0, gate_up = 0;
-  };
-  L2PrefetchBytes l2_prefetch_bytes = {};
 };
 
 class CudaEngine final : public Engine {

@@ -61,7 +61,7 @@ constexpr int kPreloadStepBytes = kWarps * 2 * 32 * 16;  // one step: every lane
 // of x, and a lane keeps two W loads in flight per step. The first `preload` steps of W are copied
 // into shared memory before the wait (each lane reads back only its own copies: no barrier).
 template <int KS, bool kPreload>
-__global__ void __launch_bounds__(kWarps * 32, 6) GemvKernel(GemvArgs a, int preload) {
+__global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a, int preload) {
   if constexpr (!kPreload) preload = 0;
   extern __shared__ uint4 preload_s[];  // [warp][step][column of the pair][lane]
   __shared__ float part_s[kWarps][2];
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kWarps * 32, 6) GemvKernel(GemvArgs a, int pre
       acc0 += Dot8(mine[64 * j], xf);
       acc1 += Dot8(mine[64 * j + 32], xf);
     }
-#pragma unroll 4
+#pragma unroll 2
     for (int v = first + preloaded * 32 * KS; v < vecs; v += 32 * KS) {
       const uint4 wv0 = w0[v], wv1 = w1[v];
       float xf[8];

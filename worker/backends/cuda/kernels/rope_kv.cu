@@ -5,7 +5,6 @@
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/common.cuh"
 #include "worker/backends/cuda/kernels/kv_codec.cuh"
-#include "worker/backends/cuda/kernels/l2_prefetch.cuh"
 
 namespace tailserve::cuda {
 namespace {
@@ -19,11 +18,9 @@ constexpr int kHeadsPerBlock = 4;
 // writes: a block per row looping its warps over 48 heads had two such chains (5.3 us a layer).
 template <KvDtype D>
 __global__ void RopeWriteKvKernel(float* qkv, Partials in, const float* bias, int heads, RowMeta meta, KvGeometry g,
-                                  KvLayerView layer, const float* inv_freq, unsigned long long* clamps,
-                                  L2Prefetch prefetch) {
+                                  KvLayerView layer, const float* inv_freq, unsigned long long* clamps) {
   using Codec = KvCodec<D>;
   TriggerDependents();  // the attention that follows may start its prologue (see PagedAttention)
-  IssueL2Prefetch(prefetch);
   const int row = blockIdx.x, lane = threadIdx.x & 31;
   const int head = blockIdx.y * kHeadsPerBlock + (threadIdx.x >> 5);
   const int hd = g.head_dim, half = hd / 2, kvh = g.kv_heads;
@@ -108,19 +105,17 @@ __global__ void ReadKvKernel(KvGeometry g, KvLayerView layer, bool value, int64_
 
 absl::Status RopeWriteKv(float* qkv, const Partials& in, const float* bias, int rows, int heads, const RowMeta& meta,
                          const KvGeometry& g, const KvLayerView& layer, const float* inv_freq,
-                         unsigned long long* clamps, cudaStream_t stream, bool overlap_previous,
-                         const L2Prefetch& prefetch) {
+                         unsigned long long* clamps, cudaStream_t stream, bool overlap_previous) {
   if (g.head_dim > 2 * 32 * kMaxPairsPerLane || g.head_dim % 2) {
     return absl::InvalidArgumentError("RopeWriteKv: head_dim must be even and at most 256");
   }
   const Partials parts = in.OrNone();
   if (parts.count > kMaxPartials) return absl::InvalidArgumentError("RopeWriteKv: at most 4 partials");
-  if (!prefetch.valid()) return absl::InvalidArgumentError("RopeWriteKv: prefetch ranges 16-byte aligned and sized");
   if (rows == 0) return absl::OkStatus();
   const dim3 grid(rows, (heads + 2 * g.kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock), block(32 * kHeadsPerBlock);
   auto launch = [&](auto kernel) {
     return LaunchMaybeOverlapped(overlap_previous, grid, block, 0, stream, kernel, qkv, parts, bias,
-                                 heads, meta, g, layer, inv_freq, clamps, prefetch);
+                                 heads, meta, g, layer, inv_freq, clamps);
   };
   switch (g.dtype) {
     case KvDtype::kFp8E4M3: TAILSERVE_CUDA_RETURN_IF_ERROR(launch(RopeWriteKvKernel<KvDtype::kFp8E4M3>)); break;

@@ -9,7 +9,6 @@
 
 #include "absl/status/status.h"
 #include "worker/backends/cuda/kernels/kv_cache.h"
-#include "worker/backends/cuda/kernels/l2_prefetch.h"
 #include "worker/backends/cuda/kernels/partials.h"
 
 namespace tailserve::cuda {
@@ -19,11 +18,9 @@ namespace tailserve::cuda {
 // qkv: a split-K projection's partials), the projection is their sum and qkv only receives the
 // rotated q; otherwise qkv is read and q rotated in place. overlap_previous: launched
 // programmatically (common.cuh), it waits for the previous kernel before it reads its input.
-// `prefetch`: ranges (the o projection's first W) L2 fetches while it runs.
 absl::Status RopeWriteKv(float* qkv, const Partials& in, const float* bias, int rows, int heads, const RowMeta& meta,
                          const KvGeometry& geometry, const KvLayerView& layer, const float* inv_freq,
-                         unsigned long long* clamps, cudaStream_t stream, bool overlap_previous = false,
-                         const L2Prefetch& prefetch = {});
+                         unsigned long long* clamps, cudaStream_t stream, bool overlap_previous = false);
 
 // Reads back one cached head vector as fp32 (for tests): out[head_dim].
 absl::Status ReadKvForTest(const KvGeometry& geometry, const KvLayerView& layer, bool value, int block, int slot,

@@ -4,7 +4,6 @@
 
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/common.cuh"
-#include "worker/backends/cuda/kernels/l2_prefetch.cuh"
 
 namespace tailserve::cuda {
 namespace {
@@ -47,9 +46,7 @@ __global__ void EmbedBesideKernel(const __half* table, const int32_t* tokens, in
 // 4 (hidden above 8192) spills some.
 template <bool kVec, int kMax = 1>
 __global__ void __launch_bounds__(1024)
-    RmsNormKernel(float* x, Partials add, const int32_t* src, int hidden, const float* w, float eps, __half* out,
-                  L2Prefetch prefetch) {
-  IssueL2Prefetch(prefetch);  // the next projection's first W (read-only: before the wait)
+    RmsNormKernel(float* x, Partials add, const int32_t* src, int hidden, const float* w, float eps, __half* out) {
   GridDependencyWait();  // everything it reads may be the previous kernel's
   __shared__ float shared[32];
   const int r = blockIdx.x;
@@ -197,14 +194,12 @@ absl::Status EmbedRows(const EmbedArgs& a, cudaStream_t stream) {
 }
 
 absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int rows, int hidden, const float* weight,
-                         float eps, __half* out, cudaStream_t stream, bool overlap_previous,
-                         const L2Prefetch& prefetch) {
+                         float eps, __half* out, cudaStream_t stream, bool overlap_previous) {
   if (rows == 0) return absl::OkStatus();
   // Enough threads that each handles a few elements: a short dependency chain per row, since at
   // decode there are only a few rows (blocks). Two float4 a thread where the row is whole float4s.
   const Partials a = add.OrNone();
   if (a.count > kMaxPartials) return absl::InvalidArgumentError("RmsNormRows: at most 4 arrays to add");
-  if (!prefetch.valid()) return absl::InvalidArgumentError("RmsNormRows: prefetch ranges 16-byte aligned and sized");
   const bool add_aligned = a.count == 0 || (Aligned16(a.data) && a.stride % 4 == 0);
   if (hidden % 4 == 0 && hidden <= 4 * 4 * 1024 && Aligned16(x) && add_aligned && Aligned16(weight) &&
       Aligned16(out)) {
@@ -213,12 +208,11 @@ absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int 
     TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(rows), dim3(threads), 0, stream,
                                                          n4_per_thread <= 2 ? RmsNormKernel<true, 2>
                                                                             : RmsNormKernel<true, 4>,
-                                                         x, a, src, hidden, weight, eps, out, prefetch));
+                                                         x, a, src, hidden, weight, eps, out));
   } else {
     const int threads = std::clamp((hidden / 4 + 31) / 32 * 32, 32, 1024);
     TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(rows), dim3(threads), 0, stream,
-                                                         RmsNormKernel<false>, x, a, src, hidden, weight, eps, out,
-                                                         prefetch));
+                                                         RmsNormKernel<false>, x, a, src, hidden, weight, eps, out));
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();

@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "worker/backends/cuda/kernels/l2_prefetch.h"
 #include "worker/backends/cuda/kernels/partials.h"
 
 namespace tailserve::cuda {
@@ -37,10 +36,8 @@ absl::Status EmbedRows(const EmbedArgs& args, cudaStream_t stream);
 // CudaEngine::Forward). With `add`, the src rows must be distinct (a repeated row would be added
 // twice); the engine's are the identity. overlap_previous (also SwiGlu's): launched
 // programmatically (common.cuh), it waits for the previous kernel before it reads anything.
-// `prefetch`: ranges (the next projection's first W) L2 fetches while the norm runs.
 absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int rows, int hidden, const float* weight,
-                         float eps, __half* out, cudaStream_t stream, bool overlap_previous = false,
-                         const L2Prefetch& prefetch = {});
+                         float eps, __half* out, cudaStream_t stream, bool overlap_previous = false);
 
 // out[r, f] = fp16(silu(gate_up[r, 2f]) * gate_up[r, 2f + 1]): gate and up interleaved, as the
 // engine lays out its fused gate/up matrix (so a Gemv warp computes both halves of one output).
