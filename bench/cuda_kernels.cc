@@ -27,6 +27,7 @@
 #include "worker/backends/cuda/kernels/attention.h"
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rows.h"
+#include "worker/backends/cuda/kernels/stream_gemm.h"
 
 namespace tailserve {
 namespace {
@@ -609,6 +610,139 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
 }
 
 
+// StreamGemm (a persistent CTA an SM taking (64-column tile, k chunk) items from a counter) against
+// the engine's path for the same partials: GemmRunner::RunSplitK's two chunks, tuned over the
+// weight copies as the engine tunes over its layers. Both over rotating copies of W (past L2).
+absl::Status BenchStreamGemm(const Shape& m, const std::vector<int>& rows_list, int reps, cudaStream_t s) {
+  const std::vector<Projection> projections = Projections(m);
+  const auto [max_k, max_n] = MaxKN(projections);
+  constexpr size_t kWork = 32 << 20;
+  auto x16 = Filled(size_t(cuda::kStreamGemmMaxRows) * max_k * 2, 0x2c);
+  auto y = Filled(size_t(8) * cuda::kStreamGemmMaxRows * max_n * 4, 0), work = DeviceAlloc(kWork);
+  auto counters = Filled(cuda::kStreamGemmWorkspaceBytes, 0);
+  for (auto* b : {&x16, &y, &work, &counters}) {
+    if (!b->ok()) return b->status();
+  }
+  std::printf("| projection | rows | kernel | µs: RunSplitK 2, or StreamGemm 2 chunks | 4 chunks | 8 chunks |\n"
+              "|---|---:|---|---:|---:|---:|\n");
+  for (const Projection& p : projections) {
+    absl::StatusOr<RotatingCopies> w = WeightCopies(size_t(p.n) * p.k * 2);
+    if (!w.ok()) return w.status();
+    for (int rows : rows_list) {
+      if (rows < 2 || rows > cuda::kStreamGemmMaxRows) continue;
+      const auto* x = static_cast<const __half*>(x16->get());
+      auto* yp = static_cast<float*>(y->get());
+      const int64_t stride = int64_t(p.n) * rows;
+      absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm = cuda::GemmRunner::Create(s, work->get(), kWork);
+      if (!gemm.ok()) return gemm.status();
+      (*gemm)->set_tuning_layers(w->first(), int64_t(w->stride()), w->count());
+      (*gemm)->set_tuning(true);
+      if (absl::StatusOr<int> c = (*gemm)->RunSplitK(x, rows, p.k, static_cast<const __half*>(w->first()), p.n, 2, yp,
+                                                      stride);
+          !c.ok()) {
+        return c.status();
+      }
+      (*gemm)->set_tuning(false);
+      absl::StatusOr<double> lt = TimeGraph(s, reps, [&]() -> absl::Status {
+        return (*gemm)->RunSplitK(x, rows, p.k, w->Next(), p.n, 2, yp, stride).status();
+      });
+      if (!lt.ok()) return lt.status();
+      std::printf("| %s | %d | cuBLASLt | %.1f | | | |\n", p.name, rows, *lt);
+      for (int variant = 0; variant < 5; ++variant) {
+        std::printf("| %s | %d | variant %d |", p.name, rows, variant);
+        for (int chunks : {2, 4, 8}) {
+          if (p.k % ((variant == 4 ? 256 : 128) * chunks) != 0) {
+            std::printf(" – |");
+            continue;
+          }
+          absl::StatusOr<double> us = TimeGraph(s, reps, [&]() -> absl::Status {
+            return cuda::StreamGemm({.x = x, .rows = rows, .k = p.k, .w = w->Next(), .n = p.n, .chunks = chunks,
+                                     .partials = yp, .partial_stride = stride, .workspace = counters->get(),
+                                     .variant = variant},
+                                    s);
+          });
+          if (!us.ok()) return us.status();
+          std::printf(" %.1f |", *us);
+        }
+        std::printf("\n");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A layer's four projections back to back at `rows` rows, as one chain per timed launch: cuBLASLt
+// as the engine runs it (RunSplitK for q/k/v, o and down, gate/up whole) against StreamGemm
+// launched programmatically (each copies its first W while its predecessor finishes; 4 chunks,
+// gate/up 2), each projection with its own counters.
+absl::Status BenchStreamGemmChain(const Shape& m, int rows, int reps, cudaStream_t s) {
+  const std::vector<Projection> projections = Projections(m);
+  const auto [max_k, max_n] = MaxKN(projections);
+  constexpr size_t kWork = 32 << 20;
+  auto x16 = Filled(size_t(cuda::kStreamGemmMaxRows) * max_k * 2, 0x2c);
+  auto y = Filled(size_t(8) * cuda::kStreamGemmMaxRows * max_n * 4, 0), work = DeviceAlloc(kWork);
+  auto counters = Filled(4 * 64 + cuda::kStreamGemmWorkspaceBytes, 0);
+  for (auto* b : {&x16, &y, &work, &counters}) {
+    if (!b->ok()) return b->status();
+  }
+  std::vector<RotatingCopies> weights;
+  for (const Projection& p : projections) {
+    absl::StatusOr<RotatingCopies> w = WeightCopies(size_t(p.n) * p.k * 2);
+    if (!w.ok()) return w.status();
+    weights.push_back(*std::move(w));
+  }
+  const auto* x = static_cast<const __half*>(x16->get());
+  auto* yp = static_cast<float*>(y->get());
+  std::vector<std::unique_ptr<cuda::GemmRunner>> runners;
+  for (size_t i = 0; i < projections.size(); ++i) {  // tuned as the engine tunes: over the copies
+    const Projection& p = projections[i];
+    absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> g = cuda::GemmRunner::Create(s, work->get(), kWork);
+    if (!g.ok()) return g.status();
+    (*g)->set_tuning_layers(weights[i].first(), int64_t(weights[i].stride()), weights[i].count());
+    (*g)->set_tuning(true);
+    const auto* w0 = static_cast<const __half*>(weights[i].first());
+    absl::Status st = p.swiglu ? (*g)->Run(x, rows, p.k, w0, p.n, 0.0f, yp)
+                               : (*g)->RunSplitK(x, rows, p.k, w0, p.n, 2, yp, int64_t(p.n) * rows).status();
+    if (!st.ok()) return st;
+    (*g)->set_tuning(false);
+    runners.push_back(*std::move(g));
+  }
+  absl::StatusOr<double> lt = TimeGraph(s, reps, [&]() -> absl::Status {
+    for (size_t i = 0; i < projections.size(); ++i) {
+      const Projection& p = projections[i];
+      absl::Status st = p.swiglu ? runners[i]->Run(x, rows, p.k, weights[i].Next(), p.n, 0.0f, yp)
+                                 : runners[i]->RunSplitK(x, rows, p.k, weights[i].Next(), p.n, 2, yp,
+                                                         int64_t(p.n) * rows)
+                                       .status();
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  });
+  if (!lt.ok()) return lt.status();
+  std::printf("\n| chain of q/k/v, o, gate/up, down at %d rows | µs a chain |\n|---|---:|\n| cuBLASLt | %.1f |\n", rows,
+              *lt);
+  for (int variant : {1, 4}) {
+    for (bool overlap : {false, true}) {
+      absl::StatusOr<double> us = TimeGraph(s, reps, [&]() -> absl::Status {
+        for (size_t i = 0; i < projections.size(); ++i) {
+          const Projection& p = projections[i];
+          const int chunks = p.swiglu ? 2 : 4;
+          absl::Status st = cuda::StreamGemm(
+              {.x = x, .rows = rows, .k = p.k, .w = weights[i].Next(), .n = p.n, .chunks = chunks, .partials = yp,
+               .partial_stride = int64_t(p.n) * rows, .workspace = static_cast<char*>(counters->get()) + 64 * i,
+               .overlap_previous = overlap, .variant = variant},
+              s);
+          if (!st.ok()) return st;
+        }
+        return absl::OkStatus();
+      });
+      if (!us.ok()) return us.status();
+      std::printf("| StreamGemm variant %d%s | %.1f |\n", variant, overlap ? ", programmatic" : "", *us);
+    }
+  }
+  return absl::OkStatus();
+}
+
 // k split into S chunks as one strided-batched cuBLASLt GEMM writing S fp32 partials, which the
 // next kernel (the norm after o, RoPE after q/k/v) would sum: cuBLASLt's own split-K pays a
 // separate reduce kernel (2.4 µs a layer at 16 rows on o). Times the GEMM alone, best of up to 32
@@ -754,7 +888,8 @@ int main(int argc, char** argv) {
   app.add_flag("--mlp-branches", mlp_branches, "only: the MLP block on one stream against two halves on graph branches");
   bool gemv_splits = false;
   app.add_flag("--gemv-splits", gemv_splits, "only: the batch-1 Gemv of each projection at every k split");
-  bool ksplit = false;
+  bool ksplit = false, stream_gemm = false;
+  app.add_flag("--stream-gemm", stream_gemm, "only: StreamGemm's k-chunk partials against cuBLASLt's RunSplitK, 2-16 rows");
   app.add_flag("--ksplit", ksplit, "only: each projection as a strided-batched GEMM over k chunks into fp32 partials");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
@@ -776,6 +911,12 @@ int main(int argc, char** argv) {
   }
   if (gemv_splits) {
     absl::Status st = BenchGemvSplits(m, reps, stream->get());
+    if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return st.ok() ? 0 : 1;
+  }
+  if (stream_gemm) {
+    absl::Status st = BenchStreamGemm(m, Ints(rows), reps, stream->get());
+    if (st.ok()) st = BenchStreamGemmChain(m, 16, reps, stream->get());
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;
   }

@@ -3,7 +3,7 @@
 # then the decode/prefill benchmark on synthetic Llama-3.2-1B and Llama-3.1-8B checkpoints.
 # Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|ab|soak|kernels|kvlayout|trace]
 # (kernels [args]: the projections and attention alone at the 8B shape, no checkpoint: seconds, for kernel work;
-# args go to tailserve-bench-kernels, e.g. --gemm-search, --ksplit or --gemv-splits; ab: decode at 512 tokens, batch 1/16/64, of a baseline
+# args go to tailserve-bench-kernels, e.g. --gemm-search, --ksplit, --gemv-splits or --stream-gemm; ab: decode at 512 tokens, batch 1/16/64, of a baseline
 # build packed as .gpu/bin/tailserve-bench-cuda-base against this one, in alternating processes, AB_ROUNDS (2)
 # rounds on the 8B and the 1B shape; AB_BATCHES and AB_MODELS (l8b l1b) override the batches and shapes;
 # trace: the 8B decode at TRACE_BATCHES (1,16,64) under bench/cupti_trace.cc, then bench/trace_table.py:

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "common/model/safetensors.h"
@@ -28,6 +29,7 @@
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
 #include "worker/backends/cuda/kernels/sampling.h"
+#include "worker/backends/cuda/kernels/stream_gemm.h"
 
 namespace tailserve {
 namespace {
@@ -274,6 +276,64 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
   Dev<__half> dx(std::vector<__half>(8)), dw(std::vector<__half>(8));
   Dev<float> dy(std::vector<float>(1));
   EXPECT_EQ(cuda::Gemv({.x = dx.p, .k = 8, .w = dw.p, .n = 1, .y = dy.p, .k_split = 3}, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// StreamGemm's k-chunk partials against the CPU on odd sizes: rows 1, 3 and 16 (its X tile is
+// 16 rows, zero-filled past the real ones), n that leaves a part tile, 1 to 6 chunks; one workspace
+// throughout, so each launch also checks that the previous one left its counters zeroed, and some
+// launches use fewer CTAs than an SM count so that a CTA takes many items.
+TEST(CudaKernelTest, StreamGemmMatchesCpuOnOddSizes) {
+  REQUIRE_GPU();
+  const unsigned seed = 83;
+  std::mt19937 rng(seed);
+  Dev<int> work{cuda::kStreamGemmWorkspaceBytes / sizeof(int)};
+  work.Put(std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0));
+  for (auto [rows, n, k] : {std::tuple{1, 70, 384}, {3, 200, 384}, {16, 77, 768}, {16, 1000, 1536}, {5, 64, 64}}) {
+    auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * k, rng, 0.05f);
+    const std::vector<__half> xh = RoundToHalf(xf), wh = RoundToHalf(wf);
+    Dev<__half> dx(xh), dw(wh);
+    for (int chunks : {1, 2, 3, 6}) {
+      if (k % (64 * chunks) != 0) continue;
+      for (auto [ctas, variant] : {std::pair{0, 0}, {7, 0}, {0, 1}, {0, 2}, {7, 3}, {0, 4}}) {
+        const int k_boxes = variant == 4 ? 4 : variant & 1 ? 2 : 1;  // a stage's, in the variant
+        if (k % (64 * k_boxes * chunks) != 0) continue;
+        const int64_t stride = int64_t(rows) * n + 4;  // not rows · n: the stride is what places a chunk
+        Dev<float> dp(std::vector<float>(size_t(stride) * chunks, std::nanf("")));
+        ASSERT_TRUE(cuda::StreamGemm({.x = dx.p, .rows = rows, .k = k, .w = dw.p, .n = n, .chunks = chunks,
+                                      .partials = dp.p, .partial_stride = stride, .workspace = work.p, .ctas = ctas,
+                                      .variant = variant},
+                                     nullptr)
+                        .ok());
+        const std::vector<float> got = dp.Get();
+        const int kc = k / chunks;
+        for (int c = 0; c < chunks; ++c) {
+          std::vector<float> want(size_t(rows) * n), mine(want.size());
+          for (int r = 0; r < rows; ++r) {
+            for (int col = 0; col < n; ++col) {
+              double d = 0;
+              for (int i = c * kc; i < (c + 1) * kc; ++i) {
+                d += double(__half2float(xh[size_t(r) * k + i])) * __half2float(wh[size_t(col) * k + i]);
+              }
+              want[size_t(r) * n + col] = float(d);
+              mine[size_t(r) * n + col] = got[c * stride + size_t(r) * n + col];
+            }
+          }
+          EXPECT_LE(RelL2(mine, want), 1e-5) << "rows " << rows << " n " << n << " k " << k << " chunk " << c << " of "
+                                             << chunks << " ctas " << ctas << " variant " << variant << " seed " << seed;
+        }
+      }
+    }
+  }
+  Dev<__half> dx(std::vector<__half>(16 * 96)), dw(std::vector<__half>(8 * 96));
+  Dev<float> dp(std::vector<float>(16 * 8 * 2));
+  EXPECT_EQ(cuda::StreamGemm({.x = dx.p, .rows = 1, .k = 96, .w = dw.p, .n = 8, .partials = dp.p, .workspace = work.p},
+                             nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // k not a multiple of 64
+  EXPECT_EQ(cuda::StreamGemm({.x = dx.p, .rows = 17, .k = 64, .w = dw.p, .n = 8, .partials = dp.p, .workspace = work.p},
+                             nullptr)
+                .code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -1,0 +1,324 @@
+#include "worker/backends/cuda/kernels/stream_gemm.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "worker/backends/cuda/cuda_check.h"
+#include "worker/backends/cuda/kernels/common.cuh"
+
+namespace tailserve::cuda {
+namespace {
+
+constexpr int kTileK = 64;                // k a box: one 128-byte swizzle row
+constexpr int kXBoxBytes = 16 * kTileK * 2;  // 2 KB: 16 rows, zero-filled past the real ones
+constexpr int kConsumerWarps = 4;
+constexpr int kThreads = (kConsumerWarps + 1) * 32;
+
+// TN: 64-column blocks an item (each consumer warp takes 16 · TN columns); KB: k boxes a stage.
+template <int TN, int KB>
+struct Config {
+  static constexpr int kTileN = 64 * TN;
+  static constexpr int kWBoxBytes = kTileN * kTileK * 2;
+  static constexpr int kStageBytes = KB * (kWBoxBytes + kXBoxBytes);  // a multiple of 1024 (the swizzle's span)
+  static constexpr int kStages = (227 * 1024 - 1024) / kStageBytes;
+  static constexpr int kSmem = kStages * kStageBytes + 1024;  // + alignment slack
+};
+constexpr int kMaxStages = (227 * 1024 - 1024) / (64 * kTileK * 2 + kXBoxBytes);
+
+struct Params {
+  int rows, n, chunks, chunk_k, k_blocks, items;
+  float* partials;
+  int64_t stride;
+  int* counters;  // [0]: the next item, [1]: CTAs finished
+  bool overlap;   // launched programmatically: copy the first W before the wait
+};
+
+__device__ __forceinline__ uint32_t Smem(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void BarrierInit(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(Smem(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void BarrierExpect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(Smem(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void BarrierArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(Smem(bar)) : "memory");
+}
+__device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @p bra DONE_%=;\n"
+      " bra WAIT_%=;\n DONE_%=:\n }" ::"r"(Smem(bar)),
+      "r"(parity)
+      : "memory");
+}
+// One 2D tile (coordinates: element along k, row) into shared memory, completing on `bar`.
+__device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int k0, int row0, uint64_t* bar,
+                                        uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(Smem(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(Smem(bar)), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ void LdMatrix4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// D += A · B for one m16n8k16 tile: fp16 in, fp32 accumulate.
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 128-byte rows under the TMA's
+// 128-byte swizzle (chunk index XOR row mod 8, rows counted from a 1024-byte-aligned base).
+__device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+template <int TN, int KB>
+__global__ void __launch_bounds__(kThreads, 1)
+    StreamGemmKernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map, Params p) {
+  using C = Config<TN, KB>;
+  constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kTileN = C::kTileN;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full_s[kMaxStages], empty_s[kMaxStages];
+  __shared__ int item_s[kMaxStages], kb_s[kMaxStages];  // the item a filled stage belongs to; -1: no more
+  unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&w_map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
+    for (int s = 0; s < kStages; ++s) BarrierInit(&full_s[s], 1), BarrierInit(&empty_s[s], kConsumerWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  // X and the partials (read by the previous launch's consumer) belong to what came before: every
+  // thread but the producer's waits here; launched programmatically, the producer first copies
+  // the W of its first 96 KB of stages (W is constant, the counter is this launch's own), then
+  // waits and copies their X.
+  // Triggering at once lets a programmatic follower take each SM this grid leaves.
+  const bool producer = warp == kConsumerWarps && lane == 0;
+  if (!producer) GridDependencyWait(), TriggerDependents();
+
+  if (warp == kConsumerWarps) {  // the producer
+    if (lane == 0) {
+      uint64_t stream_policy, keep_policy;  // W is read once; X by every CTA
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream_policy));
+      asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
+      auto load_x = [&](int s, int item, int kb) {
+        const int k_first = (item % p.chunks) * p.chunk_k;
+#pragma unroll
+        for (int b = 0; b < KB; ++b) {
+          TmaLoad(ring + s * kStageBytes + KB * C::kWBoxBytes + b * kXBoxBytes, &x_map,
+                  k_first + (kb * KB + b) * kTileK, 0, &full_s[s], keep_policy);
+        }
+      };
+      int before_wait = 0;  // stages whose X waits for the predecessor; -1 once waited
+      auto wait_once = [&] {
+        if (before_wait < 0) return;
+        GridDependencyWait();
+        TriggerDependents();
+        for (int s = 0; s < before_wait; ++s) load_x(s, item_s[s], kb_s[s]);
+        before_wait = -1;
+      };
+      // Without a predecessor X goes out with each stage: X queued behind a ring of W copies
+      // delayed the first stage by the TMA's issue of the whole ring (kernel bench, 12-03).
+      constexpr int kEarlyStages = (96 << 10) / kStageBytes > 0 ? (96 << 10) / kStageBytes : 1;
+      if (p.overlap) before_wait = 0;
+      else wait_once();
+      for (int slot = 0;;) {
+        const int item = atomicAdd(p.counters, 1);
+        const bool more = item < p.items;
+        const int tile = item / p.chunks, k_first = (item % p.chunks) * p.chunk_k;
+        for (int kb = 0; kb < (more ? p.k_blocks : 1); ++kb, ++slot) {
+          const int s = slot % kStages;
+          if (slot >= kEarlyStages) wait_once();
+          if (slot >= kStages) BarrierWait(&empty_s[s], ((slot / kStages) - 1) & 1);
+          item_s[s] = more ? item : -1;  // published by the arrive's release
+          if (!more) {
+            wait_once();
+            BarrierArrive(&full_s[s]);
+            break;
+          }
+          BarrierExpect(&full_s[s], kStageBytes);
+#pragma unroll
+          for (int b = 0; b < KB; ++b) {
+            TmaLoad(ring + s * kStageBytes + b * C::kWBoxBytes, &w_map, k_first + (kb * KB + b) * kTileK,
+                    tile * kTileN, &full_s[s], stream_policy);
+          }
+          if (before_wait < 0) {
+            load_x(s, item, kb);
+          } else {
+            kb_s[s] = kb, ++before_wait;
+          }
+        }
+        if (!more) break;
+      }
+    }
+    __syncwarp();
+  } else {
+    // ldmatrix rows this lane addresses: of W (rows 8 at a time, then the k half), of X (rows 0-7
+    // for the first k half and then the second, then rows 8-15 likewise).
+    const int w_row = 16 * TN * warp + (lane & 7) + 8 * ((lane >> 3) & 1), w_half = lane >> 4;
+    const int x_row = (lane & 7) + 8 * (lane >> 4), x_half = (lane >> 3) & 1;
+    const uint32_t ring_addr = Smem(ring);
+    float acc[TN][2][4] = {};
+    for (int slot = 0, kb = 0;; ++slot) {
+      const int s = slot % kStages;
+      BarrierWait(&full_s[s], (slot / kStages) & 1);
+      const int item = item_s[s];
+      if (item < 0) break;
+      const uint32_t stage = ring_addr + s * kStageBytes;
+#pragma unroll
+      for (int b = 0; b < KB; ++b) {
+        const uint32_t w_base = stage + b * C::kWBoxBytes, x_base = stage + KB * C::kWBoxBytes + b * kXBoxBytes;
+#pragma unroll
+        for (int ks = 0; ks < kTileK / 16; ++ks) {
+          uint32_t bx[4];
+          LdMatrix4(x_base + Swizzled(x_row, 2 * ks + x_half), bx);
+#pragma unroll
+          for (int mt = 0; mt < TN; ++mt) {
+            uint32_t a[4];
+            LdMatrix4(w_base + Swizzled(w_row + 16 * mt, 2 * ks + w_half), a);
+            Mma(acc[mt][0], a, bx[0], bx[1]);
+            Mma(acc[mt][1], a, bx[2], bx[3]);
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) BarrierArrive(&empty_s[s]);
+      if (++kb < p.k_blocks) continue;
+      // The item's last stage: acc[mt][j][i] is column tile·kTileN + 16·TN·warp + 16·mt + g +
+      // 8·(i / 2) of row 8·j + 2·c + i % 2 (g = lane / 4, c = lane % 4).
+      kb = 0;
+      const int tile = item / p.chunks;
+      float* out = p.partials + (item % p.chunks) * p.stride;
+#pragma unroll
+      for (int mt = 0; mt < TN; ++mt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int col = tile * kTileN + 16 * TN * warp + 16 * mt + (lane >> 2) + 8 * (i >> 1);
+            const int row = 8 * j + 2 * (lane & 3) + (i & 1);
+            if (row < p.rows && col < p.n) out[static_cast<int64_t>(row) * p.n + col] = acc[mt][j][i];
+            acc[mt][j][i] = 0.0f;
+          }
+        }
+      }
+    }
+  }
+  // The last CTA out leaves the counters zeroed for the next launch: every CTA has taken its
+  // final (past-the-end) item before it counts itself finished.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(p.counters + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+      p.counters[0] = 0, p.counters[1] = 0;
+      __threadfence();
+    }
+  }
+}
+
+// cuTensorMapEncodeTiled through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A [rows, k] fp16 matrix as 64 × box_rows tiles, 128-byte swizzled, zeros past its edges.
+absl::Status Map(CUtensorMap* map, const __half* base, int k, int rows, int box_rows) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
+  if (encode == nullptr) return absl::InternalError("StreamGemm: the driver has no cuTensorMapEncodeTiled");
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
+  const cuuint32_t box[2] = {kTileK, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<__half*>(base), dims, strides, box,
+                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed: CUresult ", r));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> SmCount() {
+  static std::atomic<int> cached{0};
+  if (const int n = cached.load(std::memory_order_relaxed); n > 0) return n;
+  int device = 0, sms = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  cached.store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+template <int TN, int KB>
+absl::Status Launch(const StreamGemmArgs& a, int ctas, cudaStream_t stream) {
+  using C = Config<TN, KB>;
+  if (a.k % (kTileK * KB * a.chunks) != 0) return absl::InvalidArgumentError("StreamGemm: k for the variant");
+  CUtensorMap w_map, x_map;
+  if (absl::Status s = Map(&w_map, a.w, a.k, a.n, C::kTileN); !s.ok()) return s;
+  if (absl::Status s = Map(&x_map, a.x, a.k, a.rows, 16); !s.ok()) return s;
+  Params p{};
+  p.rows = a.rows, p.n = a.n, p.chunks = a.chunks, p.chunk_k = a.k / a.chunks, p.k_blocks = p.chunk_k / (kTileK * KB);
+  p.items = (a.n + C::kTileN - 1) / C::kTileN * a.chunks;
+  p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
+  p.overlap = a.overlap_previous;
+  ctas = std::min(ctas, p.items);
+  static const cudaError_t opted = [] {  // the function's attributes: set once
+    const cudaError_t e =
+        cudaFuncSetAttribute(StreamGemmKernel<TN, KB>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+    return e != cudaSuccess ? e
+                            : cudaFuncSetAttribute(StreamGemmKernel<TN, KB>,
+                                                   cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+  }();
+  TAILSERVE_CUDA_RETURN_IF_ERROR(opted);
+  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(a.overlap_previous, dim3(ctas), dim3(kThreads), C::kSmem,
+                                                       stream, StreamGemmKernel<TN, KB>, w_map, x_map, p));
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status StreamGemm(const StreamGemmArgs& a, cudaStream_t stream) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (a.rows < 1 || a.rows > kStreamGemmMaxRows || a.chunks < 1 || a.chunks > 8 || a.k <= 0 ||
+      a.k % (kTileK * a.chunks) != 0 || a.n <= 0 || a.x == nullptr || a.w == nullptr || a.partials == nullptr ||
+      a.workspace == nullptr || !aligned(a.x) || !aligned(a.w) ||
+      (a.chunks > 1 && a.partial_stride < static_cast<int64_t>(a.rows) * a.n)) {
+    return absl::InvalidArgumentError(
+        "StreamGemm: 1..16 rows, 1..8 chunks, k a multiple of 64 · chunks, x and w 16-byte aligned, partials "
+        "at least rows · n apart, a workspace");
+  }
+  int ctas = a.ctas;
+  if (ctas <= 0) {
+    absl::StatusOr<int> sms = SmCount();
+    if (!sms.ok()) return sms.status();
+    ctas = *sms;
+  }
+  switch (a.variant) {
+    case 1: return Launch<1, 2>(a, ctas, stream);
+    case 2: return Launch<2, 1>(a, ctas, stream);
+    case 3: return Launch<2, 2>(a, ctas, stream);
+    case 4: return Launch<1, 4>(a, ctas, stream);
+    default: return Launch<1, 1>(a, ctas, stream);
+  }
+}
+
+}  // namespace tailserve::cuda

@@ -1,0 +1,53 @@
+#pragma once
+// The decode projection for 1-16 rows, as split-K partials: for each of `chunks` equal k ranges
+// K_c, partials + c · partial_stride receives fp32 [rows, n] = X[:, K_c] · W[:, K_c]ᵀ (X fp16
+// [rows, k], W fp16 [n, k], the HF nn.Linear layout). The consumer that reads the projection
+// anyway adds the chunks (RoPE, the next RMSNorm: kernels/partials.h), as it does for
+// GemmRunner::RunSplitK, which this would replace.
+//
+// One persistent CTA an SM: a producer warp issuing TMA copies (W: 64 columns × 64 k, X: 16 rows
+// × 64 k, 128-byte swizzle) into a ring of shared-memory stages on mbarriers, four consumer warps
+// on the tensor cores (ldmatrix + mma.sync). Work items are (64-column tile, k chunk) pairs taken
+// from a counter in the workspace as a CTA's producer gets to them: an item writes its own
+// partial, so no CTA waits on another's (design G, bench/CUDA_NOTES.md, lost its short
+// projections to static stream-K spans and the split tiles' fixup), and an SM that streams slower
+// simply takes fewer items. The producer runs on into the next item while the consumers finish
+// one, so the ring does not drain between items.
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace tailserve::cuda {
+
+inline constexpr int kStreamGemmMaxRows = 16;
+inline constexpr size_t kStreamGemmWorkspaceBytes = 256;
+
+struct StreamGemmArgs {
+  const __half* x = nullptr;  // [rows, k], 16-byte aligned
+  int rows = 0;               // 1..16
+  int k = 0;                  // a multiple of 64 · chunks
+  const __half* w = nullptr;  // [n, k], 16-byte aligned
+  int n = 0;
+  int chunks = 1;             // 1..8
+  float* partials = nullptr;  // chunk c at partials + c · partial_stride, each [rows, n]
+  int64_t partial_stride = 0;
+  // kStreamGemmWorkspaceBytes, zeroed once before the first launch; every launch leaves it zeroed.
+  // Launches sharing one must be ordered (one stream), and a launch overlapping its predecessor
+  // (overlap_previous) must not share the predecessor's: it takes its first items before its wait.
+  void* workspace = nullptr;
+  int ctas = 0;  // 0: one an SM
+  bool overlap_previous = false;
+  // experiment: 0 64 columns an item, one 64-wide k box a stage; 1 two k boxes; 2 128 columns;
+  // 3 both; 4 four k boxes
+  int variant = 0;
+};
+
+// InvalidArgument on a shape or alignment it does not take; the TMA descriptor's or the launch's
+// error otherwise.
+absl::Status StreamGemm(const StreamGemmArgs& args, cudaStream_t stream);
+
+}  // namespace tailserve::cuda
