@@ -90,7 +90,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kTileN = C::kTileN;
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_s[kMaxStages], empty_s[kMaxStages];
-  __shared__ int item_s[kMaxStages], kb_s[kMaxStages];  // the item a filled stage belongs to; -1: no more
+  __shared__ int item_s[kMaxStages];  // the item a filled stage belongs to; -1: no more
+  __shared__ int kb_s[kMaxStages];    // its k block, for the stages copied before the wait
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
@@ -132,8 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Without a predecessor X goes out with each stage: X queued behind a ring of W copies
       // delayed the first stage by the TMA's issue of the whole ring (kernel bench, 12-03).
       constexpr int kEarlyStages = (96 << 10) / kStageBytes > 0 ? (96 << 10) / kStageBytes : 1;
-      if (p.overlap) before_wait = 0;
-      else wait_once();
+      if (!p.overlap) wait_once();
       for (int slot = 0;;) {
         const int item = atomicAdd(p.counters, 1);
         const bool more = item < p.items;
@@ -267,6 +267,20 @@ absl::StatusOr<int> SmCount() {
   return sms;
 }
 
+// The instance's function attributes (room for the ring, all of shared memory's carveout), set
+// once.
+template <int TN, int KB>
+cudaError_t Attributes() {
+  static const cudaError_t opted = [] {
+    const cudaError_t e =
+        cudaFuncSetAttribute(StreamGemmKernel<TN, KB>, cudaFuncAttributeMaxDynamicSharedMemorySize, Config<TN, KB>::kSmem);
+    return e != cudaSuccess ? e
+                            : cudaFuncSetAttribute(StreamGemmKernel<TN, KB>,
+                                                   cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+  }();
+  return opted;
+}
+
 template <int TN, int KB>
 absl::Status Launch(const StreamGemmArgs& a, int ctas, cudaStream_t stream) {
   using C = Config<TN, KB>;
@@ -280,13 +294,7 @@ absl::Status Launch(const StreamGemmArgs& a, int ctas, cudaStream_t stream) {
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
   ctas = std::min(ctas, p.items);
-  static const cudaError_t opted = [] {  // the function's attributes: set once
-    const cudaError_t e =
-        cudaFuncSetAttribute(StreamGemmKernel<TN, KB>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-    return e != cudaSuccess ? e
-                            : cudaFuncSetAttribute(StreamGemmKernel<TN, KB>,
-                                                   cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-  }();
+  const cudaError_t opted = Attributes<TN, KB>();
   TAILSERVE_CUDA_RETURN_IF_ERROR(opted);
   TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(a.overlap_previous, dim3(ctas), dim3(kThreads), C::kSmem,
                                                        stream, StreamGemmKernel<TN, KB>, w_map, x_map, p));
@@ -295,6 +303,21 @@ absl::Status Launch(const StreamGemmArgs& a, int ctas, cudaStream_t stream) {
 }
 
 }  // namespace
+
+absl::Status StreamGemmPrepare() {
+  for (int variant = 0; variant <= 4; ++variant) {
+    cudaError_t e = cudaSuccess;
+    switch (variant) {
+      case 0: e = Attributes<1, 1>(); break;
+      case 1: e = Attributes<1, 2>(); break;
+      case 2: e = Attributes<2, 1>(); break;
+      case 3: e = Attributes<2, 2>(); break;
+      default: e = Attributes<1, 4>(); break;
+    }
+    TAILSERVE_CUDA_RETURN_IF_ERROR(e);
+  }
+  return absl::OkStatus();
+}
 
 absl::Status StreamGemm(const StreamGemmArgs& a, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };

@@ -46,6 +46,9 @@ struct StreamGemmArgs {
   int variant = 0;
 };
 
+// Sets the kernels' function attributes: call once before capturing a launch into a graph.
+absl::Status StreamGemmPrepare();
+
 // InvalidArgument on a shape or alignment it does not take; the TMA descriptor's or the launch's
 // error otherwise.
 absl::Status StreamGemm(const StreamGemmArgs& args, cudaStream_t stream);
