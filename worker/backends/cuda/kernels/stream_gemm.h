@@ -5,8 +5,8 @@
 // anyway adds the chunks (RoPE, the next RMSNorm: kernels/partials.h), as it does for
 // GemmRunner::RunSplitK, which this would replace.
 //
-// One persistent CTA an SM: a producer warp issuing TMA copies (W: 64 columns × 64 k, X: 16 rows
-// × 64 k, 128-byte swizzle) into a ring of shared-memory stages on mbarriers, four consumer warps
+// One persistent CTA an SM: a producer warp issuing TMA copies (W: 64 or 128 columns × 64 k, X:
+// 16 rows × 64 k, 128-byte swizzle; 1, 2 or 4 such boxes a stage) into a ring of shared-memory stages on mbarriers, four consumer warps
 // on the tensor cores (ldmatrix + mma.sync). Work items are (64-column tile, k chunk) pairs taken
 // from a counter in the workspace as a CTA's producer gets to them: an item writes its own
 // partial, so no CTA waits on another's (design G, bench/CUDA_NOTES.md, lost its short
@@ -29,7 +29,7 @@ inline constexpr size_t kStreamGemmWorkspaceBytes = 256;
 struct StreamGemmArgs {
   const __half* x = nullptr;  // [rows, k], 16-byte aligned
   int rows = 0;               // 1..16
-  int k = 0;                  // a multiple of 64 · chunks
+  int k = 0;                  // a multiple of 64 · chunks · the variant's k boxes a stage
   const __half* w = nullptr;  // [n, k], 16-byte aligned
   int n = 0;
   int chunks = 1;             // 1..8
@@ -41,8 +41,8 @@ struct StreamGemmArgs {
   void* workspace = nullptr;
   int ctas = 0;  // 0: one an SM
   bool overlap_previous = false;
-  // experiment: 0 64 columns an item, one 64-wide k box a stage; 1 two k boxes; 2 128 columns;
-  // 3 both; 4 four k boxes
+  // The item and stage shape, swept by the kernel bench (bench/RESULTS.md): 0 64 columns an item,
+  // one 64-wide k box a stage; 1 two k boxes (the engine's); 2 128 columns; 3 both; 4 four k boxes.
   int variant = 0;
 };
 
