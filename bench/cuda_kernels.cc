@@ -328,6 +328,30 @@ T CapValue(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t a
   return v;
 }
 
+// The engine's cuBLASLt call above batch 1 for projection p: RunSplitK's two chunks into fp32
+// partials (rows · n floats apart), or (whole) one GEMM, as gate/up feeds SwiGLU.
+absl::Status RunLikeEngine(cuda::GemmRunner& gemm, const Projection& p, int rows, const __half* x, const __half* w,
+                           float* y, bool whole = false) {
+  return whole ? gemm.Run(x, rows, p.k, w, p.n, 0.0f, y)
+               : gemm.RunSplitK(x, rows, p.k, w, p.n, 2, y, int64_t(p.n) * rows).status();
+}
+
+// A runner of its own (plans are tuned once) whose plan for p at `rows` is tuned as the engine
+// tunes it since b38bd08: each candidate timed over the weight copies in turn, as over the layers.
+absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> LayerTunedRunner(cudaStream_t s, void* work, size_t work_bytes,
+                                                                   const RotatingCopies& w, const Projection& p,
+                                                                   int rows, const __half* x, float* y,
+                                                                   bool whole = false) {
+  absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm = cuda::GemmRunner::Create(s, work, work_bytes);
+  if (!gemm.ok()) return gemm.status();
+  (*gemm)->set_tuning_layers(w.first(), int64_t(w.stride()), w.count());
+  (*gemm)->set_tuning(true);
+  absl::Status st = RunLikeEngine(**gemm, p, rows, x, static_cast<const __half*>(w.first()), y, whole);
+  (*gemm)->set_tuning(false);
+  if (!st.ok()) return st;
+  return gemm;
+}
+
 // GemmRunner's pick for the projection at `rows` (its candidates timed on the first call, as the
 // engine does at start), then that pick's mean µs in a graph as the engine replays it; each call
 // of `weights` gives the next weight copy.
@@ -633,19 +657,10 @@ absl::Status BenchStreamGemm(const Shape& m, const std::vector<int>& rows_list, 
       const auto* x = static_cast<const __half*>(x16->get());
       auto* yp = static_cast<float*>(y->get());
       const int64_t stride = int64_t(p.n) * rows;
-      absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm = cuda::GemmRunner::Create(s, work->get(), kWork);
+      absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm = LayerTunedRunner(s, work->get(), kWork, *w, p, rows, x, yp);
       if (!gemm.ok()) return gemm.status();
-      (*gemm)->set_tuning_layers(w->first(), int64_t(w->stride()), w->count());
-      (*gemm)->set_tuning(true);
-      if (absl::StatusOr<int> c = (*gemm)->RunSplitK(x, rows, p.k, static_cast<const __half*>(w->first()), p.n, 2, yp,
-                                                      stride);
-          !c.ok()) {
-        return c.status();
-      }
-      (*gemm)->set_tuning(false);
-      absl::StatusOr<double> lt = TimeGraph(s, reps, [&]() -> absl::Status {
-        return (*gemm)->RunSplitK(x, rows, p.k, w->Next(), p.n, 2, yp, stride).status();
-      });
+      absl::StatusOr<double> lt =
+          TimeGraph(s, reps, [&]() -> absl::Status { return RunLikeEngine(**gemm, p, rows, x, w->Next(), yp); });
       if (!lt.ok()) return lt.status();
       std::printf("| %s | %d | cuBLASLt | %.1f | | | |\n", p.name, rows, *lt);
       for (int variant = 0; variant < 5; ++variant) {
@@ -696,25 +711,17 @@ absl::Status BenchStreamGemmChain(const Shape& m, int rows, int reps, cudaStream
   std::vector<std::unique_ptr<cuda::GemmRunner>> runners;
   for (size_t i = 0; i < projections.size(); ++i) {  // tuned as the engine tunes: over the copies
     const Projection& p = projections[i];
-    absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> g = cuda::GemmRunner::Create(s, work->get(), kWork);
+    absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> g =
+        LayerTunedRunner(s, work->get(), kWork, weights[i], p, rows, x, yp, p.swiglu);
     if (!g.ok()) return g.status();
-    (*g)->set_tuning_layers(weights[i].first(), int64_t(weights[i].stride()), weights[i].count());
-    (*g)->set_tuning(true);
-    const auto* w0 = static_cast<const __half*>(weights[i].first());
-    absl::Status st = p.swiglu ? (*g)->Run(x, rows, p.k, w0, p.n, 0.0f, yp)
-                               : (*g)->RunSplitK(x, rows, p.k, w0, p.n, 2, yp, int64_t(p.n) * rows).status();
-    if (!st.ok()) return st;
-    (*g)->set_tuning(false);
     runners.push_back(*std::move(g));
   }
   absl::StatusOr<double> lt = TimeGraph(s, reps, [&]() -> absl::Status {
     for (size_t i = 0; i < projections.size(); ++i) {
       const Projection& p = projections[i];
-      absl::Status st = p.swiglu ? runners[i]->Run(x, rows, p.k, weights[i].Next(), p.n, 0.0f, yp)
-                                 : runners[i]->RunSplitK(x, rows, p.k, weights[i].Next(), p.n, 2, yp,
-                                                         int64_t(p.n) * rows)
-                                       .status();
-      if (!st.ok()) return st;
+      if (absl::Status st = RunLikeEngine(*runners[i], p, rows, x, weights[i].Next(), yp, p.swiglu); !st.ok()) {
+        return st;
+      }
     }
     return absl::OkStatus();
   });
@@ -785,20 +792,12 @@ absl::Status BenchBatchedSplitK(const Shape& m, const std::vector<int>& rows_lis
         return (*gemm)->RunSplitK(x, rows, p.k, wp(), p.n, 2, yp, stride).status();
       });
       if (!engine_s2.ok()) return engine_s2.status();
-      // The engine's tuning since b38bd08: each candidate timed over the copies in turn, as the
-      // engine times it over the layers' weights (a runner of its own: plans are tuned once).
-      absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> layered = cuda::GemmRunner::Create(s, work->get(), kWork);
+      // The engine's tuning since b38bd08: each candidate timed over the copies in turn.
+      absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> layered =
+          LayerTunedRunner(s, work->get(), kWork, *w, p, rows, x, yp);
       if (!layered.ok()) return layered.status();
-      (*layered)->set_tuning_layers(w->first(), int64_t(w->stride()), w->count());
-      (*layered)->set_tuning(true);
-      const auto* first_w = static_cast<const __half*>(w->first());
-      if (absl::StatusOr<int> c = (*layered)->RunSplitK(x, rows, p.k, first_w, p.n, 2, yp, stride); !c.ok()) {
-        return c.status();
-      }
-      (*layered)->set_tuning(false);
-      absl::StatusOr<double> layered_s2 = TimeGraph(s, reps, [&]() -> absl::Status {
-        return (*layered)->RunSplitK(x, rows, p.k, wp(), p.n, 2, yp, stride).status();
-      });
+      absl::StatusOr<double> layered_s2 =
+          TimeGraph(s, reps, [&]() -> absl::Status { return RunLikeEngine(**layered, p, rows, x, wp(), yp); });
       if (!layered_s2.ok()) return layered_s2.status();
       std::printf("| %s | %d | %.1f | %.1f (%d) | %.1f |", p.name, rows, *base, *engine_s2, *chunks, *layered_s2);
       double best_all = std::min({*base, *engine_s2, *layered_s2});
