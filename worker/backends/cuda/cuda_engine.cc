@@ -16,7 +16,6 @@
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
-#include "worker/backends/cuda/kernels/stream_gemm.h"
 
 namespace tailserve {
 namespace {
@@ -27,21 +26,6 @@ namespace {
 // 15.3 / 15.7, o (with its split-K reduce) 12.9 / 13.7 / 11.6 → 10.6 / 10.7 / 11.1, down 32.8 /
 // 33.4 / 34.9 → 30.3 / 30.3 / 31.2; 4 and 8 chunks were slower than 2, gate/up gains nothing.
 constexpr int kDecodeKSplits = 2;
-
-// StreamGemm at 2-16 rows (CudaEngineOptions::stream_gemm): k chunks for q/k/v, o, gate/up and
-// down, the best of the kernel bench at 16 rows (bench/RESULTS.md), at two 64-wide k boxes a
-// stage (variant 1); one counter region a projection, so that no launch shares its predecessor's.
-constexpr int kStreamChunks[4] = {4, 4, 2, 2};
-constexpr int kStreamVariant = 1, kStreamKStep = 128;
-
-// The chunks StreamGemm takes k in for projection `site`: the wanted count, or fewer where k does
-// not split into whole k steps; 0 where it cannot take k at all (cuBLASLt then).
-int StreamChunks(int site, int k) {
-  for (int chunks = kStreamChunks[site]; chunks >= 1; chunks /= 2) {
-    if (k % (kStreamKStep * chunks) == 0) return chunks;
-  }
-  return 0;
-}
 
 }  // namespace
 
@@ -91,8 +75,7 @@ struct CudaEngine::Buffers {
   float* logits = nullptr;          // [logit_rows, vocab]
   // Decode above batch 1: the split-K projections' chunk outputs (kDecodeKSplits), which RoPE
   // and the norms add.
-  float* qkv_partials = nullptr;       // [kMaxPartials][max_bucket, q + 2 kv]
-  char* stream_counters = nullptr;     // StreamGemm's, one region a projection
+  float* qkv_partials = nullptr;       // [kDecodeKSplits][max_bucket, q + 2 kv]
   float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN halves' down
   void* cublas_workspace = nullptr;
   void* side_cublas_workspace = nullptr;  // side_gemm_'s, as large
@@ -325,8 +308,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
                             (2 * static_cast<size_t>(c.num_layers) + 1) * 4 +
-                            cuda::kMaxPartials * max_bucket_ * (qd + 2 * kvd) * 4 + 2 * kDecodeKSplits * max_bucket_ * h * 4 +
-                            2 * (32 << 20) + 4 * cuda::kStreamGemmWorkspaceBytes + 64 * 256;
+                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) + 64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
   work_memory_ = *std::move(mem);
@@ -394,8 +376,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.sumsq = a.Take<float>(2 * static_cast<size_t>(c.num_layers) + 1);
   b.final_xn = a.Take<__half>(L * h);
   b.logits = a.Take<float>(L * c.vocab_size);
-  b.qkv_partials = a.Take<float>(cuda::kMaxPartials * max_bucket_ * (qd + 2 * kvd));
-  b.stream_counters = a.Take<char>(4 * cuda::kStreamGemmWorkspaceBytes);
+  b.qkv_partials = a.Take<float>(kDecodeKSplits * max_bucket_ * (qd + 2 * kvd));
   b.residual_partials = a.Take<float>(2 * kDecodeKSplits * max_bucket_ * h);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   b.side_cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
@@ -408,10 +389,6 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   if (!gemm.ok()) return gemm.status();
   side_gemm_ = *std::move(gemm);
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.clamps, 0, 8));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.stream_counters, 0, 4 * cuda::kStreamGemmWorkspaceBytes));
-  if (options_.stream_gemm) {
-    if (absl::Status st = cuda::StreamGemmPrepare(); !st.ok()) return st;
-  }
   // Inputs start valid (token 0 at position 0 of the trash row) so padded graph rows are harmless.
   std::memset(b.host_inputs.get(), 0, inputs_bytes);
 
@@ -511,37 +488,13 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // the 1B's (100 MB) got slower (engine b16 1.19 → 1.22 ms): each half's GEMMs are then too short
   // to hide anything, hence the size floor (options_.ffn_halves_min_bytes). Not when profiling (one
   // event after each op on one stream; the whole-FFN shapes then run on cuBLASLt's untimed pick).
-  // StreamGemm at up to 16 rows (gate/up's chunks must fit in b.gate_up); a projection whose k it
-  // cannot take stays on cuBLASLt (stream_gemm below).
-  const bool stream = split_k && options_.stream_gemm && rows <= cuda::kStreamGemmMaxRows && c.num_experts == 0 &&
-                      max_rows_ >= 2 * max_bucket_;
-  const bool ffn_halves = split_k && !stream && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
+  const bool ffn_halves = split_k && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
                           3 * int64_t{h} * f * 2 >= options_.ffn_halves_min_bytes;
   auto gemm_split_k = [&](cuda::GemmRunner& gemm, const __half* x, int k, const __half* w, int n, float* out,
                           int64_t stride, cuda::Partials* written, int ldw = 0) -> absl::Status {
     absl::StatusOr<int> chunks = gemm.RunSplitK(x, rows, k, w, n, kDecodeKSplits, out, stride, ldw);
     if (!chunks.ok()) return chunks.status();
     *written = {out, *chunks, stride};
-    return absl::OkStatus();
-  };
-  // Where StreamGemm cannot take k, cuBLASLt's RunSplitK (gate/up whole, as SwiGLU then reads it).
-  auto stream_gemm = [&](int site, const __half* x, int k, const __half* w, int n, float* out, int64_t stride,
-                         cuda::Partials* written) -> absl::Status {
-    const int chunks = StreamChunks(site, k);
-    if (chunks == 0 && site == 2) {
-      *written = {};
-      return gemm_->Run(x, rows, k, w, n, 0.0f, out);
-    }
-    if (chunks == 0) return gemm_split_k(*gemm_, x, k, w, n, out, stride, written);
-    if (absl::Status st = cuda::StreamGemm(
-            {.x = x, .rows = rows, .k = k, .w = w, .n = n, .chunks = chunks, .partials = out, .partial_stride = stride,
-             .workspace = b.stream_counters + site * cuda::kStreamGemmWorkspaceBytes,
-             .overlap_previous = shape.overlap_previous, .variant = kStreamVariant},
-            s);
-        !st.ok()) {
-      return st;
-    }
-    *written = {out, chunks, stride};
     return absl::OkStatus();
   };
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
@@ -569,9 +522,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       // The weight folded into w_qkv.
       TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
       pending = {};
-      if (stream) {
-        TRY("gemm_qkv", stream_gemm(0, b.xn, h, L.w_qkv, qkvw, b.qkv_partials, qkv_stride, &qkv_in));
-      } else if (split_k) {
+      if (split_k) {
         TRY("gemm_qkv", gemm_split_k(*gemm_, b.xn, h, L.w_qkv, qkvw, b.qkv_partials, qkv_stride, &qkv_in));
       } else {
         TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
@@ -594,9 +545,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                    .out_sumsq = sumsq(2 * l + 2), .overlap_previous = shape.overlap_previous}, s));
       continue;
     }
-    if (stream) {
-      TRY("gemm_o", stream_gemm(1, b.attn, qd, L.w_o, h, b.residual_partials, residual_stride, &pending));
-    } else if (split_k) {
+    if (split_k) {
       TRY("gemm_o", gemm_split_k(*gemm_, b.attn, qd, L.w_o, h, b.residual_partials, residual_stride, &pending));
     } else {
       TRY("gemm_o", gemm_->Run(b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM
@@ -605,12 +554,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     // The weight folded into gate/up.
     TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
     pending = {};
-    if (stream) {
-      cuda::Partials gate_up;
-      TRY("gemm_gate_up", stream_gemm(2, b.xn, h, L.w_gate_up, 2 * f, b.gate_up, int64_t{max_bucket_} * 2 * f, &gate_up));
-      TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s, shape.overlap_previous, gate_up));
-      TRY("gemm_down", stream_gemm(3, b.act, f, L.w_down, h, b.residual_partials, residual_stride, &pending));
-    } else if (ffn_halves) {
+    if (ffn_halves) {
       // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.
       cudaStream_t side = side_stream_.get();
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_fork_.get(), s));

@@ -38,9 +38,6 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
-  // Decode at 2-16 rows: the projections through StreamGemm (kernels/stream_gemm.h) instead of
-  // cuBLASLt, where the shape allows (CudaEngine::Forward).
-  bool stream_gemm = false;
 };
 
 class CudaEngine final : public Engine {
