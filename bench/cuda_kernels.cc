@@ -686,6 +686,46 @@ absl::Status BenchStreamGemm(const Shape& m, const std::vector<int>& rows_list, 
   return absl::OkStatus();
 }
 
+// The LM head (vocab × hidden, one matrix, past L2 by itself) at 2-16 rows: cuBLASLt as the engine
+// ran it (GemmRunner::Run, tuned on its first call) against StreamGemm over the whole k (one
+// partial: the logits), per variant.
+absl::Status BenchLmHead(const Shape& m, int vocab, const std::vector<int>& rows_list, int reps, cudaStream_t s) {
+  const Projection p{"lm_head", vocab, m.hidden, false, false, false};
+  constexpr size_t kWork = 32 << 20;
+  auto x16 = Filled(size_t(cuda::kStreamGemmMaxRows) * p.k * 2, 0x2c), w = Filled(size_t(p.n) * p.k * 2, 0x3c);
+  auto y = Filled(size_t(cuda::kStreamGemmMaxRows) * p.n * 4, 0), work = DeviceAlloc(kWork);
+  auto counters = Filled(cuda::kStreamGemmWorkspaceBytes, 0);
+  for (auto* b : {&x16, &w, &y, &work, &counters}) {
+    if (!b->ok()) return b->status();
+  }
+  const auto* x = static_cast<const __half*>(x16->get());
+  const auto* wp = static_cast<const __half*>(w->get());
+  auto* yp = static_cast<float*>(y->get());
+  std::printf("| lm_head %d × %d, rows | cuBLASLt µs | StreamGemm variant 1 | variant 3 | variant 4 | best TB/s |\n"
+              "|---:|---:|---:|---:|---:|---:|\n", p.n, p.k);
+  for (int rows : rows_list) {
+    if (rows < 1 || rows > cuda::kStreamGemmMaxRows) continue;
+    absl::StatusOr<std::unique_ptr<cuda::GemmRunner>> gemm = cuda::GemmRunner::Create(s, work->get(), kWork);
+    if (!gemm.ok()) return gemm.status();
+    absl::StatusOr<double> lt = TunedGemmRunnerUs(**gemm, p, rows, x, [&] { return wp; }, yp, reps, s);
+    if (!lt.ok()) return lt.status();
+    std::printf("| %d | %.1f |", rows, *lt);
+    double best = *lt;
+    for (int variant : {1, 3, 4}) {
+      absl::StatusOr<double> us = TimeGraph(s, reps, [&]() -> absl::Status {
+        return cuda::StreamGemm({.x = x, .rows = rows, .k = p.k, .w = wp, .n = p.n, .partials = yp,
+                                 .workspace = counters->get(), .variant = variant},
+                                s);
+      });
+      if (!us.ok()) return us.status();
+      best = std::min(best, *us);
+      std::printf(" %.1f |", *us);
+    }
+    std::printf(" %.2f |\n", double(p.n) * p.k * 2 / best * 1e-6);
+  }
+  return absl::OkStatus();
+}
+
 // A layer's four projections back to back at `rows` rows, as one chain per timed launch: cuBLASLt
 // as the engine runs it (RunSplitK for q/k/v, o and down, gate/up whole) against StreamGemm
 // launched programmatically (each copies its first W while its predecessor finishes; 4 chunks,
@@ -887,7 +927,10 @@ int main(int argc, char** argv) {
   app.add_flag("--mlp-branches", mlp_branches, "only: the MLP block on one stream against two halves on graph branches");
   bool gemv_splits = false;
   app.add_flag("--gemv-splits", gemv_splits, "only: the batch-1 Gemv of each projection at every k split");
-  bool ksplit = false, stream_gemm = false;
+  bool ksplit = false, stream_gemm = false, lm_head = false;
+  int vocab = 128256;
+  app.add_flag("--lm-head", lm_head, "only: the LM head at 1-16 rows, cuBLASLt against StreamGemm");
+  app.add_option("--vocab", vocab, "the LM head's rows (--lm-head)");
   app.add_flag("--stream-gemm", stream_gemm, "only: StreamGemm's k-chunk partials against cuBLASLt's RunSplitK, 2-16 rows");
   app.add_flag("--ksplit", ksplit, "only: each projection as a strided-batched GEMM over k chunks into fp32 partials");
   CLI11_PARSE(app, argc, argv);
@@ -910,6 +953,11 @@ int main(int argc, char** argv) {
   }
   if (gemv_splits) {
     absl::Status st = BenchGemvSplits(m, reps, stream->get());
+    if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return st.ok() ? 0 : 1;
+  }
+  if (lm_head) {
+    absl::Status st = BenchLmHead(m, vocab, Ints(rows), reps, stream->get());
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;
   }
