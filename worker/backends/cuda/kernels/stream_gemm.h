@@ -3,7 +3,10 @@
 // K_c, partials + c · partial_stride receives fp32 [rows, n] = X[:, K_c] · W[:, K_c]ᵀ (X fp16
 // [rows, k], W fp16 [n, k], the HF nn.Linear layout). The consumer that reads the projection
 // anyway adds the chunks (RoPE, the next RMSNorm: kernels/partials.h), as it does for
-// GemmRunner::RunSplitK, which this would replace.
+// GemmRunner::RunSplitK. Not on the engine's path: measured in the engine at 2-16 rows (and for the
+// LM head) it tied or lost to cuBLASLt (bench/CUDA_NOTES.md, 12-03 (22)); it is kept, with its
+// test and `tailserve-bench-kernels --stream-gemm / --lm-head`, as the GEMM worker the per-KV-group
+// dataflow design there needs.
 //
 // One persistent CTA an SM: a producer warp issuing TMA copies (W: 64 or 128 columns × 64 k, X:
 // 16 rows × 64 k, 128-byte swizzle; 1, 2 or 4 such boxes a stage) into a ring of shared-memory stages on mbarriers, four consumer warps
@@ -42,7 +45,7 @@ struct StreamGemmArgs {
   int ctas = 0;  // 0: one an SM
   bool overlap_previous = false;
   // The item and stage shape, swept by the kernel bench (bench/RESULTS.md): 0 64 columns an item,
-  // one 64-wide k box a stage; 1 two k boxes (the engine's); 2 128 columns; 3 both; 4 four k boxes.
+  // one 64-wide k box a stage; 1 two k boxes (the fastest at 16 rows); 2 128 columns; 3 both; 4 four k boxes.
   int variant = 0;
 };
 
