@@ -1,13 +1,13 @@
 #include "worker/backends/cuda/kernels/gemv.h"
 
 #include <algorithm>
-#include <atomic>
 
 #include <cuda_pipeline_primitives.h>
 
 #include "absl/status/statusor.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/common.cuh"
+#include "worker/backends/cuda/per_device.h"
 
 namespace tailserve::cuda {
 namespace {
@@ -158,25 +158,24 @@ int Blocks(int pairs, int ks) { return (pairs + kWarps / ks - 1) / (kWarps / ks)
 }  // namespace
 
 absl::StatusOr<int> GemvWave() {
-  static std::atomic<int> cached{0};
-  if (const int wave = cached.load(std::memory_order_relaxed); wave > 0) return wave;
-  int device = 0, sms = 0, per_sm = 0, smem_per_sm = 0;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  // Rounded down: the driver rounds a preference up to a configuration the SM has (57% of 228 KB
-  // on the H100/H200 becomes 132 KB).
-  const int carveout = std::clamp(100 * kPreloadConfigBytes / std::max(smem_per_sm, 1), 0, 100);
-  for (auto kernel : {GemvKernel<1, true>, GemvKernel<2, true>, GemvKernel<4, true>, GemvKernel<8, true>}) {
+  static PerDeviceInt waves;
+  return waves.Get([]() -> absl::StatusOr<int> {
+    int device = 0, sms = 0, per_sm = 0, smem_per_sm = 0;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     TAILSERVE_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
-  }
-  TAILSERVE_CUDA_RETURN_IF_ERROR(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvKernel<2, false>, kWarps * 32, 0));
-  const int wave = std::max(1, sms * per_sm);
-  cached.store(wave, std::memory_order_relaxed);
-  return wave;
+        cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    // Rounded down: the driver rounds a preference up to a configuration the SM has (57% of 228
+    // KB on the H100/H200 becomes 132 KB).
+    const int carveout = std::clamp(100 * kPreloadConfigBytes / std::max(smem_per_sm, 1), 0, 100);
+    for (auto kernel : {GemvKernel<1, true>, GemvKernel<2, true>, GemvKernel<4, true>, GemvKernel<8, true>}) {
+      TAILSERVE_CUDA_RETURN_IF_ERROR(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
+    }
+    TAILSERVE_CUDA_RETURN_IF_ERROR(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvKernel<2, false>, kWarps * 32, 0));
+    return std::max(1, sms * per_sm);
+  });
 }
 
 absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {

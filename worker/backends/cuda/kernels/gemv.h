@@ -56,7 +56,7 @@ struct GemvArgs {
 };
 
 // CTAs of the Gemv the GPU holds at once (registers allow ~6 per SM), which sets its k split;
-// queried once per process, when the preloading kernels' shared-memory carveout is also set. The
+// queried once per device, when the preloading kernels' shared-memory carveout is also set. The
 // engine asks at start, so no graph capture is the first to.
 absl::StatusOr<int> GemvWave();
 

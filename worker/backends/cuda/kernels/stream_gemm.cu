@@ -4,12 +4,12 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <atomic>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/common.cuh"
+#include "worker/backends/cuda/per_device.h"
 
 namespace tailserve::cuda {
 namespace {
@@ -258,27 +258,29 @@ absl::Status Map(CUtensorMap* map, const __half* base, int k, int rows, int box_
 }
 
 absl::StatusOr<int> SmCount() {
-  static std::atomic<int> cached{0};
-  if (const int n = cached.load(std::memory_order_relaxed); n > 0) return n;
-  int device = 0, sms = 0;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  cached.store(sms, std::memory_order_relaxed);
-  return sms;
+  static PerDeviceInt sms;
+  return sms.Get([]() -> absl::StatusOr<int> {
+    int device = 0, n = 0;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  });
 }
 
 // The instance's function attributes (room for the ring, all of shared memory's carveout), set
-// once.
+// once a device.
 template <int TN, int KB>
-cudaError_t Attributes() {
-  static const cudaError_t opted = [] {
-    const cudaError_t e =
-        cudaFuncSetAttribute(StreamGemmKernel<TN, KB>, cudaFuncAttributeMaxDynamicSharedMemorySize, Config<TN, KB>::kSmem);
-    return e != cudaSuccess ? e
-                            : cudaFuncSetAttribute(StreamGemmKernel<TN, KB>,
-                                                   cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-  }();
-  return opted;
+absl::Status Attributes() {
+  static PerDeviceInt opted;
+  return opted
+      .Get([]() -> absl::StatusOr<int> {
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+            StreamGemmKernel<TN, KB>, cudaFuncAttributeMaxDynamicSharedMemorySize, Config<TN, KB>::kSmem));
+        TAILSERVE_CUDA_RETURN_IF_ERROR(
+            cudaFuncSetAttribute(StreamGemmKernel<TN, KB>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        return 1;
+      })
+      .status();
 }
 
 template <int TN, int KB>
@@ -294,8 +296,7 @@ absl::Status Launch(const StreamGemmArgs& a, int ctas, cudaStream_t stream) {
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
   ctas = std::min(ctas, p.items);
-  const cudaError_t opted = Attributes<TN, KB>();
-  TAILSERVE_CUDA_RETURN_IF_ERROR(opted);
+  if (absl::Status st = Attributes<TN, KB>(); !st.ok()) return st;
   TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(a.overlap_previous, dim3(ctas), dim3(kThreads), C::kSmem,
                                                        stream, StreamGemmKernel<TN, KB>, w_map, x_map, p));
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
@@ -303,21 +304,6 @@ absl::Status Launch(const StreamGemmArgs& a, int ctas, cudaStream_t stream) {
 }
 
 }  // namespace
-
-absl::Status StreamGemmPrepare() {
-  for (int variant = 0; variant <= 4; ++variant) {
-    cudaError_t e = cudaSuccess;
-    switch (variant) {
-      case 0: e = Attributes<1, 1>(); break;
-      case 1: e = Attributes<1, 2>(); break;
-      case 2: e = Attributes<2, 1>(); break;
-      case 3: e = Attributes<2, 2>(); break;
-      default: e = Attributes<1, 4>(); break;
-    }
-    TAILSERVE_CUDA_RETURN_IF_ERROR(e);
-  }
-  return absl::OkStatus();
-}
 
 absl::Status StreamGemm(const StreamGemmArgs& a, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };

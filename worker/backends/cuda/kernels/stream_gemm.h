@@ -49,11 +49,9 @@ struct StreamGemmArgs {
   int variant = 0;
 };
 
-// Sets the kernels' function attributes: call once before capturing a launch into a graph.
-absl::Status StreamGemmPrepare();
-
 // InvalidArgument on a shape or alignment it does not take; the TMA descriptor's or the launch's
-// error otherwise.
+// error otherwise. The first call on a device sets the variant's function attributes (allowed
+// inside a thread-local stream capture, as the kernel bench does).
 absl::Status StreamGemm(const StreamGemmArgs& args, cudaStream_t stream);
 
 }  // namespace tailserve::cuda
