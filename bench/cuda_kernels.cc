@@ -548,7 +548,9 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
   auto act = Filled(size_t(max_rows) * f * 2, 0), y = Filled(size_t(max_rows) * h * 4, 0),
        y2 = Filled(size_t(max_rows) * h * 4, 0);
   auto work_a = DeviceAlloc(32 << 20), work_b = DeviceAlloc(32 << 20), work_l = DeviceAlloc(32 << 20);
-  for (auto* b : {&x16, &gu, &act, &y, &y2, &work_a, &work_b, &work_l}) {
+  // StreamFfn's: its counters and down's k-chunk partials.
+  auto counters = Filled(cuda::kStreamGemmWorkspaceBytes, 0), partials = Filled(size_t(8) * max_rows * h * 4, 0);
+  for (auto* b : {&x16, &gu, &act, &y, &y2, &work_a, &work_b, &work_l, &counters, &partials}) {
     if (!b->ok()) return b->status();
   }
   auto gemm_a = cuda::GemmRunner::Create(sa.get(), work_a->get(), 32 << 20);
@@ -624,6 +626,17 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     const char* names[] = {"two halves at once", "B's gate/up after A's", "two halves at once, B at low priority"};
     std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
     for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
+    for (int chunks : {2, 4, 8}) {  // the whole block in one persistent launch
+      if (rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
+      variants.push_back({"StreamFfn, down in " + std::to_string(chunks) + " k chunks", [&, chunks]() -> absl::Status {
+                            const __half* wc = weights();
+                            return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
+                                                    .w_down = wc + gu_elems, .act = act_out, .chunks = chunks,
+                                                    .partials = static_cast<float*>(partials->get()),
+                                                    .partial_stride = int64_t(rows) * h, .workspace = counters->get()},
+                                                   sa.get());
+                          }});
+    }
     for (auto& [name, launch] : variants) {
       absl::StatusOr<double> us = TimeGraph(sa.get(), reps, launch, cudaGraphInstantiateFlagUseNodePriority);
       if (!us.ok()) return us.status();
@@ -924,7 +937,7 @@ int main(int argc, char** argv) {
   bool l2_hot = false;
   app.add_flag("--l2-hot", l2_hot, "projections and attention read one weight / KV copy, so it stays in L2 where it fits (50 MB)");
   bool mlp_branches = false;
-  app.add_flag("--mlp-branches", mlp_branches, "only: the MLP block on one stream against two halves on graph branches");
+  app.add_flag("--mlp-branches", mlp_branches, "only: the MLP block on one stream, as two halves on graph branches, and (2-16 rows) as one StreamFfn launch");
   bool gemv_splits = false;
   app.add_flag("--gemv-splits", gemv_splits, "only: the batch-1 Gemv of each projection at every k split");
   bool ksplit = false, stream_gemm = false, lm_head = false;

@@ -337,6 +337,77 @@ TEST(CudaKernelTest, StreamGemmMatchesCpuOnOddSizes) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// StreamFfn against the CPU: act = SwiGLU(x · W_gate_upᵀ) rounded to fp16 as the kernel writes
+// it, and each down chunk's partial from the kernel's own act (so a wrong chunk, group count or
+// order shows as an exact mismatch, not as rounding). Odd row counts, one and two k boxes a stage,
+// 1 to 8 chunks (every segment order the host builds), one CTA (a producer waiting on its own
+// consumers' gate/up tiles), 3 CTAs and one an SM, and launched programmatically (X copies
+// deferred behind the first W); one workspace throughout (counters reset).
+TEST(CudaKernelTest, StreamFfnMatchesCpu) {
+  REQUIRE_GPU();
+  const unsigned seed = 89;
+  std::mt19937 rng(seed);
+  Dev<int> work{cuda::kStreamGemmWorkspaceBytes / sizeof(int)};
+  work.Put(std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0));
+  for (auto [rows, h, f, chunks] : {std::tuple{1, 192, 256, 4}, {5, 256, 512, 2}, {16, 128, 384, 3},
+                                    {16, 320, 640, 5}, {13, 192, 1024, 8}, {3, 64, 128, 1}}) {
+    auto xf = Random(size_t(rows) * h, rng), guf = Random(size_t(2) * f * h, rng, 0.1f),
+         df = Random(size_t(h) * f, rng, 0.05f);
+    const std::vector<__half> xh = RoundToHalf(xf), guh = RoundToHalf(guf), dh = RoundToHalf(df);
+    Dev<__half> dx(xh), dgu(guh), dd(dh);
+    std::vector<float> want_act(size_t(rows) * f);
+    for (int r = 0; r < rows; ++r) {
+      for (int j = 0; j < f; ++j) {
+        double g = 0, u = 0;
+        for (int i = 0; i < h; ++i) {
+          const double xv = __half2float(xh[size_t(r) * h + i]);
+          g += xv * __half2float(guh[size_t(2 * j) * h + i]), u += xv * __half2float(guh[size_t(2 * j + 1) * h + i]);
+        }
+        want_act[size_t(r) * f + j] = __half2float(__float2half(float(g / (1 + std::exp(-g)) * u)));
+      }
+    }
+    for (auto [ctas, overlap] : {std::pair{0, false}, {3, false}, {1, false}, {0, true}, {1, true}}) {
+      const int64_t stride = int64_t(rows) * h + 8;
+      Dev<float> dp(std::vector<float>(size_t(stride) * chunks, std::nanf("")));
+      Dev<__half> dact(std::vector<__half>(size_t(rows) * f, __float2half(std::nanf(""))));
+      ASSERT_TRUE(cuda::StreamFfn({.x = dx.p, .rows = rows, .hidden = h, .w_gate_up = dgu.p, .ffn = f, .w_down = dd.p,
+                                   .act = dact.p, .chunks = chunks, .partials = dp.p, .partial_stride = stride,
+                                   .workspace = work.p, .ctas = ctas, .overlap_previous = overlap},
+                                  nullptr)
+                      .ok());
+      const std::string where = "rows " + std::to_string(rows) + " hidden " + std::to_string(h) + " ffn " +
+                                std::to_string(f) + " chunks " + std::to_string(chunks) + " ctas " +
+                                std::to_string(ctas) + (overlap ? " overlapped" : "") + " seed " +
+                                std::to_string(seed);
+      const std::vector<float> act = ToFloats(dact.Get());
+      EXPECT_LE(RelL2(act, want_act), 2e-3) << where;
+      const std::vector<float> got = dp.Get();
+      const int fc = f / chunks;
+      for (int c = 0; c < chunks; ++c) {
+        std::vector<float> want(size_t(rows) * h), mine(want.size());
+        for (int r = 0; r < rows; ++r) {
+          for (int col = 0; col < h; ++col) {
+            double d = 0;
+            for (int j = c * fc; j < (c + 1) * fc; ++j) {
+              d += double(act[size_t(r) * f + j]) * __half2float(dh[size_t(col) * f + j]);
+            }
+            want[size_t(r) * h + col] = float(d);
+            mine[size_t(r) * h + col] = got[c * stride + size_t(r) * h + col];
+          }
+        }
+        EXPECT_LE(RelL2(mine, want), 1e-5) << where << " chunk " << c;
+      }
+    }
+  }
+  Dev<__half> dx(std::vector<__half>(16 * 64)), dw(std::vector<__half>(2 * 96 * 64)), dact(std::vector<__half>(96));
+  Dev<float> dp(std::vector<float>(64 * 2));
+  EXPECT_EQ(cuda::StreamFfn({.x = dx.p, .rows = 1, .hidden = 64, .w_gate_up = dw.p, .ffn = 96, .w_down = dw.p,
+                             .act = dact.p, .partials = dp.p, .partial_stride = 64, .workspace = work.p},
+                            nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // ffn not a multiple of 64
+}
+
 // A Gemv launched programmatically starts while its predecessor runs and must still read that
 // predecessor's output: here a 100 MB gate/up Gemv writes the activations (reset to NaN before
 // each round) that the overlapped down Gemv reads, ten times over (odd rounds copy W into shared
@@ -1236,20 +1307,24 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
-// The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
-// branches. Together the 19 rows take the split-K projections (partials summed by RoPE and the
-// norms); alone each row takes the batch-1 Gemv path.
-class CudaEngineBatchTest : public ::testing::TestWithParam<bool> {};
+// The batch's FFN on one stream, (halves: a size floor of 0) as two halves on two graph branches,
+// and (StreamFfn: 13 rows, a bucket of 16, on qwen2-bias-tied, whose ffn of 512 takes 4 chunks;
+// llama-gqa's 688 takes none) as one StreamFfn launch. Together the rows take the split-K
+// projections (partials summed by RoPE and the norms); alone each row takes the batch-1 Gemv path.
+enum class BatchPath { kOneStream, kHalves, kStreamFfn };
+class CudaEngineBatchTest : public ::testing::TestWithParam<BatchPath> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   REQUIRE_GPU();
   TAILSERVE_REQUIRE_SHARED();
-  const bool halves = GetParam();
-  auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
-                                 {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05,
-                                  .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max()});
+  const BatchPath path = GetParam();
+  auto engine = CudaEngine::Load(
+      testing::ReferenceDir(path == BatchPath::kStreamFfn ? "qwen2-bias-tied" : "llama-gqa"),
+      {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05,
+       .ffn_halves_min_bytes = path == BatchPath::kHalves ? 0 : std::numeric_limits<int64_t>::max(),
+       .stream_ffn = path == BatchPath::kStreamFfn});
   ASSERT_TRUE(engine.ok()) << engine.status();
-  // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
+  // The sequences, of different lengths, decode 12 steps together, then each alone: same tokens.
   Sampling greedy;
   auto run = [&](std::vector<int> which, uint64_t id_base, bool replay) {
     std::vector<std::vector<int32_t>> toks;
@@ -1283,10 +1358,11 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
     for (int w : which) (*engine)->Release(id_base + w);
     return toks;
   };
-  std::vector<int> all(19);
-  for (int i = 0; i < 19; ++i) all[i] = i;
+  const int sequences = path == BatchPath::kStreamFfn ? 13 : 19;
+  std::vector<int> all(sequences);
+  for (int i = 0; i < sequences; ++i) all[i] = i;
   const auto together = run(all, 1000, false);
-  for (int i = 0; i < 19; ++i) {
+  for (int i = 0; i < sequences; ++i) {
     const std::vector<int32_t> alone = run({i}, 5000, i % 2 == 1)[0];
     ASSERT_EQ(alone.size(), together[i].size());
     const size_t diverged = std::mismatch(alone.begin(), alone.end(), together[i].begin()).first - alone.begin();
@@ -1318,8 +1394,13 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   EXPECT_EQ((*engine)->stats()->kv_blocks_free, total);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Halves" : "OneStream"; });
+INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
+                         ::testing::Values(BatchPath::kOneStream, BatchPath::kHalves, BatchPath::kStreamFfn),
+                         [](const auto& info) {
+                           return info.param == BatchPath::kHalves      ? "Halves"
+                                  : info.param == BatchPath::kStreamFfn ? "StreamFfn"
+                                                                        : "OneStream";
+                         });
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current
 // CUDA device is per thread: an engine on device 1 must make it current itself.

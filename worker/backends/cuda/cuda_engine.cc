@@ -16,6 +16,7 @@
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
+#include "worker/backends/cuda/kernels/stream_gemm.h"
 
 namespace tailserve {
 namespace {
@@ -26,6 +27,17 @@ namespace {
 // 15.3 / 15.7, o (with its split-K reduce) 12.9 / 13.7 / 11.6 → 10.6 / 10.7 / 11.1, down 32.8 /
 // 33.4 / 34.9 → 30.3 / 30.3 / 31.2; 4 and 8 chunks were slower than 2, gate/up gains nothing.
 constexpr int kDecodeKSplits = 2;
+
+// StreamFfn's k chunks of down (CudaEngineOptions::stream_ffn): 4 where ffn allows (the most the
+// next norm adds, and gate/up groups small enough that down's first chunk starts early), else
+// fewer; 0 where it cannot take ffn.
+static_assert(2 * kDecodeKSplits <= cuda::kMaxPartials, "the next norm adds every StreamFfn chunk");
+int StreamFfnChunks(int ffn) {
+  for (int chunks = 2 * kDecodeKSplits; chunks >= 1; chunks /= 2) {
+    if (ffn % (64 * chunks) == 0) return chunks;
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -76,7 +88,8 @@ struct CudaEngine::Buffers {
   // Decode above batch 1: the split-K projections' chunk outputs (kDecodeKSplits), which RoPE
   // and the norms add.
   float* qkv_partials = nullptr;       // [kDecodeKSplits][max_bucket, q + 2 kv]
-  float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN halves' down
+  float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN's down
+  char* stream_counters = nullptr;     // StreamFfn's workspace
   void* cublas_workspace = nullptr;
   void* side_cublas_workspace = nullptr;  // side_gemm_'s, as large
   size_t cublas_workspace_bytes = 32 << 20;
@@ -308,7 +321,8 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
                             (2 * static_cast<size_t>(c.num_layers) + 1) * 4 +
-                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) + 64 * 256;
+                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) +
+                            cuda::kStreamGemmWorkspaceBytes + 64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
   work_memory_ = *std::move(mem);
@@ -378,6 +392,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.logits = a.Take<float>(L * c.vocab_size);
   b.qkv_partials = a.Take<float>(kDecodeKSplits * max_bucket_ * (qd + 2 * kvd));
   b.residual_partials = a.Take<float>(2 * kDecodeKSplits * max_bucket_ * h);
+  b.stream_counters = a.Take<char>(cuda::kStreamGemmWorkspaceBytes);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   b.side_cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   if (!b.side_cublas_workspace) return absl::InternalError("cuda: workspace arena too small (a sizing bug)");
@@ -389,6 +404,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   if (!gemm.ok()) return gemm.status();
   side_gemm_ = *std::move(gemm);
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.clamps, 0, 8));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.stream_counters, 0, cuda::kStreamGemmWorkspaceBytes));
   // Inputs start valid (token 0 at position 0 of the trash row) so padded graph rows are harmless.
   std::memset(b.host_inputs.get(), 0, inputs_bytes);
 
@@ -488,7 +504,12 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // the 1B's (100 MB) got slower (engine b16 1.19 → 1.22 ms): each half's GEMMs are then too short
   // to hide anything, hence the size floor (options_.ffn_halves_min_bytes). Not when profiling (one
   // event after each op on one stream; the whole-FFN shapes then run on cuBLASLt's untimed pick).
-  const bool ffn_halves = split_k && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
+  // Or (stream_ffn) at up to 16 rows one StreamFfn launch, down's k chunks the partials.
+  const int stream_ffn_chunks = options_.stream_ffn && split_k && rows <= cuda::kStreamGemmMaxRows &&
+                                        c.num_experts == 0 && h % 64 == 0
+                                    ? StreamFfnChunks(f)
+                                    : 0;
+  const bool ffn_halves = split_k && stream_ffn_chunks == 0 && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
                           3 * int64_t{h} * f * 2 >= options_.ffn_halves_min_bytes;
   auto gemm_split_k = [&](cuda::GemmRunner& gemm, const __half* x, int k, const __half* w, int n, float* out,
                           int64_t stride, cuda::Partials* written, int ldw = 0) -> absl::Status {
@@ -554,7 +575,13 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     // The weight folded into gate/up.
     TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
     pending = {};
-    if (ffn_halves) {
+    if (stream_ffn_chunks > 0) {
+      TRY("ffn", cuda::StreamFfn({.x = b.xn, .rows = rows, .hidden = h, .w_gate_up = L.w_gate_up, .ffn = f,
+                                  .w_down = L.w_down, .act = b.act, .chunks = stream_ffn_chunks,
+                                  .partials = b.residual_partials, .partial_stride = residual_stride,
+                                  .workspace = b.stream_counters, .overlap_previous = shape.overlap_previous}, s));
+      pending = {b.residual_partials, stream_ffn_chunks, residual_stride};
+    } else if (ffn_halves) {
       // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.
       cudaStream_t side = side_stream_.get();
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_fork_.get(), s));

@@ -30,13 +30,53 @@ struct Config {
 };
 constexpr int kMaxStages = (227 * 1024 - 1024) / (64 * kTileK * 2 + kXBoxBytes);
 
+// What an item does. kGemm: StreamGemm's (column tile, k chunk) into its chunk's partial. The
+// FFN (StreamFfn): kGateUp, a 64-column tile of the interleaved gate/up matrix over the whole k,
+// whose epilogue applies SwiGLU and writes 32 features of act; kDown, a 64-column tile of W_down
+// over k chunk `group` of act, into that chunk's partial, once every gate/up tile of the group's
+// features is written.
+enum ItemKind : int { kGemm = 0, kGateUp = 1, kDown = 2 };
+constexpr int kMaxSegments = 16;
+
 struct Params {
   int rows, n, chunks, chunk_k, k_blocks, items;
   float* partials;
   int64_t stride;
-  int* counters;  // [0]: the next item, [1]: CTAs finished
+  int* counters;  // [0]: the next item, [1]: CTAs finished, [2 + g]: the FFN's gate/up tiles of group g done
   bool overlap;   // launched programmatically: copy the first W before the wait
+  // The FFN (ffn > 0): items in segments of one kind and group, in this order, so that a down
+  // segment comes two gate/up groups after its own (its features long written when it is taken).
+  int ffn, hidden, gate_up_tiles, down_tiles, gate_up_k_blocks;  // tiles: a group's
+  __half* act;
+  int segments, segment_kind[kMaxSegments], segment_group[kMaxSegments];
 };
+
+struct Item {
+  ItemKind kind;
+  int group, tile, k_first, k_blocks;  // group: GEMM's k chunk, or the FFN's feature group
+};
+
+__device__ __forceinline__ Item Decode(const Params& p, int item) {
+  if (p.ffn == 0) {
+    return {kGemm, item % p.chunks, item / p.chunks, (item % p.chunks) * p.chunk_k, p.k_blocks};
+  }
+  for (int s = 0; s < p.segments; ++s) {
+    const ItemKind kind = static_cast<ItemKind>(p.segment_kind[s]);
+    const int g = p.segment_group[s], count = kind == kGateUp ? p.gate_up_tiles : p.down_tiles;
+    if (item < count) {
+      return kind == kGateUp ? Item{kGateUp, g, g * p.gate_up_tiles + item, 0, p.gate_up_k_blocks}
+                             : Item{kDown, g, item, g * p.chunk_k, p.k_blocks};
+    }
+    item -= count;
+  }
+  return {kGemm, 0, 0, 0, 0};  // unreachable for item < p.items
+}
+
+__device__ __forceinline__ int LoadAcquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 
 __device__ __forceinline__ uint32_t Smem(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
@@ -85,7 +125,9 @@ __device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
 
 template <int TN, int KB>
 __global__ void __launch_bounds__(kThreads, 1)
-    StreamGemmKernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map, Params p) {
+    StreamGemmKernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
+                     const __grid_constant__ CUtensorMap w2_map, const __grid_constant__ CUtensorMap x2_map,
+                     const __grid_constant__ Params p) {
   using C = Config<TN, KB>;
   constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kTileN = C::kTileN;
   extern __shared__ unsigned char smem_raw[];
@@ -97,6 +139,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&w_map)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
+    if (p.ffn > 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&w2_map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&x2_map)) : "memory");
+    }
     for (int s = 0; s < kStages; ++s) BarrierInit(&full_s[s], 1), BarrierInit(&empty_s[s], kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -114,12 +160,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint64_t stream_policy, keep_policy;  // W is read once; X by every CTA
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream_policy));
       asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
-      auto load_x = [&](int s, int item, int kb) {
-        const int k_first = (item % p.chunks) * p.chunk_k;
+      auto load_x = [&](int s, const Item& it, int kb) {
+        const CUtensorMap* map = it.kind == kDown ? &x2_map : &x_map;
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
-          TmaLoad(ring + s * kStageBytes + KB * C::kWBoxBytes + b * kXBoxBytes, &x_map,
-                  k_first + (kb * KB + b) * kTileK, 0, &full_s[s], keep_policy);
+          TmaLoad(ring + s * kStageBytes + KB * C::kWBoxBytes + b * kXBoxBytes, map,
+                  it.k_first + (kb * KB + b) * kTileK, 0, &full_s[s], keep_policy);
         }
       };
       int before_wait = 0;  // stages whose X waits for the predecessor; -1 once waited
@@ -127,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (before_wait < 0) return;
         GridDependencyWait();
         TriggerDependents();
-        for (int s = 0; s < before_wait; ++s) load_x(s, item_s[s], kb_s[s]);
+        for (int s = 0; s < before_wait; ++s) load_x(s, Decode(p, item_s[s]), kb_s[s]);
         before_wait = -1;
       };
       // Without a predecessor X goes out with each stage: X queued behind a ring of W copies
@@ -137,8 +183,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int slot = 0;;) {
         const int item = atomicAdd(p.counters, 1);
         const bool more = item < p.items;
-        const int tile = item / p.chunks, k_first = (item % p.chunks) * p.chunk_k;
-        for (int kb = 0; kb < (more ? p.k_blocks : 1); ++kb, ++slot) {
+        const Item it = more ? Decode(p, item) : Item{};
+        const CUtensorMap* w = it.kind == kDown ? &w2_map : &w_map;
+        for (int kb = 0; kb < (more ? it.k_blocks : 1); ++kb, ++slot) {
           const int s = slot % kStages;
           if (slot >= kEarlyStages) wait_once();
           if (slot >= kStages) BarrierWait(&empty_s[s], ((slot / kStages) - 1) & 1);
@@ -148,14 +195,21 @@ __global__ void __launch_bounds__(kThreads, 1)
             BarrierArrive(&full_s[s]);
             break;
           }
+          if (kb == 0 && it.kind == kDown) {
+            // act's features of this group: written by other CTAs' gate/up epilogues (generic
+            // stores, released by their count), read here by the TMA (the async proxy).
+            wait_once();
+            while (LoadAcquire(p.counters + 2 + it.group) < p.gate_up_tiles) __nanosleep(32);
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+          }
           BarrierExpect(&full_s[s], kStageBytes);
 #pragma unroll
           for (int b = 0; b < KB; ++b) {
-            TmaLoad(ring + s * kStageBytes + b * C::kWBoxBytes, &w_map, k_first + (kb * KB + b) * kTileK,
-                    tile * kTileN, &full_s[s], stream_policy);
+            TmaLoad(ring + s * kStageBytes + b * C::kWBoxBytes, w, it.k_first + (kb * KB + b) * kTileK,
+                    it.tile * kTileN, &full_s[s], stream_policy);
           }
           if (before_wait < 0) {
-            load_x(s, item, kb);
+            load_x(s, it, kb);
           } else {
             kb_s[s] = kb, ++before_wait;
           }
@@ -176,6 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       BarrierWait(&full_s[s], (slot / kStages) & 1);
       const int item = item_s[s];
       if (item < 0) break;
+      const Item it = Decode(p, item);
       const uint32_t stage = ring_addr + s * kStageBytes;
 #pragma unroll
       for (int b = 0; b < KB; ++b) {
@@ -195,21 +250,50 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       __syncwarp();
       if (lane == 0) BarrierArrive(&empty_s[s]);
-      if (++kb < p.k_blocks) continue;
+      if (++kb < it.k_blocks) continue;
       // The item's last stage: acc[mt][j][i] is column tile·kTileN + 16·TN·warp + 16·mt + g +
       // 8·(i / 2) of row 8·j + 2·c + i % 2 (g = lane / 4, c = lane % 4).
       kb = 0;
-      const int tile = item / p.chunks;
-      float* out = p.partials + (item % p.chunks) * p.stride;
+      if (it.kind == kGateUp) {
+        // Gate and up interleave: column 2f (even g) is feature f's gate, 2f + 1 (lane ^ 4) its up.
+#pragma unroll
+        for (int mt = 0; mt < TN; ++mt) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float up = __shfl_xor_sync(0xffffffffu, acc[mt][j][i], 4);
+              const int col = it.tile * kTileN + 16 * TN * warp + 16 * mt + (lane >> 2) + 8 * (i >> 1);
+              const int row = 8 * j + 2 * (lane & 3) + (i & 1);
+              const float gate = acc[mt][j][i];
+              if (((lane >> 2) & 1) == 0 && row < p.rows) {
+                p.act[static_cast<int64_t>(row) * p.ffn + col / 2] = __float2half(gate / (1.0f + __expf(-gate)) * up);
+              }
+              acc[mt][j][i] = 0.0f;
+            }
+          }
+        }
+        // Release the group's count once all four warps' stores are out (and visible to the
+        // async proxy that reads them).
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
+        if (threadIdx.x == 0) {
+          __threadfence();
+          atomicAdd(p.counters + 2 + it.group, 1);
+        }
+        continue;
+      }
+      const int n = it.kind == kDown ? p.hidden : p.n;
+      float* out = p.partials + it.group * p.stride;
 #pragma unroll
       for (int mt = 0; mt < TN; ++mt) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            const int col = tile * kTileN + 16 * TN * warp + 16 * mt + (lane >> 2) + 8 * (i >> 1);
+            const int col = it.tile * kTileN + 16 * TN * warp + 16 * mt + (lane >> 2) + 8 * (i >> 1);
             const int row = 8 * j + 2 * (lane & 3) + (i & 1);
-            if (row < p.rows && col < p.n) out[static_cast<int64_t>(row) * p.n + col] = acc[mt][j][i];
+            if (row < p.rows && col < n) out[static_cast<int64_t>(row) * n + col] = acc[mt][j][i];
             acc[mt][j][i] = 0.0f;
           }
         }
@@ -222,7 +306,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(p.counters + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+      __threadfence();  // the reset after every other CTA's last use, not only by control dependence
       p.counters[0] = 0, p.counters[1] = 0;
+      for (int g = 0; p.ffn > 0 && g < p.chunks; ++g) p.counters[2 + g] = 0;
       __threadfence();
     }
   }
@@ -284,23 +370,35 @@ absl::Status Attributes() {
 }
 
 template <int TN, int KB>
-absl::Status Launch(const StreamGemmArgs& a, int ctas, cudaStream_t stream) {
+absl::Status Launch(const CUtensorMap (&maps)[4], const Params& p, int ctas, bool overlap, cudaStream_t stream) {
+  using C = Config<TN, KB>;
+  if (absl::Status st = Attributes<TN, KB>(); !st.ok()) return st;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap, dim3(std::min(ctas, p.items)), dim3(kThreads), C::kSmem,
+                                                       stream, StreamGemmKernel<TN, KB>, maps[0], maps[1], maps[2],
+                                                       maps[3], p));
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+template <int TN, int KB>
+absl::Status LaunchGemm(const StreamGemmArgs& a, int ctas, cudaStream_t stream) {
   using C = Config<TN, KB>;
   if (a.k % (kTileK * KB * a.chunks) != 0) return absl::InvalidArgumentError("StreamGemm: k for the variant");
-  CUtensorMap w_map, x_map;
-  if (absl::Status s = Map(&w_map, a.w, a.k, a.n, C::kTileN); !s.ok()) return s;
-  if (absl::Status s = Map(&x_map, a.x, a.k, a.rows, 16); !s.ok()) return s;
+  CUtensorMap maps[4];
+  if (absl::Status s = Map(&maps[0], a.w, a.k, a.n, C::kTileN); !s.ok()) return s;
+  if (absl::Status s = Map(&maps[1], a.x, a.k, a.rows, 16); !s.ok()) return s;
+  maps[2] = maps[0], maps[3] = maps[1];
   Params p{};
   p.rows = a.rows, p.n = a.n, p.chunks = a.chunks, p.chunk_k = a.k / a.chunks, p.k_blocks = p.chunk_k / (kTileK * KB);
   p.items = (a.n + C::kTileN - 1) / C::kTileN * a.chunks;
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
-  ctas = std::min(ctas, p.items);
-  if (absl::Status st = Attributes<TN, KB>(); !st.ok()) return st;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(a.overlap_previous, dim3(ctas), dim3(kThreads), C::kSmem,
-                                                       stream, StreamGemmKernel<TN, KB>, w_map, x_map, p));
-  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
-  return absl::OkStatus();
+  return Launch<TN, KB>(maps, p, ctas, a.overlap_previous, stream);
+}
+
+absl::StatusOr<int> CtasOrSms(int ctas) {
+  if (ctas > 0) return ctas;
+  return SmCount();
 }
 
 }  // namespace
@@ -315,19 +413,57 @@ absl::Status StreamGemm(const StreamGemmArgs& a, cudaStream_t stream) {
         "StreamGemm: 1..16 rows, 1..8 chunks, k a multiple of 64 · chunks, x and w 16-byte aligned, partials "
         "at least rows · n apart, a workspace");
   }
-  int ctas = a.ctas;
-  if (ctas <= 0) {
-    absl::StatusOr<int> sms = SmCount();
-    if (!sms.ok()) return sms.status();
-    ctas = *sms;
-  }
+  absl::StatusOr<int> ctas = CtasOrSms(a.ctas);
+  if (!ctas.ok()) return ctas.status();
   switch (a.variant) {
-    case 1: return Launch<1, 2>(a, ctas, stream);
-    case 2: return Launch<2, 1>(a, ctas, stream);
-    case 3: return Launch<2, 2>(a, ctas, stream);
-    case 4: return Launch<1, 4>(a, ctas, stream);
-    default: return Launch<1, 1>(a, ctas, stream);
+    case 1: return LaunchGemm<1, 2>(a, *ctas, stream);
+    case 2: return LaunchGemm<2, 1>(a, *ctas, stream);
+    case 3: return LaunchGemm<2, 2>(a, *ctas, stream);
+    case 4: return LaunchGemm<1, 4>(a, *ctas, stream);
+    default: return LaunchGemm<1, 1>(a, *ctas, stream);
   }
+}
+
+absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const int c = a.chunks;
+  if (a.rows < 1 || a.rows > kStreamGemmMaxRows || c < 1 || c > kStreamFfnMaxChunks || a.hidden <= 0 ||
+      a.hidden % kTileK != 0 || a.ffn <= 0 || a.ffn % (kTileK * c) != 0 || a.x == nullptr || a.w_gate_up == nullptr ||
+      a.w_down == nullptr || a.act == nullptr || a.partials == nullptr || a.workspace == nullptr || !aligned(a.x) ||
+      !aligned(a.w_gate_up) || !aligned(a.w_down) || !aligned(a.act) ||
+      a.partial_stride < static_cast<int64_t>(a.rows) * a.hidden) {
+    return absl::InvalidArgumentError(
+        "StreamFfn: 1..16 rows, 1..8 chunks, hidden a multiple of 64, ffn of 64 · chunks, x, the weights and act "
+        "16-byte aligned, partials at least rows · hidden apart, a workspace");
+  }
+  absl::StatusOr<int> ctas = CtasOrSms(a.ctas);
+  if (!ctas.ok()) return ctas.status();
+  // Two 64-wide k boxes a stage where both k's allow (StreamGemm's fastest at 16 rows), else one.
+  const int kb = a.hidden % (2 * kTileK) == 0 && (a.ffn / c) % (2 * kTileK) == 0 ? 2 : 1;
+  CUtensorMap maps[4];
+  if (absl::Status s = Map(&maps[0], a.w_gate_up, a.hidden, 2 * a.ffn, 64); !s.ok()) return s;
+  if (absl::Status s = Map(&maps[1], a.x, a.hidden, a.rows, 16); !s.ok()) return s;
+  if (absl::Status s = Map(&maps[2], a.w_down, a.ffn, a.hidden, 64); !s.ok()) return s;
+  if (absl::Status s = Map(&maps[3], a.act, a.ffn, a.rows, 16); !s.ok()) return s;
+  Params p{};
+  p.rows = a.rows, p.n = 2 * a.ffn, p.chunks = c, p.chunk_k = a.ffn / c, p.k_blocks = p.chunk_k / (kTileK * kb);
+  p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
+  p.overlap = a.overlap_previous;
+  p.ffn = a.ffn, p.hidden = a.hidden, p.act = a.act;
+  p.gate_up_tiles = 2 * p.chunk_k / 64, p.down_tiles = (a.hidden + 63) / 64, p.gate_up_k_blocks = a.hidden / (kTileK * kb);
+  p.items = c * (p.gate_up_tiles + p.down_tiles);
+  // Gate/up groups 0 and 1, then each further group followed by the down chunk two groups back,
+  // then the rest of the down chunks.
+  auto add = [&p](ItemKind kind, int g) {
+    p.segment_kind[p.segments] = kind, p.segment_group[p.segments] = g, ++p.segments;
+  };
+  for (int g = 0; g < c; ++g) {
+    add(kGateUp, g);
+    if (g >= 2) add(kDown, g - 2);
+  }
+  for (int g = std::max(0, c - 2); g < c; ++g) add(kDown, g);
+  return kb == 2 ? Launch<1, 2>(maps, p, *ctas, a.overlap_previous, stream)
+                 : Launch<1, 1>(maps, p, *ctas, a.overlap_previous, stream);
 }
 
 }  // namespace tailserve::cuda

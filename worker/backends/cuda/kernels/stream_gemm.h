@@ -54,4 +54,32 @@ struct StreamGemmArgs {
 // inside a thread-local stream capture, as the kernel bench does).
 absl::Status StreamGemm(const StreamGemmArgs& args, cudaStream_t stream);
 
+inline constexpr int kStreamFfnMaxChunks = 8;
+
+// A dense FFN block for 1-16 rows in one persistent launch of the same kernel: act = SwiGLU of
+// x · W_gate_upᵀ, then `chunks` partials of act · W_downᵀ over equal k ranges of act (the next
+// RMSNorm adds them). Gate/up items (64 interleaved columns: 32 features, the whole k) apply
+// SwiGLU in their epilogue and count themselves done per feature group (= down's k chunk); a down
+// item of chunk g streams its W and waits for group g's count before its TMA reads act. Items run
+// in one order from one counter (gate/up of groups 0, 1, 2, then down 0, gate/up 3, down 1, ...),
+// so a down item's features were taken two groups earlier, and no boundary, SwiGLU kernel or ramp
+// sits between gate/up and down.
+struct StreamFfnArgs {
+  const __half* x = nullptr;  // [rows, hidden], the normed residual
+  int rows = 0;               // 1..16
+  int hidden = 0;             // a multiple of 64
+  const __half* w_gate_up = nullptr;  // [2 ffn, hidden], gate and up rows interleaved
+  int ffn = 0;                        // a multiple of 64 · chunks
+  const __half* w_down = nullptr;     // [hidden, ffn]
+  __half* act = nullptr;              // [rows, ffn] scratch
+  int chunks = 1;                     // 1..kStreamFfnMaxChunks
+  float* partials = nullptr;          // chunk g at partials + g · partial_stride, each [rows, hidden]
+  int64_t partial_stride = 0;
+  void* workspace = nullptr;  // as StreamGemmArgs::workspace
+  int ctas = 0;               // 0: one an SM
+  bool overlap_previous = false;
+};
+
+absl::Status StreamFfn(const StreamFfnArgs& args, cudaStream_t stream);
+
 }  // namespace tailserve::cuda
