@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One device run (see ../shared/gpu/README.md): GPU tests, kernel tests under compute-sanitizer,
 # then the decode/prefill benchmark on synthetic Llama-3.2-1B and Llama-3.1-8B checkpoints.
-# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|bench|bench8b|ab|soak|kernels|kvlayout|trace]
+# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|tests|bench|bench8b|ab|soak|kernels|kvlayout|trace]
+# (tests: check's GPU tests and memcheck without its benchmarks)
 # (kernels [args]: the projections and attention alone at the 8B shape, no checkpoint: seconds, for kernel work;
 # args go to tailserve-bench-kernels, e.g. --gemm-search, --ksplit, --gemv-splits or --stream-gemm; ab: decode at 512 tokens, batch 1/16/64, of a baseline
 # build packed as .gpu/bin/tailserve-bench-cuda-base against this one, in alternating processes, AB_ROUNDS (2)
-# rounds on the 8B and the 1B shape; AB_BATCHES and AB_MODELS (l8b l1b) override the batches and shapes;
+# rounds on the 8B and the 1B shape; AB_BATCHES and AB_MODELS (l8b l1b) override the batches and shapes,
+# and AB_FLAGS (e.g. --stream-ffn) makes the A/B this build without those flags against with them;
 # trace: the 8B decode at TRACE_BATCHES (1,16,64) under bench/cupti_trace.cc, then bench/trace_table.py:
 # what each kernel of the replayed step costs it)
 set -uo pipefail
@@ -18,22 +20,25 @@ for z in .gpu/lib/*.xz .gpu/bin/*.xz; do  # see bench/gpu_pack.sh
   [ -f "$z" ] || continue
   xz -d -f "$z" 2>/dev/null || python3 -c 'import lzma,sys; open(sys.argv[1][:-3],"wb").write(lzma.open(sys.argv[1]).read())' "$z"
 done
+chmod +x .gpu/bin/* 2>/dev/null  # a base binary packed by hand may come without its mode
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
-if [ "$MODE" = check ]; then
+if [ "$MODE" = check ] || [ "$MODE" = tests ]; then
   echo "== GPU tests"
-  $R tailserve_cuda_tests > "$OUT/cuda_tests.log" 2>&1
-  echo "exit code $?"
+  # Bounded: a persistent kernel that waits on other CTAs (StreamFfn) would hang rather than fail.
+  timeout 240 $R tailserve_cuda_tests > "$OUT/cuda_tests.log" 2>&1
+  echo "exit code $? (124: timed out)"
   grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|worst rel|PASSED|FAILED TEST" "$OUT/cuda_tests.log" | head -60
   echo "== compute-sanitizer (memcheck) on the kernel tests"
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [ -x "$CS" ]; then
-    $R "$CS" --tool memcheck --leak-check full --error-exitcode 9 .gpu/bin/tailserve_cuda_tests \
+    timeout 300 $R "$CS" --tool memcheck --leak-check full --error-exitcode 9 .gpu/bin/tailserve_cuda_tests \
       --gtest_filter='CudaKernelTest.*:Dtypes/*:Ffn/*' > "$OUT/sanitizer.log" 2>&1
     echo "memcheck exit code $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/sanitizer.log") clean summaries)"; tail -3 "$OUT/sanitizer.log"
   else
     echo "compute-sanitizer not found"
   fi
 fi
+[ "$MODE" = tests ] && exit 0
 if [ "$MODE" = kvlayout ]; then
   echo "== the attention's KV reads alone, slot-major (the cache) against head-major blocks"
   $R tailserve-bench-kv-layout 2>&1 | tee "$OUT/kv_layout.md"
@@ -51,12 +56,16 @@ mkdir -p /tmp/ckpt
 [ "$MODE" = bench8b ] || [ -f /tmp/ckpt/l1b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
 [ -f /tmp/ckpt/l8b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.1-8b --vocab 128256 --out /tmp/ckpt/l8b ) 2>&1 | tail -4
 if [ "$MODE" = ab ]; then
-  echo "== A/B: base = tailserve-bench-cuda-base, new = tailserve-bench-cuda (P50 ms, 512 tokens)"
+  # With AB_FLAGS the base is this build without them (an engine option against its default).
+  if [ -n "${AB_FLAGS:-}" ]; then base_bin=tailserve-bench-cuda; else base_bin=tailserve-bench-cuda-base; fi
+  echo "== A/B: base = $base_bin, new = tailserve-bench-cuda ${AB_FLAGS:-} (P50 ms, 512 tokens)"
   for m in ${AB_MODELS:-l8b l1b}; do
     for round in $(seq "${AB_ROUNDS:-2}"); do
       for which in base new; do
-        bin=tailserve-bench-cuda; [ "$which" = base ] && bin=tailserve-bench-cuda-base
-        $R $bin --model /tmp/ckpt/$m --batches "${AB_BATCHES:-1,16,64}" --contexts 512 --prefills 512 > /tmp/ab_one.md 2>&1
+        bin=tailserve-bench-cuda; flags=${AB_FLAGS:-}
+        [ "$which" = base ] && bin=$base_bin flags=
+        # shellcheck disable=SC2086  # flags: words
+        $R $bin --model /tmp/ckpt/$m --batches "${AB_BATCHES:-1,16,64}" --contexts 512 --prefills 512 $flags > /tmp/ab_one.md 2>&1
         { echo "### $m round $round $which"; cat /tmp/ab_one.md; } >> "$OUT/ab.md"
         printf '%s %s round %s:' "$m" "$which" "$round"
         awk -F'|' '/^\| [0-9]+ \| 512 \|/{printf " b%s %s", $2+0, $4+0}' /tmp/ab_one.md
