@@ -19,6 +19,7 @@ def short(name):
     for key, label in (("RmsNorm", "rmsnorm"), ("RopeWriteKv", "rope_kv_write"), ("AttentionMma", "attention"),
                        ("AttentionCombine", "combine"), ("SwiGlu", "swiglu"), ("splitKreduce", "cublas splitK reduce"),
                        ("Embed", "embed"), ("Sample", "sample"), ("CopyKernel", "copy"), ("Gemv", "gemv"),
+                       ("StreamGemm", "stream gemm / ffn"),
                        ("nvjet", "cublas gemm"), ("gemm", "cublas gemm")):
         if key in name:
             return label
