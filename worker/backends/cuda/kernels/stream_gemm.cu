@@ -225,12 +225,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int x_row = (lane & 7) + 8 * (lane >> 4), x_half = (lane >> 3) & 1;
     const uint32_t ring_addr = Smem(ring);
     float acc[TN][2][4] = {};
+    Item it{};
     for (int slot = 0, kb = 0;; ++slot) {
       const int s = slot % kStages;
       BarrierWait(&full_s[s], (slot / kStages) & 1);
       const int item = item_s[s];
       if (item < 0) break;
-      const Item it = Decode(p, item);
+      if (kb == 0) it = Decode(p, item);  // an item's stages arrive in a row
       const uint32_t stage = ring_addr + s * kStageBytes;
 #pragma unroll
       for (int b = 0; b < KB; ++b) {

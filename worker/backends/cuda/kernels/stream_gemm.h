@@ -64,6 +64,9 @@ inline constexpr int kStreamFfnMaxChunks = 8;
 // in one order from one counter (gate/up of groups 0, 1, 2, then down 0, gate/up 3, down 1, ...),
 // so a down item's features were taken two groups earlier, and no boundary, SwiGLU kernel or ramp
 // sits between gate/up and down.
+// No deadlock whatever the CTAs resident at once (one CTA, or fewer SMs than CTAs): an item is
+// only ever held by a running CTA, which copies all of an item's stages before it takes the next,
+// and a down item waits only on gate/up items taken before it.
 struct StreamFfnArgs {
   const __half* x = nullptr;  // [rows, hidden], the normed residual
   int rows = 0;               // 1..16
