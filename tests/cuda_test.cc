@@ -337,6 +337,28 @@ TEST(CudaKernelTest, StreamGemmMatchesCpuOnOddSizes) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// No GPU needed: StreamFfn's item order holds each group's gate/up and down segment once, and a
+// down segment after its own gate/up segment (else the grid waits forever) and, from 3 chunks, two
+// groups behind it where the order allows, so down's first items rarely wait.
+TEST(StreamFfnOrderTest, EveryDownComesAfterItsGateUp) {
+  for (int chunks = 1; chunks <= cuda::kStreamFfnMaxChunks; ++chunks) {
+    const std::vector<cuda::StreamFfnSegment> order = cuda::StreamFfnOrder(chunks);
+    ASSERT_EQ(order.size(), size_t(2 * chunks)) << chunks << " chunks";
+    std::vector<int> gate_up_at(chunks, -1), down_at(chunks, -1);
+    for (int i = 0; i < int(order.size()); ++i) {
+      ASSERT_GE(order[i].group, 0);
+      ASSERT_LT(order[i].group, chunks);
+      int& at = order[i].down ? down_at[order[i].group] : gate_up_at[order[i].group];
+      EXPECT_EQ(at, -1) << chunks << " chunks: group " << order[i].group << " twice";
+      at = i;
+    }
+    for (int g = 0; g < chunks; ++g) {
+      EXPECT_GT(down_at[g], gate_up_at[g]) << chunks << " chunks, group " << g;
+      if (g + 2 < chunks) EXPECT_GT(down_at[g], gate_up_at[g + 2]) << chunks << " chunks, group " << g;
+    }
+  }
+}
+
 // StreamFfn against the CPU: act = SwiGLU(x · W_gate_upᵀ) rounded to fp16 as the kernel writes
 // it, and each down chunk's partial from the kernel's own act (so a wrong chunk, group count or
 // order shows as an exact mismatch, not as rounding). Odd row counts, one and two k boxes a stage,

@@ -425,6 +425,18 @@ absl::Status StreamGemm(const StreamGemmArgs& a, cudaStream_t stream) {
   }
 }
 
+std::vector<StreamFfnSegment> StreamFfnOrder(int chunks) {
+  // Gate/up groups 0 and 1, then each further group followed by the down chunk two groups back,
+  // then the rest of the down chunks.
+  std::vector<StreamFfnSegment> order;
+  for (int g = 0; g < chunks; ++g) {
+    order.push_back({false, g});
+    if (g >= 2) order.push_back({true, g - 2});
+  }
+  for (int g = std::max(0, chunks - 2); g < chunks; ++g) order.push_back({true, g});
+  return order;
+}
+
 absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const int c = a.chunks;
@@ -453,16 +465,10 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   p.ffn = a.ffn, p.hidden = a.hidden, p.act = a.act;
   p.gate_up_tiles = 2 * p.chunk_k / 64, p.down_tiles = (a.hidden + 63) / 64, p.gate_up_k_blocks = a.hidden / (kTileK * kb);
   p.items = c * (p.gate_up_tiles + p.down_tiles);
-  // Gate/up groups 0 and 1, then each further group followed by the down chunk two groups back,
-  // then the rest of the down chunks.
-  auto add = [&p](ItemKind kind, int g) {
-    p.segment_kind[p.segments] = kind, p.segment_group[p.segments] = g, ++p.segments;
-  };
-  for (int g = 0; g < c; ++g) {
-    add(kGateUp, g);
-    if (g >= 2) add(kDown, g - 2);
+  for (const StreamFfnSegment& segment : StreamFfnOrder(c)) {
+    p.segment_kind[p.segments] = segment.down ? kDown : kGateUp, p.segment_group[p.segments] = segment.group;
+    ++p.segments;
   }
-  for (int g = std::max(0, c - 2); g < c; ++g) add(kDown, g);
   return kb == 2 ? Launch<1, 2>(maps, p, *ctas, a.overlap_previous, stream)
                  : Launch<1, 1>(maps, p, *ctas, a.overlap_previous, stream);
 }

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -84,5 +85,14 @@ struct StreamFfnArgs {
 };
 
 absl::Status StreamFfn(const StreamFfnArgs& args, cudaStream_t stream);
+
+// The order StreamFfn takes its items in, as segments of one kind and feature group. Every down
+// segment must come after its group's gate/up segment (a down item waits for that group), or the
+// grid would wait forever: a plain-C++ test checks it without a GPU.
+struct StreamFfnSegment {
+  bool down = false;
+  int group = 0;
+};
+std::vector<StreamFfnSegment> StreamFfnOrder(int chunks);
 
 }  // namespace tailserve::cuda
