@@ -255,35 +255,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The item's last stage: acc[mt][j][i] is column tile·kTileN + 16·TN·warp + 16·mt + g +
       // 8·(i / 2) of row 8·j + 2·c + i % 2 (g = lane / 4, c = lane % 4).
       kb = 0;
-      if (it.kind == kGateUp) {
-        // Gate and up interleave: column 2f (even g) is feature f's gate, 2f + 1 (lane ^ 4) its up.
-#pragma unroll
-        for (int mt = 0; mt < TN; ++mt) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const float up = __shfl_xor_sync(0xffffffffu, acc[mt][j][i], 4);
-              const int col = it.tile * kTileN + 16 * TN * warp + 16 * mt + (lane >> 2) + 8 * (i >> 1);
-              const int row = 8 * j + 2 * (lane & 3) + (i & 1);
-              const float gate = acc[mt][j][i];
-              if (((lane >> 2) & 1) == 0 && row < p.rows) {
-                p.act[static_cast<int64_t>(row) * p.ffn + col / 2] = __float2half(gate / (1.0f + __expf(-gate)) * up);
-              }
-              acc[mt][j][i] = 0.0f;
-            }
-          }
-        }
-        // Release the group's count once all four warps' stores are out (and visible to the
-        // async proxy that reads them).
-        asm volatile("fence.proxy.async.global;" ::: "memory");
-        asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
-        if (threadIdx.x == 0) {
-          __threadfence();
-          atomicAdd(p.counters + 2 + it.group, 1);
-        }
-        continue;
-      }
+      // kGateUp: gate and up interleave, so column 2f (even g) is feature f's gate and lane ^ 4
+      // holds 2f + 1, its up; SwiGLU goes to act. Otherwise the sum goes to the item's partial.
+      const bool swiglu = it.kind == kGateUp;  // the same for the whole warp: the shuffle is safe
       const int n = it.kind == kDown ? p.hidden : p.n;
       float* out = p.partials + it.group * p.stride;
 #pragma unroll
@@ -294,9 +268,27 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int i = 0; i < 4; ++i) {
             const int col = it.tile * kTileN + 16 * TN * warp + 16 * mt + (lane >> 2) + 8 * (i >> 1);
             const int row = 8 * j + 2 * (lane & 3) + (i & 1);
-            if (row < p.rows && col < n) out[static_cast<int64_t>(row) * n + col] = acc[mt][j][i];
+            const float v = acc[mt][j][i];
+            if (swiglu) {
+              const float up = __shfl_xor_sync(0xffffffffu, v, 4);
+              if (((lane >> 2) & 1) == 0 && row < p.rows) {
+                p.act[static_cast<int64_t>(row) * p.ffn + col / 2] = __float2half(v / (1.0f + __expf(-v)) * up);
+              }
+            } else if (row < p.rows && col < n) {
+              out[static_cast<int64_t>(row) * n + col] = v;
+            }
             acc[mt][j][i] = 0.0f;
           }
+        }
+      }
+      if (swiglu) {
+        // Release the group's count once all four warps' stores are out (and visible to the
+        // async proxy that reads them).
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
+        if (threadIdx.x == 0) {
+          __threadfence();
+          atomicAdd(p.counters + 2 + it.group, 1);
         }
       }
     }
@@ -371,10 +363,10 @@ absl::Status Attributes() {
 }
 
 template <int TN, int KB>
-absl::Status Launch(const CUtensorMap (&maps)[4], const Params& p, int ctas, bool overlap, cudaStream_t stream) {
+absl::Status Launch(const CUtensorMap (&maps)[4], const Params& p, int ctas, cudaStream_t stream) {
   using C = Config<TN, KB>;
   if (absl::Status st = Attributes<TN, KB>(); !st.ok()) return st;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap, dim3(std::min(ctas, p.items)), dim3(kThreads), C::kSmem,
+  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(p.overlap, dim3(std::min(ctas, p.items)), dim3(kThreads), C::kSmem,
                                                        stream, StreamGemmKernel<TN, KB>, maps[0], maps[1], maps[2],
                                                        maps[3], p));
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
@@ -394,7 +386,7 @@ absl::Status LaunchGemm(const StreamGemmArgs& a, int ctas, cudaStream_t stream) 
   p.items = (a.n + C::kTileN - 1) / C::kTileN * a.chunks;
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
-  return Launch<TN, KB>(maps, p, ctas, a.overlap_previous, stream);
+  return Launch<TN, KB>(maps, p, ctas, stream);
 }
 
 absl::StatusOr<int> CtasOrSms(int ctas) {
@@ -469,8 +461,7 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
     p.segment_kind[p.segments] = segment.down ? kDown : kGateUp, p.segment_group[p.segments] = segment.group;
     ++p.segments;
   }
-  return kb == 2 ? Launch<1, 2>(maps, p, *ctas, a.overlap_previous, stream)
-                 : Launch<1, 1>(maps, p, *ctas, a.overlap_previous, stream);
+  return kb == 2 ? Launch<1, 2>(maps, p, *ctas, stream) : Launch<1, 1>(maps, p, *ctas, stream);
 }
 
 }  // namespace tailserve::cuda
