@@ -91,6 +91,26 @@ std::vector<float> ToFloats(const std::vector<__half>& v) {
   return f;
 }
 
+// One k chunk's share of a split-K product, the reference for a partial: out[r, c] = Σ over
+// i in [k0, k1) of a[r, i] · w[c, i] (a [rows, k], w [n, k]), and the same entries of a kernel's
+// partial at `got` ([rows, n]), side by side for RelL2.
+struct ChunkCheck {
+  std::vector<float> want, mine;
+};
+ChunkCheck ChunkOfProduct(const std::vector<float>& a, const std::vector<__half>& w, int rows, int n, int k, int k0,
+                          int k1, const float* got) {
+  ChunkCheck c{std::vector<float>(size_t(rows) * n), std::vector<float>(size_t(rows) * n)};
+  for (int r = 0; r < rows; ++r) {
+    for (int col = 0; col < n; ++col) {
+      double d = 0;
+      for (int i = k0; i < k1; ++i) d += double(a[size_t(r) * k + i]) * __half2float(w[size_t(col) * k + i]);
+      c.want[size_t(r) * n + col] = float(d);
+      c.mine[size_t(r) * n + col] = got[size_t(r) * n + col];
+    }
+  }
+  return c;
+}
+
 TEST(CudaKernelTest, RmsNormMatchesCpuOnOddSizes) {
   REQUIRE_GPU();
   const unsigned seed = 1234;
@@ -308,19 +328,11 @@ TEST(CudaKernelTest, StreamGemmMatchesCpuOnOddSizes) {
         const std::vector<float> got = dp.Get();
         const int kc = k / chunks;
         for (int c = 0; c < chunks; ++c) {
-          std::vector<float> want(size_t(rows) * n), mine(want.size());
-          for (int r = 0; r < rows; ++r) {
-            for (int col = 0; col < n; ++col) {
-              double d = 0;
-              for (int i = c * kc; i < (c + 1) * kc; ++i) {
-                d += double(__half2float(xh[size_t(r) * k + i])) * __half2float(wh[size_t(col) * k + i]);
-              }
-              want[size_t(r) * n + col] = float(d);
-              mine[size_t(r) * n + col] = got[c * stride + size_t(r) * n + col];
-            }
-          }
-          EXPECT_LE(RelL2(mine, want), 1e-5) << "rows " << rows << " n " << n << " k " << k << " chunk " << c << " of "
-                                             << chunks << " ctas " << ctas << " variant " << variant << " seed " << seed;
+          // xf holds the fp16 values the kernel read (RoundToHalf rounds in place).
+          const ChunkCheck cc = ChunkOfProduct(xf, wh, rows, n, k, c * kc, (c + 1) * kc, got.data() + c * stride);
+          EXPECT_LE(RelL2(cc.mine, cc.want), 1e-5) << "rows " << rows << " n " << n << " k " << k << " chunk " << c
+                                                   << " of " << chunks << " ctas " << ctas << " variant " << variant
+                                                   << " seed " << seed;
         }
       }
     }
@@ -354,7 +366,9 @@ TEST(StreamFfnOrderTest, EveryDownComesAfterItsGateUp) {
     }
     for (int g = 0; g < chunks; ++g) {
       EXPECT_GT(down_at[g], gate_up_at[g]) << chunks << " chunks, group " << g;
-      if (g + 2 < chunks) EXPECT_GT(down_at[g], gate_up_at[g + 2]) << chunks << " chunks, group " << g;
+      if (g + 2 < chunks) {
+        EXPECT_GT(down_at[g], gate_up_at[g + 2]) << chunks << " chunks, group " << g;
+      }
     }
   }
 }
@@ -406,18 +420,8 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
       const std::vector<float> got = dp.Get();
       const int fc = f / chunks;
       for (int c = 0; c < chunks; ++c) {
-        std::vector<float> want(size_t(rows) * h), mine(want.size());
-        for (int r = 0; r < rows; ++r) {
-          for (int col = 0; col < h; ++col) {
-            double d = 0;
-            for (int j = c * fc; j < (c + 1) * fc; ++j) {
-              d += double(act[size_t(r) * f + j]) * __half2float(dh[size_t(col) * f + j]);
-            }
-            want[size_t(r) * h + col] = float(d);
-            mine[size_t(r) * h + col] = got[c * stride + size_t(r) * h + col];
-          }
-        }
-        EXPECT_LE(RelL2(mine, want), 1e-5) << where << " chunk " << c;
+        const ChunkCheck cc = ChunkOfProduct(act, dh, rows, h, f, c * fc, (c + 1) * fc, got.data() + c * stride);
+        EXPECT_LE(RelL2(cc.mine, cc.want), 1e-5) << where << " chunk " << c;
       }
     }
   }
