@@ -524,6 +524,88 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
   return absl::OkStatus();
 }
 
+// StreamFfn's (chunks, lag) pairs the MLP-block bench times: the lag (in gate/up groups) must
+// cover a gate/up item's time in flight, or down's first items wait, and the chunks set the size of
+// down's items, which the tail is made of.
+constexpr std::pair<int, int> kStreamFfnShapes[] = {{4, 2}, {4, 3}, {8, 2}, {8, 3}, {8, 4}, {8, 5},
+                                                   {16, 4}, {16, 6}, {16, 8}, {16, 10}};
+
+// One StreamFfn launch (weights from DRAM) with its %globaltimer timeline, summarised: where the
+// launch's time goes beyond its bytes (the ramp, items' streaming rate an SM, down's waits for
+// act, the tail). Printed once per rows × chunks after the timed table.
+absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, const __half* x, RotatingCopies& w,
+                               __half* act, float* partials, void* counters, cudaStream_t s) {
+  const int h = m.hidden, f = m.ffn;
+  const int gate_up_tiles = 2 * (f / chunks) / 64, down_tiles = (h + 63) / 64;
+  const int items = chunks * (gate_up_tiles + down_tiles);
+  int sms = 0, device = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int ctas = std::min(sms, items);
+  const size_t words = size_t(4) * items + 2 * ctas;
+  absl::StatusOr<DeviceMemory> buf = Filled(words * 8, 0);
+  if (!buf.ok()) return buf.status();
+  const size_t gu_elems = size_t(2) * f * h;
+  std::vector<uint64_t> t(words);
+  for (int rep = 0; rep < 3; ++rep) {  // the last of three: the function attributes set, clocks up
+    const __half* wc = w.Next<const __half>();
+    if (absl::Status e = cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
+                                          .w_down = wc + gu_elems, .act = act, .chunks = chunks, .lag = lag,
+                                          .partials = partials,
+                                          .partial_stride = int64_t(rows) * h, .workspace = counters,
+                                          .timeline = static_cast<uint64_t*>(buf->get())},
+                                         s);
+        !e.ok()) {
+      return e;
+    }
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  }
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(t.data(), buf->get(), words * 8, cudaMemcpyDeviceToHost));
+  // Each item's kind from the order (segments of one kind, in order).
+  std::vector<bool> down(items);
+  int next = 0;
+  for (const cuda::StreamFfnSegment& seg : cuda::StreamFfnOrder(chunks, lag)) {
+    for (int i = 0; i < (seg.down ? down_tiles : gate_up_tiles); ++i) down[next++] = seg.down;
+  }
+  uint64_t t0 = ~0ull, t_end = 0;
+  std::vector<double> ends;
+  for (int b = 0; b < ctas; ++b) {
+    t0 = std::min(t0, t[4 * items + 2 * b]);
+    t_end = std::max(t_end, t[4 * items + 2 * b + 1]);
+  }
+  for (int b = 0; b < ctas; ++b) ends.push_back((t[4 * items + 2 * b + 1] - t0) * 1e-3);
+  std::sort(ends.begin(), ends.end());
+  // Per SM, items in the order they finished: an item's service time is from the previous one's
+  // finish (the first's from the launch's start: its ramp).
+  std::vector<std::vector<int>> by_sm(1024);
+  for (int i = 0; i < items; ++i) by_sm[t[4 * i + 3] % 1024].push_back(i);
+  double service[2] = {0, 0}, first_done = 0;
+  int n_service[2] = {0, 0}, firsts = 0;
+  for (auto& list : by_sm) {
+    if (list.empty()) continue;
+    std::sort(list.begin(), list.end(), [&](int a, int b) { return t[4 * a + 2] < t[4 * b + 2]; });
+    first_done += (t[4 * list[0] + 2] - t0) * 1e-3, ++firsts;
+    for (size_t j = 1; j < list.size(); ++j) {
+      service[down[list[j]]] += (t[4 * list[j] + 2] - t[4 * list[j - 1] + 2]) * 1e-3, ++n_service[down[list[j]]];
+    }
+  }
+  double wait_sum = 0, wait_max = 0;
+  int waited = 0;
+  for (int i = 0; i < items; ++i) {
+    if (!down[i]) continue;
+    const double wt = t[4 * i + 1] * 1e-3;
+    wait_sum += wt, wait_max = std::max(wait_max, wt), waited += wt > 0.5;
+  }
+  const double span = (t_end - t0) * 1e-3, bytes = 2.0 * (gu_elems + size_t(h) * f);
+  const double gu_kb = 64.0 * h * 2 / 1024, down_kb = 64.0 * (f / chunks) * 2 / 1024;
+  const double gu_us = n_service[0] ? service[0] / n_service[0] : 0, down_us = n_service[1] ? service[1] / n_service[1] : 0;
+  std::printf("| | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f |\n",
+              rows, chunks, lag, span, bytes / (span * 1e-6) / 1e12, firsts ? first_done / firsts : 0.0, gu_us,
+              gu_us > 0 ? gu_kb * 1024 / (gu_us * 1e3) : 0.0, down_us, down_us > 0 ? down_kb * 1024 / (down_us * 1e3) : 0.0,
+              waited, wait_sum, wait_max, ends.front(), ends[ends.size() / 2], ends[ends.size() * 9 / 10], ends.back());
+  return absl::OkStatus();
+}
+
 // Can two cuBLASLt chains on forked graph branches fill each other's ramps, tails and small
 // kernels? The MLP block at `rows` rows on one stream (gate/up → SwiGLU → down with the residual)
 // against the same bytes split in two halves along the FFN dimension (each half: gate/up of f/2
@@ -626,13 +708,14 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     const char* names[] = {"two halves at once", "B's gate/up after A's", "two halves at once, B at low priority"};
     std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
     for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
-    for (int chunks : {2, 4, 8}) {  // the whole block in one persistent launch
+    for (auto [chunks, lag] : kStreamFfnShapes) {  // the whole block in one persistent launch
       if (rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
-      variants.push_back({"StreamFfn, down in " + std::to_string(chunks) + " k chunks", [&, chunks]() -> absl::Status {
+      variants.push_back({"StreamFfn, down in " + std::to_string(chunks) + " k chunks, lag " + std::to_string(lag),
+                          [&, chunks, lag]() -> absl::Status {
                             const __half* wc = weights();
                             return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
                                                     .w_down = wc + gu_elems, .act = act_out, .chunks = chunks,
-                                                    .partials = static_cast<float*>(partials->get()),
+                                                    .lag = lag, .partials = static_cast<float*>(partials->get()),
                                                     .partial_stride = int64_t(rows) * h, .workspace = counters->get()},
                                                    sa.get());
                           }});
@@ -641,6 +724,20 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       absl::StatusOr<double> us = TimeGraph(sa.get(), reps, launch, cudaGraphInstantiateFlagUseNodePriority);
       if (!us.ok()) return us.status();
       std::printf("| %s | %d | %.1f | %.0f%% |\n", name.c_str(), rows, *us, 100.0 * bytes / (*us * 1e-6) / kCopyBandwidth);
+    }
+  }
+  std::printf(
+      "\n| StreamFfn timeline | rows | chunks | lag | span µs | TB/s | first item done | gate/up item µs (GB/s an SM) "
+      "| down item µs (GB/s an SM) | down waits > 0.5 µs (sum, max µs) | CTA ends: first, median, 90%%, last |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|\n");
+  for (int rows : rows_list) {
+    for (auto [chunks, lag] : kStreamFfnShapes) {
+      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
+      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, x, *w, act_out,
+                                             static_cast<float*>(partials->get()), counters->get(), sa.get());
+          !e.ok()) {
+        return e;
+      }
     }
   }
   return absl::OkStatus();

@@ -117,7 +117,7 @@ TEST(CudaKernelTest, RmsNormMatchesCpuOnOddSizes) {
   std::mt19937 rng(seed);
   for (int rows : {1, 3, 19}) {
     for (int hidden : {64, 200, 203, 4096}) {  // 203: the scalar path (not whole float4s)
-      for (int adds : {0, 1, 3}) {  // x += Σ adds arrays first, written back (stride past the rows)
+      for (int adds : {0, 1, 3, 9, 16}) {  // x += Σ adds arrays first (9, 16: in rounds), written back
         auto x = Random(size_t(rows) * hidden, rng, 3.0f);
         const int64_t stride = int64_t(x.size()) + 4;
         const auto w = Random(hidden, rng), add = Random(size_t(stride) * std::max(adds, 1), rng);
@@ -144,6 +144,12 @@ TEST(CudaKernelTest, RmsNormMatchesCpuOnOddSizes) {
       }
     }
   }
+  Dev<float> dx(std::vector<float>(64 * 18));
+  Dev<__half> out(64);
+  EXPECT_EQ(cuda::RmsNormRows(dx.p, {dx.p + 64, cuda::kMaxNormPartials + 1, 64}, nullptr, 1, 64, nullptr, 1e-5f, out.p,
+                              nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // The decode graph's input and output copies: mapped pinned host memory to the device and back,
@@ -350,24 +356,27 @@ TEST(CudaKernelTest, StreamGemmMatchesCpuOnOddSizes) {
 }
 
 // No GPU needed: StreamFfn's item order holds each group's gate/up and down segment once, and a
-// down segment after its own gate/up segment (else the grid waits forever) and, from 3 chunks, two
-// groups behind it where the order allows, so down's first items rarely wait.
+// down segment after its own gate/up segment (else the grid waits forever) and `lag` groups
+// behind it where the order allows, so down's items rarely wait.
 TEST(StreamFfnOrderTest, EveryDownComesAfterItsGateUp) {
   for (int chunks = 1; chunks <= cuda::kStreamFfnMaxChunks; ++chunks) {
-    const std::vector<cuda::StreamFfnSegment> order = cuda::StreamFfnOrder(chunks);
-    ASSERT_EQ(order.size(), size_t(2 * chunks)) << chunks << " chunks";
-    std::vector<int> gate_up_at(chunks, -1), down_at(chunks, -1);
-    for (int i = 0; i < int(order.size()); ++i) {
-      ASSERT_GE(order[i].group, 0);
-      ASSERT_LT(order[i].group, chunks);
-      int& at = order[i].down ? down_at[order[i].group] : gate_up_at[order[i].group];
-      EXPECT_EQ(at, -1) << chunks << " chunks: group " << order[i].group << " twice";
-      at = i;
-    }
-    for (int g = 0; g < chunks; ++g) {
-      EXPECT_GT(down_at[g], gate_up_at[g]) << chunks << " chunks, group " << g;
-      if (g + 2 < chunks) {
-        EXPECT_GT(down_at[g], gate_up_at[g + 2]) << chunks << " chunks, group " << g;
+    for (int lag = 1; lag <= chunks + 1; ++lag) {
+      const std::vector<cuda::StreamFfnSegment> order = cuda::StreamFfnOrder(chunks, lag);
+      ASSERT_EQ(order.size(), size_t(2 * chunks)) << chunks << " chunks, lag " << lag;
+      std::vector<int> gate_up_at(chunks, -1), down_at(chunks, -1);
+      for (int i = 0; i < int(order.size()); ++i) {
+        ASSERT_GE(order[i].group, 0);
+        ASSERT_LT(order[i].group, chunks);
+        int& at = order[i].down ? down_at[order[i].group] : gate_up_at[order[i].group];
+        EXPECT_EQ(at, -1) << chunks << " chunks, lag " << lag << ": group " << order[i].group << " twice";
+        at = i;
+      }
+      for (int g = 0; g < chunks; ++g) {
+        EXPECT_GT(down_at[g], gate_up_at[g]) << chunks << " chunks, lag " << lag << ", group " << g;
+        if (g + lag < chunks) {
+          EXPECT_GT(down_at[g], gate_up_at[g + lag]) << chunks << " chunks, lag " << lag << ", group " << g;
+          EXPECT_LT(down_at[g], gate_up_at[g + lag] + 2) << chunks << " chunks, lag " << lag << ", group " << g;
+        }
       }
     }
   }
@@ -376,7 +385,7 @@ TEST(StreamFfnOrderTest, EveryDownComesAfterItsGateUp) {
 // StreamFfn against the CPU: act = SwiGLU(x · W_gate_upᵀ) rounded to fp16 as the kernel writes
 // it, and each down chunk's partial from the kernel's own act (so a wrong chunk, group count or
 // order shows as an exact mismatch, not as rounding). Odd row counts, one and two k boxes a stage,
-// 1 to 8 chunks (every segment order the host builds), one CTA (a producer waiting on its own
+// 1 to 16 chunks at lags 1 to past the last group, one CTA (a producer waiting on its own
 // consumers' gate/up tiles), 3 CTAs and one an SM, and launched programmatically (X copies
 // deferred behind the first W); one workspace throughout (counters reset).
 TEST(CudaKernelTest, StreamFfnMatchesCpu) {
@@ -385,8 +394,9 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
   std::mt19937 rng(seed);
   Dev<int> work{cuda::kStreamGemmWorkspaceBytes / sizeof(int)};
   work.Put(std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0));
-  for (auto [rows, h, f, chunks] : {std::tuple{1, 192, 256, 4}, {5, 256, 512, 2}, {16, 128, 384, 3},
-                                    {16, 320, 640, 5}, {13, 192, 1024, 8}, {3, 64, 128, 1}}) {
+  for (auto [rows, h, f, chunks, lag] :
+       {std::tuple{1, 192, 256, 4, 2}, {5, 256, 512, 2, 1}, {16, 128, 384, 3, 4}, {16, 320, 640, 5, 2},
+        {13, 192, 1024, 8, 3}, {7, 128, 1024, 16, 5}, {3, 64, 128, 1, 2}}) {
     auto xf = Random(size_t(rows) * h, rng), guf = Random(size_t(2) * f * h, rng, 0.1f),
          df = Random(size_t(h) * f, rng, 0.05f);
     const std::vector<__half> xh = RoundToHalf(xf), guh = RoundToHalf(guf), dh = RoundToHalf(df);
@@ -407,12 +417,13 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
       Dev<float> dp(std::vector<float>(size_t(stride) * chunks, std::nanf("")));
       Dev<__half> dact(std::vector<__half>(size_t(rows) * f, __float2half(std::nanf(""))));
       ASSERT_TRUE(cuda::StreamFfn({.x = dx.p, .rows = rows, .hidden = h, .w_gate_up = dgu.p, .ffn = f, .w_down = dd.p,
-                                   .act = dact.p, .chunks = chunks, .partials = dp.p, .partial_stride = stride,
+                                   .act = dact.p, .chunks = chunks, .lag = lag, .partials = dp.p,
+                                   .partial_stride = stride,
                                    .workspace = work.p, .ctas = ctas, .overlap_previous = overlap},
                                   nullptr)
                       .ok());
       const std::string where = "rows " + std::to_string(rows) + " hidden " + std::to_string(h) + " ffn " +
-                                std::to_string(f) + " chunks " + std::to_string(chunks) + " ctas " +
+                                std::to_string(f) + " chunks " + std::to_string(chunks) + " lag " + std::to_string(lag) + " ctas " +
                                 std::to_string(ctas) + (overlap ? " overlapped" : "") + " seed " +
                                 std::to_string(seed);
       const std::vector<float> act = ToFloats(dact.Get());
@@ -1334,7 +1345,8 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The batch's FFN on one stream, (halves: a size floor of 0) as two halves on two graph branches,
-// and (StreamFfn: 13 rows, a bucket of 16, on qwen2-bias-tied, whose ffn of 512 takes 4 chunks;
+// and (StreamFfn: 13 rows, a bucket of 16, on qwen2-bias-tied, whose ffn of 512 takes 8 chunks,
+// which the next norm adds in two rounds;
 // llama-gqa's 688 takes none) as one StreamFfn launch. Together the rows take the split-K
 // projections (partials summed by RoPE and the norms); alone each row takes the batch-1 Gemv path.
 enum class BatchPath { kOneStream, kHalves, kStreamFfn };
@@ -1348,7 +1360,7 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
       testing::ReferenceDir(path == BatchPath::kStreamFfn ? "qwen2-bias-tied" : "llama-gqa"),
       {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05,
        .ffn_halves_min_bytes = path == BatchPath::kHalves ? 0 : std::numeric_limits<int64_t>::max(),
-       .stream_ffn = path == BatchPath::kStreamFfn});
+       .stream_ffn_chunks = path == BatchPath::kStreamFfn ? 8 : 0, .stream_ffn_lag = 3});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // The sequences, of different lengths, decode 12 steps together, then each alone: same tokens.
   Sampling greedy;

@@ -36,7 +36,7 @@ constexpr int kMaxStages = (227 * 1024 - 1024) / (64 * kTileK * 2 + kXBoxBytes);
 // over k chunk `group` of act, into that chunk's partial, once every gate/up tile of the group's
 // features is written.
 enum ItemKind : int { kGemm = 0, kGateUp = 1, kDown = 2 };
-constexpr int kMaxSegments = 16;
+constexpr int kMaxSegments = 2 * kStreamFfnMaxChunks;
 
 struct Params {
   int rows, n, chunks, chunk_k, k_blocks, items;
@@ -49,6 +49,7 @@ struct Params {
   int ffn, hidden, gate_up_tiles, down_tiles, gate_up_k_blocks;  // tiles: a group's
   __half* act;
   int segments, segment_kind[kMaxSegments], segment_group[kMaxSegments];
+  uint64_t* timeline;  // StreamFfnArgs::timeline
 };
 
 struct Item {
@@ -76,6 +77,17 @@ __device__ __forceinline__ int LoadAcquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+
+__device__ __forceinline__ uint64_t GlobalTimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ uint32_t SmId() {
+  uint32_t id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
 }
 
 __device__ __forceinline__ uint32_t Smem(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -145,6 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int s = 0; s < kStages; ++s) BarrierInit(&full_s[s], 1), BarrierInit(&empty_s[s], kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    if (p.timeline) p.timeline[4 * p.items + 2 * blockIdx.x] = GlobalTimer();
   }
   __syncthreads();
   // X and the partials (read by the previous launch's consumer) belong to what came before: every
@@ -184,6 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int item = atomicAdd(p.counters, 1);
         const bool more = item < p.items;
         const Item it = more ? Decode(p, item) : Item{};
+        if (p.timeline && more) p.timeline[4 * item] = GlobalTimer(), p.timeline[4 * item + 3] = SmId();
         const CUtensorMap* w = it.kind == kDown ? &w2_map : &w_map;
         for (int kb = 0; kb < (more ? it.k_blocks : 1); ++kb, ++slot) {
           const int s = slot % kStages;
@@ -199,8 +213,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             // act's features of this group: written by other CTAs' gate/up epilogues (generic
             // stores, released by their count), read here by the TMA (the async proxy).
             wait_once();
+            const uint64_t spin_start = p.timeline ? GlobalTimer() : 0;
             while (LoadAcquire(p.counters + 2 + it.group) < p.gate_up_tiles) __nanosleep(32);
             asm volatile("fence.proxy.async.global;" ::: "memory");
+            if (p.timeline) p.timeline[4 * item + 1] = GlobalTimer() - spin_start;
           }
           BarrierExpect(&full_s[s], kStageBytes);
 #pragma unroll
@@ -291,12 +307,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           atomicAdd(p.counters + 2 + it.group, 1);
         }
       }
+      if (p.timeline && threadIdx.x == 0) p.timeline[4 * item + 2] = GlobalTimer();
     }
   }
   // The last CTA out leaves the counters zeroed for the next launch: every CTA has taken its
   // final (past-the-end) item before it counts itself finished.
   __syncthreads();
   if (threadIdx.x == 0) {
+    if (p.timeline) p.timeline[4 * p.items + 2 * blockIdx.x + 1] = GlobalTimer();
     __threadfence();
     if (atomicAdd(p.counters + 1, 1) == static_cast<int>(gridDim.x) - 1) {
       __threadfence();  // the reset after every other CTA's last use, not only by control dependence
@@ -417,28 +435,28 @@ absl::Status StreamGemm(const StreamGemmArgs& a, cudaStream_t stream) {
   }
 }
 
-std::vector<StreamFfnSegment> StreamFfnOrder(int chunks) {
-  // Gate/up groups 0 and 1, then each further group followed by the down chunk two groups back,
-  // then the rest of the down chunks.
+std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag) {
+  // Gate/up groups 0 .. lag - 1, then each further group followed by the down chunk `lag` groups
+  // back, then the rest of the down chunks.
   std::vector<StreamFfnSegment> order;
   for (int g = 0; g < chunks; ++g) {
     order.push_back({false, g});
-    if (g >= 2) order.push_back({true, g - 2});
+    if (g >= lag) order.push_back({true, g - lag});
   }
-  for (int g = std::max(0, chunks - 2); g < chunks; ++g) order.push_back({true, g});
+  for (int g = std::max(0, chunks - lag); g < chunks; ++g) order.push_back({true, g});
   return order;
 }
 
 absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const int c = a.chunks;
-  if (a.rows < 1 || a.rows > kStreamGemmMaxRows || c < 1 || c > kStreamFfnMaxChunks || a.hidden <= 0 ||
+  if (a.rows < 1 || a.rows > kStreamGemmMaxRows || c < 1 || c > kStreamFfnMaxChunks || a.lag < 1 || a.hidden <= 0 ||
       a.hidden % kTileK != 0 || a.ffn <= 0 || a.ffn % (kTileK * c) != 0 || a.x == nullptr || a.w_gate_up == nullptr ||
       a.w_down == nullptr || a.act == nullptr || a.partials == nullptr || a.workspace == nullptr || !aligned(a.x) ||
       !aligned(a.w_gate_up) || !aligned(a.w_down) || !aligned(a.act) ||
       a.partial_stride < static_cast<int64_t>(a.rows) * a.hidden) {
     return absl::InvalidArgumentError(
-        "StreamFfn: 1..16 rows, 1..8 chunks, hidden a multiple of 64, ffn of 64 · chunks, x, the weights and act "
+        "StreamFfn: 1..16 rows, 1..16 chunks, a lag of 1 or more, hidden a multiple of 64, ffn of 64 · chunks, x, the weights and act "
         "16-byte aligned, partials at least rows · hidden apart, a workspace");
   }
   absl::StatusOr<int> ctas = CtasOrSms(a.ctas);
@@ -454,10 +472,11 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   p.rows = a.rows, p.n = 2 * a.ffn, p.chunks = c, p.chunk_k = a.ffn / c, p.k_blocks = p.chunk_k / (kTileK * kb);
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
+  p.timeline = a.timeline;
   p.ffn = a.ffn, p.hidden = a.hidden, p.act = a.act;
   p.gate_up_tiles = 2 * p.chunk_k / 64, p.down_tiles = (a.hidden + 63) / 64, p.gate_up_k_blocks = a.hidden / (kTileK * kb);
   p.items = c * (p.gate_up_tiles + p.down_tiles);
-  for (const StreamFfnSegment& segment : StreamFfnOrder(c)) {
+  for (const StreamFfnSegment& segment : StreamFfnOrder(c, a.lag)) {
     p.segment_kind[p.segments] = segment.down ? kDown : kGateUp, p.segment_group[p.segments] = segment.group;
     ++p.segments;
   }

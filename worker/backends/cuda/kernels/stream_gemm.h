@@ -55,7 +55,7 @@ struct StreamGemmArgs {
 // inside a thread-local stream capture, as the kernel bench does).
 absl::Status StreamGemm(const StreamGemmArgs& args, cudaStream_t stream);
 
-inline constexpr int kStreamFfnMaxChunks = 8;
+inline constexpr int kStreamFfnMaxChunks = 16;
 
 // A dense FFN block for 1-16 rows in one persistent launch of the same kernel: act = SwiGLU of
 // x · W_gate_upᵀ, then `chunks` partials of act · W_downᵀ over equal k ranges of act (the next
@@ -77,11 +77,16 @@ struct StreamFfnArgs {
   const __half* w_down = nullptr;     // [hidden, ffn]
   __half* act = nullptr;              // [rows, ffn] scratch
   int chunks = 1;                     // 1..kStreamFfnMaxChunks
+  int lag = 2;                        // down chunk g is taken after gate/up group g + lag (StreamFfnOrder)
   float* partials = nullptr;          // chunk g at partials + g · partial_stride, each [rows, hidden]
   int64_t partial_stride = 0;
   void* workspace = nullptr;  // as StreamGemmArgs::workspace
   int ctas = 0;               // 0: one an SM
   bool overlap_previous = false;
+  // The kernel bench's timeline (null: none): for item i, timeline[4i ..] = {taken, ns spent waiting
+  // for act (down items), done, SM}, times in %globaltimer ns; for CTA b, timeline[4 · items + 2b ..]
+  // = {start, end}.
+  uint64_t* timeline = nullptr;
 };
 
 absl::Status StreamFfn(const StreamFfnArgs& args, cudaStream_t stream);
@@ -93,6 +98,6 @@ struct StreamFfnSegment {
   bool down = false;
   int group = 0;
 };
-std::vector<StreamFfnSegment> StreamFfnOrder(int chunks);
+std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag);
 
 }  // namespace tailserve::cuda
