@@ -107,10 +107,6 @@ int Main(int argc, char** argv) {
   app.add_option("--attention-splits", max_splits, "most splits of a row's keys the engine may choose (its split model picks)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  int stream_ffn_chunks = 0, stream_ffn_lag = 2;
-  app.add_option("--stream-ffn", stream_ffn_chunks,
-                 "decode at 2-16 rows with the FFN as one StreamFfn launch, down in this many k chunks (0: off)");
-  app.add_option("--stream-ffn-lag", stream_ffn_lag, "StreamFfn's lag in gate/up groups");
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
   for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
@@ -123,9 +119,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) return std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str()), 2;
   const double t0 = Now();
-  auto engine = CudaEngine::Load(
-      model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits, .stream_ffn_chunks = stream_ffn_chunks,
-                  .stream_ffn_lag = stream_ffn_lag});
+  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

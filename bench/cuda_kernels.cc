@@ -526,9 +526,9 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
 
 // StreamFfn's (chunks, lag) pairs the MLP-block bench times: the lag (in gate/up groups) must
 // cover a gate/up item's time in flight, or down's first items wait, and the chunks set the size of
-// down's items, which the tail is made of.
-constexpr std::pair<int, int> kStreamFfnShapes[] = {{4, 2}, {4, 3}, {8, 2}, {8, 3}, {8, 4}, {8, 5},
-                                                   {16, 4}, {16, 6}, {16, 8}, {16, 10}};
+// down's items, which the tail is made of (lag = chunks: every gate/up item first, then down's).
+constexpr std::pair<int, int> kStreamFfnShapes[] = {{4, 2}, {4, 3}, {4, 4}, {8, 3}, {8, 5}, {8, 6}, {8, 8},
+                                                   {16, 6}, {16, 10}, {16, 12}, {16, 16}};
 
 // One StreamFfn launch (weights from DRAM) with its %globaltimer timeline, summarised: where the
 // launch's time goes beyond its bytes (the ramp, items' streaming rate an SM, down's waits for

@@ -7,9 +7,9 @@
 # args go to tailserve-bench-kernels, e.g. --gemm-search, --ksplit, --gemv-splits or --stream-gemm; ab: decode at 512 tokens, batch 1/16/64, of a baseline
 # build packed as .gpu/bin/tailserve-bench-cuda-base against this one, in alternating processes, AB_ROUNDS (2)
 # rounds on the 8B and the 1B shape; AB_BATCHES and AB_MODELS (l8b l1b) override the batches and shapes,
-# and AB_FLAGS (e.g. --stream-ffn) makes the A/B this build without those flags against with them;
-# trace: the 8B decode at TRACE_BATCHES (1,16,64) under bench/cupti_trace.cc, then bench/trace_table.py:
-# what each kernel of the replayed step costs it)
+# and AB_FLAGS (e.g. --attention-splits 8) makes the A/B this build without those flags against with them;
+# trace: the 8B decode at TRACE_BATCHES (1,16,64), with TRACE_FLAGS (files named by TRACE_TAG), under
+# bench/cupti_trace.cc, then bench/trace_table.py: what each kernel of the replayed step costs it)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -24,7 +24,7 @@ chmod +x .gpu/bin/* 2>/dev/null  # a base binary packed by hand may come without
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
 if [ "$MODE" = check ] || [ "$MODE" = tests ]; then
   echo "== GPU tests"
-  # Bounded: a persistent kernel that waits on other CTAs (StreamFfn) would hang rather than fail.
+  # Bounded: a persistent kernel that waits on other CTAs (StreamFfn's test) would hang rather than fail.
   timeout 240 $R tailserve_cuda_tests > "$OUT/cuda_tests.log" 2>&1
   echo "exit code $? (124: timed out)"
   grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|worst rel|PASSED|FAILED TEST" "$OUT/cuda_tests.log" | head -60
@@ -74,12 +74,15 @@ if [ "$MODE" = ab ]; then
     done
   done
 elif [ "$MODE" = trace ]; then
-  echo "== kernel timeline of the replayed 8B step (CUPTI), batches ${TRACE_BATCHES:-1,16,64}, 512 tokens"
+  # TRACE_FLAGS: engine options for the traced process; TRACE_TAG names its files.
+  tag=${TRACE_TAG:+_$TRACE_TAG}
+  echo "== kernel timeline of the replayed 8B step (CUPTI), batches ${TRACE_BATCHES:-1,16,64}, 512 tokens ${TRACE_FLAGS:-}"
+  # shellcheck disable=SC2086  # flags: words
   CUDA_INJECTION64_PATH=$PWD/.gpu/lib/libtailserve_cupti_trace.so TAILSERVE_TRACE_OUT=/tmp/trace.tsv \
     $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches "${TRACE_BATCHES:-1,16,64}" --contexts 512 \
-    --prefills 512 > "$OUT/bench_traced.md" 2>&1
-  python3 bench/trace_table.py /tmp/trace.tsv --layer | tee "$OUT/trace_table.md"
-  xz -T0 -c /tmp/trace.tsv > "$OUT/trace.tsv.xz"
+    --prefills 512 ${TRACE_FLAGS:-} > "$OUT/bench_traced$tag.md" 2>&1
+  python3 bench/trace_table.py /tmp/trace.tsv --layer | tee "$OUT/trace_table$tag.md"
+  xz -T0 -c /tmp/trace.tsv > "$OUT/trace$tag.tsv.xz"
 elif [ "$MODE" = bench8b ]; then
   echo "== bench 8B (decode only)"
   $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512,2048 --prefills 512 2>&1 | tee "$OUT/bench_8b.md"

@@ -16,7 +16,6 @@
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
-#include "worker/backends/cuda/kernels/stream_gemm.h"
 
 namespace tailserve {
 namespace {
@@ -27,15 +26,6 @@ namespace {
 // 15.3 / 15.7, o (with its split-K reduce) 12.9 / 13.7 / 11.6 → 10.6 / 10.7 / 11.1, down 32.8 /
 // 33.4 / 34.9 → 30.3 / 30.3 / 31.2; 4 and 8 chunks were slower than 2, gate/up gains nothing.
 constexpr int kDecodeKSplits = 2;
-
-// StreamFfn's k chunks of down: the most up to `wanted` (CudaEngineOptions::stream_ffn_chunks)
-// that ffn allows, halving; 0 where it takes none.
-int StreamFfnChunks(int ffn, int wanted) {
-  for (int chunks = std::min(wanted, cuda::kMaxNormPartials); chunks >= 1; chunks /= 2) {
-    if (ffn % (64 * chunks) == 0) return chunks;
-  }
-  return 0;
-}
 
 }  // namespace
 
@@ -86,8 +76,7 @@ struct CudaEngine::Buffers {
   // Decode above batch 1: the split-K projections' chunk outputs (kDecodeKSplits), which RoPE
   // and the norms add.
   float* qkv_partials = nullptr;       // [kDecodeKSplits][max_bucket, q + 2 kv]
-  float* residual_partials = nullptr;  // [ResidualArrays()][max_bucket, h]: o's, or the FFN's down
-  char* stream_counters = nullptr;     // StreamFfn's workspace
+  float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN halves' down
   void* cublas_workspace = nullptr;
   void* side_cublas_workspace = nullptr;  // side_gemm_'s, as large
   size_t cublas_workspace_bytes = 32 << 20;
@@ -314,16 +303,12 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                              .splits = options_.attention_splits};
   // Inputs region: tokens, pos, row_seq [R]; logit_src [L]; params [L].
   const size_t inputs_bytes = 3 * R * 4 + L * 4 + 64 + L * sizeof(cuda::SampleParams);
-  // The residual's pending arrays: both FFN halves' down chunks, or StreamFfn's.
-  const size_t residual_arrays = std::max(2 * kDecodeKSplits, std::min(options_.stream_ffn_chunks, cuda::kMaxNormPartials));
   const size_t work_bytes = inputs_bytes + 256 + L * 4 + 8 + 512 + static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq * 4 +
                             256 + R * h * 4 + R * h * 2 + R * (qd + 2 * kvd) * 4 + R * qd * 2 + R * 2 * f * 4 +
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
                             (2 * static_cast<size_t>(c.num_layers) + 1) * 4 +
-                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd) * 4 + residual_arrays * max_bucket_ * h * 4 +
-                            2 * (32 << 20) +
-                            cuda::kStreamGemmWorkspaceBytes + 64 * 256;
+                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) + 64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
   work_memory_ = *std::move(mem);
@@ -392,8 +377,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.final_xn = a.Take<__half>(L * h);
   b.logits = a.Take<float>(L * c.vocab_size);
   b.qkv_partials = a.Take<float>(kDecodeKSplits * max_bucket_ * (qd + 2 * kvd));
-  b.residual_partials = a.Take<float>(residual_arrays * max_bucket_ * h);
-  b.stream_counters = a.Take<char>(cuda::kStreamGemmWorkspaceBytes);
+  b.residual_partials = a.Take<float>(2 * kDecodeKSplits * max_bucket_ * h);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   b.side_cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   if (!b.side_cublas_workspace) return absl::InternalError("cuda: workspace arena too small (a sizing bug)");
@@ -405,7 +389,6 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   if (!gemm.ok()) return gemm.status();
   side_gemm_ = *std::move(gemm);
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.clamps, 0, 8));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.stream_counters, 0, cuda::kStreamGemmWorkspaceBytes));
   // Inputs start valid (token 0 at position 0 of the trash row) so padded graph rows are harmless.
   std::memset(b.host_inputs.get(), 0, inputs_bytes);
 
@@ -505,12 +488,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // the 1B's (100 MB) got slower (engine b16 1.19 → 1.22 ms): each half's GEMMs are then too short
   // to hide anything, hence the size floor (options_.ffn_halves_min_bytes). Not when profiling (one
   // event after each op on one stream; the whole-FFN shapes then run on cuBLASLt's untimed pick).
-  // Or (stream_ffn) at up to 16 rows one StreamFfn launch, down's k chunks the partials.
-  const int stream_ffn_chunks = options_.stream_ffn_chunks > 0 && split_k && rows <= cuda::kStreamGemmMaxRows &&
-                                        c.num_experts == 0 && h % 64 == 0
-                                    ? StreamFfnChunks(f, options_.stream_ffn_chunks)
-                                    : 0;
-  const bool ffn_halves = split_k && stream_ffn_chunks == 0 && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
+  const bool ffn_halves = split_k && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
                           3 * int64_t{h} * f * 2 >= options_.ffn_halves_min_bytes;
   auto gemm_split_k = [&](cuda::GemmRunner& gemm, const __half* x, int k, const __half* w, int n, float* out,
                           int64_t stride, cuda::Partials* written, int ldw = 0) -> absl::Status {
@@ -576,14 +554,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     // The weight folded into gate/up.
     TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
     pending = {};
-    if (stream_ffn_chunks > 0) {
-      TRY("ffn", cuda::StreamFfn({.x = b.xn, .rows = rows, .hidden = h, .w_gate_up = L.w_gate_up, .ffn = f,
-                                  .w_down = L.w_down, .act = b.act, .chunks = stream_ffn_chunks,
-                                  .lag = options_.stream_ffn_lag,
-                                  .partials = b.residual_partials, .partial_stride = residual_stride,
-                                  .workspace = b.stream_counters, .overlap_previous = shape.overlap_previous}, s));
-      pending = {b.residual_partials, stream_ffn_chunks, residual_stride};
-    } else if (ffn_halves) {
+    if (ffn_halves) {
       // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.
       cudaStream_t side = side_stream_.get();
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_fork_.get(), s));

@@ -38,12 +38,6 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
-  // Decode at 2-16 rows: a dense FFN as one StreamFfn launch (kernels/stream_gemm.h: gate/up,
-  // SwiGLU and down in one persistent grid) instead of cuBLASLt's halves, down in this many k
-  // chunks (fewer where ffn does not divide; at most kMaxNormPartials), taken `stream_ffn_lag`
-  // gate/up groups behind. 0: off, until measured.
-  int stream_ffn_chunks = 0;
-  int stream_ffn_lag = 2;
 };
 
 class CudaEngine final : public Engine {

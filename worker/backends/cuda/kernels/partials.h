@@ -10,8 +10,6 @@ namespace tailserve::cuda {
 // The most arrays a consumer adds: it holds all their loads in registers, issued before its first
 // store (one round trip), so the bound is the kernels' register budget.
 constexpr int kMaxPartials = 4;
-// RMSNorm adds more, kMaxPartials a round trip: StreamFfn's down writes up to 16.
-constexpr int kMaxNormPartials = 16;
 
 struct Partials {
   const float* data = nullptr;  // null or count == 0: none

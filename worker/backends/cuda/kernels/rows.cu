@@ -56,38 +56,29 @@ __global__ void __launch_bounds__(1024)
   __half* o = out + static_cast<int64_t>(r) * hidden;
   if constexpr (kVec) {
     const int n4 = hidden / 4;
-    float4 v[kMax];
+    float4 v[kMax], a[kMax][kMaxPartials];
     float sum = 0;
-    // Every load before the first store (which may alias them): one round trip a kMaxPartials
-    // arrays, not one a float4.
+    // Every load before the first store (which may alias them): one round trip, not one a float4.
 #pragma unroll
     for (int j = 0; j < kMax; ++j) {
       const int i = threadIdx.x + j * blockDim.x;
       v[j] = i < n4 ? reinterpret_cast<const float4*>(xr)[i] : make_float4(0, 0, 0, 0);
-    }
-    for (int p0 = 0; ar && p0 < add.count; p0 += kMaxPartials) {
-      float4 a[kMax][kMaxPartials];
 #pragma unroll
-      for (int j = 0; j < kMax; ++j) {
-        const int i = threadIdx.x + j * blockDim.x;
-#pragma unroll
-        for (int p = 0; p < kMaxPartials; ++p) {
-          a[j][p] = p0 + p < add.count && i < n4 ? reinterpret_cast<const float4*>(ar + (p0 + p) * add.stride)[i]
-                                                 : make_float4(0, 0, 0, 0);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kMax; ++j) {
-#pragma unroll
-        for (int p = 0; p < kMaxPartials; ++p) {
-          v[j].x += a[j][p].x, v[j].y += a[j][p].y, v[j].z += a[j][p].z, v[j].w += a[j][p].w;
-        }
+      for (int p = 0; p < kMaxPartials; ++p) {
+        a[j][p] = ar && p < add.count && i < n4 ? reinterpret_cast<const float4*>(ar + p * add.stride)[i]
+                                                : make_float4(0, 0, 0, 0);
       }
     }
 #pragma unroll
     for (int j = 0; j < kMax; ++j) {
       const int i = threadIdx.x + j * blockDim.x;
-      if (ar && i < n4) reinterpret_cast<float4*>(xr)[i] = v[j];
+      if (ar && i < n4) {
+#pragma unroll
+        for (int p = 0; p < kMaxPartials; ++p) {
+          v[j].x += a[j][p].x, v[j].y += a[j][p].y, v[j].z += a[j][p].z, v[j].w += a[j][p].w;
+        }
+        reinterpret_cast<float4*>(xr)[i] = v[j];
+      }
       sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
     }
     const float inv = rsqrtf(BlockSum(sum, shared) / hidden + eps);
@@ -208,7 +199,7 @@ absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int 
   // Enough threads that each handles a few elements: a short dependency chain per row, since at
   // decode there are only a few rows (blocks). Two float4 a thread where the row is whole float4s.
   const Partials a = add.OrNone();
-  if (a.count > kMaxNormPartials) return absl::InvalidArgumentError("RmsNormRows: at most 16 arrays to add");
+  if (a.count > kMaxPartials) return absl::InvalidArgumentError("RmsNormRows: at most 4 arrays to add");
   const bool add_aligned = a.count == 0 || (Aligned16(a.data) && a.stride % 4 == 0);
   if (hidden % 4 == 0 && hidden <= 4 * 4 * 1024 && Aligned16(x) && add_aligned && Aligned16(weight) &&
       Aligned16(out)) {

@@ -31,7 +31,7 @@ absl::Status EmbedRows(const EmbedArgs& args, cudaStream_t stream);
 
 // out[r, :] = fp16(x[src[r], :] / rms(x[src[r], :]) * weight); src == nullptr means src[r] = r;
 // weight == nullptr means ones (the weight was folded into the consumer's matrix). With `add`
-// (at most kMaxNormPartials arrays laid out as x), x[src[r], :] += Σ add[src[r], :] first and is written back: residual
+// (at most 4 arrays laid out as x), x[src[r], :] += Σ add[src[r], :] first and is written back: residual
 // contributions not yet added into x (a split-K projection's partials, the FFN halves', see
 // CudaEngine::Forward). With `add`, the src rows must be distinct (a repeated row would be added
 // twice); the engine's are the identity. overlap_previous (also SwiGlu's): launched

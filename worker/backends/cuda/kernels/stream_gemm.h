@@ -4,9 +4,10 @@
 // [rows, k], W fp16 [n, k], the HF nn.Linear layout). The consumer that reads the projection
 // anyway adds the chunks (RoPE, the next RMSNorm: kernels/partials.h), as it does for
 // GemmRunner::RunSplitK. Not on the engine's path: measured in the engine at 2-16 rows (and for the
-// LM head) it tied or lost to cuBLASLt (bench/CUDA_NOTES.md, 12-03 (22)); it is kept, with its
-// test and `tailserve-bench-kernels --stream-gemm / --lm-head`, as the GEMM worker the per-KV-group
-// dataflow design there needs.
+// LM head) it tied or lost to cuBLASLt (bench/CUDA_NOTES.md, 12-03 (22)), and so did the FFN as
+// one grid (StreamFfn below, 12-03 (23)). Kept, with its tests and `tailserve-bench-kernels
+// --stream-gemm / --lm-head / --mlp-branches` (which prints StreamFfn's per-item timeline), as
+// the measured record of the persistent-grid designs there.
 //
 // One persistent CTA an SM: a producer warp issuing TMA copies (W: 64 or 128 columns × 64 k, X:
 // 16 rows × 64 k, 128-byte swizzle; 1, 2 or 4 such boxes a stage) into a ring of shared-memory stages on mbarriers, four consumer warps
@@ -62,9 +63,11 @@ inline constexpr int kStreamFfnMaxChunks = 16;
 // RMSNorm adds them). Gate/up items (64 interleaved columns: 32 features, the whole k) apply
 // SwiGLU in their epilogue and count themselves done per feature group (= down's k chunk); a down
 // item of chunk g streams its W and waits for group g's count before its TMA reads act. Items run
-// in one order from one counter (gate/up of groups 0, 1, 2, then down 0, gate/up 3, down 1, ...),
-// so a down item's features were taken two groups earlier, and no boundary, SwiGLU kernel or ramp
-// sits between gate/up and down.
+// in one order from one counter (at lag 2: gate/up of groups 0, 1, 2, then down 0, gate/up 3,
+// down 1, ...), so a down item's features were taken `lag` groups earlier, and no boundary, SwiGLU
+// kernel or ramp sits between gate/up and down. Measured at the 8B shape, 16 rows, it ties
+// cuBLASLt's two halves alone (91.1 against 91.4 µs at 8 chunks) and loses ~5 µs a layer in the
+// replayed step (92-93 against 87): not on the engine's path (bench/CUDA_NOTES.md, 12-03 (23)).
 // No deadlock whatever the CTAs resident at once (one CTA, or fewer SMs than CTAs): an item is
 // only ever held by a running CTA, which copies all of an item's stages before it takes the next,
 // and a down item waits only on gate/up items taken before it.
