@@ -115,8 +115,7 @@ TEST(CudaKernelTest, RmsNormMatchesCpuOnOddSizes) {
   REQUIRE_GPU();
   const unsigned seed = 1234;
   std::mt19937 rng(seed);
-  // Rows 1-19 split each row over a cluster of 2-8 CTAs where hidden allows, 130 one CTA a row.
-  for (int rows : {1, 3, 19, 130}) {
+  for (int rows : {1, 3, 19}) {
     for (int hidden : {64, 200, 203, 4096}) {  // 203: the scalar path (not whole float4s)
       for (int adds : {0, 1, 3}) {  // x += Σ adds arrays first, written back (stride past the rows)
         auto x = Random(size_t(rows) * hidden, rng, 3.0f);

@@ -2,18 +2,11 @@
 
 #include <algorithm>
 
-#include <cooperative_groups.h>
-
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/common.cuh"
 
 namespace tailserve::cuda {
 namespace {
-
-namespace cg = cooperative_groups;
-
-// RmsNormRows splits each row over a cluster while rows × cluster stays within this many CTAs.
-constexpr int kNormClusterCtas = 128;
 
 __device__ __forceinline__ void EmbedOneRow(const __half* table, const int32_t* tokens, int hidden, float* x,
                                              float* sumsq, int sumsq_slots) {
@@ -47,32 +40,22 @@ __global__ void EmbedBesideKernel(const __half* table, const int32_t* tokens, in
   GridDependencyWait();
 }
 
-// One block per row, or (kCluster) one cluster per row along z, each CTA a slice and the sum of
-// squares exchanged through distributed shared memory: at decode's few rows one CTA a row leaves
-// most SMs idle while each streams its row's partials. kVec (hidden % 4 == 0, at most kMax float4
-// a thread: see RmsNormRows): each thread loads its float4s (and the arrays it adds) once and keeps
-// them for the scaled write, where the scalar path reads the row twice. kMax 2 keeps those loads in
-// 64 registers for 1024 threads; 4 (hidden above 8192) spills some.
-template <bool kVec, int kMax = 1, bool kCluster = false>
+// One block per row. kVec (hidden % 4 == 0, at most kMax float4 a thread: see RmsNormRows): each
+// thread loads its float4s (and the arrays it adds) once and keeps them for the scaled write, where
+// the scalar path reads the row twice. kMax 2 keeps those loads in 64 registers for 1024 threads;
+// 4 (hidden above 8192) spills some.
+template <bool kVec, int kMax = 1>
 __global__ void __launch_bounds__(1024)
     RmsNormKernel(float* x, Partials add, const int32_t* src, int hidden, const float* w, float eps, __half* out) {
   GridDependencyWait();  // everything it reads may be the previous kernel's
   __shared__ float shared[32];
-  __shared__ float cta_sum;  // kCluster: what the other CTAs of the row read
-  int r = blockIdx.x, parts = 1, part = 0;
-  if constexpr (kCluster) {
-    cg::cluster_group cluster = cg::this_cluster();
-    parts = static_cast<int>(cluster.num_blocks()), part = static_cast<int>(cluster.block_rank());
-    r = blockIdx.z / parts;
-  }
+  const int r = blockIdx.x;
   const int64_t row = static_cast<int64_t>(src ? src[r] : r) * hidden;
-  const int slice = hidden / parts, first = part * slice;
-  float* xr = x + row + first;
-  const float* ar = add.count > 0 ? add.data + row + first : nullptr;
-  __half* o = out + static_cast<int64_t>(r) * hidden + first;
-  if (w) w += first;
+  float* xr = x + row;
+  const float* ar = add.count > 0 ? add.data + row : nullptr;
+  __half* o = out + static_cast<int64_t>(r) * hidden;
   if constexpr (kVec) {
-    const int n4 = slice / 4;
+    const int n4 = hidden / 4;
     float4 v[kMax], a[kMax][kMaxPartials];
     float sum = 0;
     // Every load before the first store (which may alias them): one round trip, not one a float4.
@@ -98,17 +81,7 @@ __global__ void __launch_bounds__(1024)
       }
       sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
     }
-    sum = BlockSum(sum, shared);
-    if constexpr (kCluster) {
-      if (threadIdx.x == 0) cta_sum = sum;
-      cg::cluster_group cluster = cg::this_cluster();
-      cluster.sync();
-      sum = 0;
-      for (int p = 0; p < parts; ++p) sum += *cluster.map_shared_rank(&cta_sum, p);
-      // No CTA may leave while another reads its cta_sum: arrive now, wait after the stores.
-      asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-    }
-    const float inv = rsqrtf(sum / hidden + eps);
+    const float inv = rsqrtf(BlockSum(sum, shared) / hidden + eps);
 #pragma unroll
     for (int j = 0; j < kMax; ++j) {
       const int i = threadIdx.x + j * blockDim.x;
@@ -120,7 +93,6 @@ __global__ void __launch_bounds__(1024)
       packed.x = *reinterpret_cast<const uint32_t*>(&lo), packed.y = *reinterpret_cast<const uint32_t*>(&hi);
       reinterpret_cast<uint2*>(o)[i] = packed;
     }
-    if constexpr (kCluster) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
   } else {
     float sum = 0;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
@@ -231,23 +203,12 @@ absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int 
   const bool add_aligned = a.count == 0 || (Aligned16(a.data) && a.stride % 4 == 0);
   if (hidden % 4 == 0 && hidden <= 4 * 4 * 1024 && Aligned16(x) && add_aligned && Aligned16(weight) &&
       Aligned16(out)) {
-    // Few rows (decode): a cluster of up to 8 CTAs a row, up to ~a wave of CTAs in all, each
-    // slice whole float4s.
-    int parts = 1;
-    while (parts < 8 && rows * parts * 2 <= kNormClusterCtas && hidden % (4 * parts * 2) == 0) parts *= 2;
-    const int threads = std::clamp((hidden / parts / 8 + 31) / 32 * 32, 32, 1024);
-    const int n4_per_thread = (hidden / parts / 4 + threads - 1) / threads;
-    if (parts > 1) {
-      TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlappedInClusters(
-          overlap_previous, parts, dim3(1, 1, rows * parts), dim3(threads), 0, stream,
-          n4_per_thread <= 2 ? RmsNormKernel<true, 2, true> : RmsNormKernel<true, 4, true>, x, a, src, hidden, weight,
-          eps, out));
-    } else {
-      TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(rows), dim3(threads), 0, stream,
-                                                           n4_per_thread <= 2 ? RmsNormKernel<true, 2>
-                                                                              : RmsNormKernel<true, 4>,
-                                                           x, a, src, hidden, weight, eps, out));
-    }
+    const int threads = std::clamp((hidden / 8 + 31) / 32 * 32, 32, 1024);
+    const int n4_per_thread = (hidden / 4 + threads - 1) / threads;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(rows), dim3(threads), 0, stream,
+                                                         n4_per_thread <= 2 ? RmsNormKernel<true, 2>
+                                                                            : RmsNormKernel<true, 4>,
+                                                         x, a, src, hidden, weight, eps, out));
   } else {
     const int threads = std::clamp((hidden / 4 + 31) / 32 * 32, 32, 1024);
     TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(rows), dim3(threads), 0, stream,
