@@ -412,14 +412,14 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
       Dev<__half> dact(std::vector<__half>(size_t(rows) * f, __float2half(std::nanf(""))));
       ASSERT_TRUE(cuda::StreamFfn({.x = dx.p, .rows = rows, .hidden = h, .w_gate_up = dgu.p, .ffn = f, .w_down = dd.p,
                                    .act = dact.p, .chunks = chunks, .lag = lag, .partials = dp.p,
-                                   .partial_stride = stride,
-                                   .workspace = work.p, .ctas = ctas, .overlap_previous = overlap},
+                                   .partial_stride = stride, .workspace = work.p, .ctas = ctas,
+                                   .overlap_previous = overlap},
                                   nullptr)
                       .ok());
       const std::string where = "rows " + std::to_string(rows) + " hidden " + std::to_string(h) + " ffn " +
-                                std::to_string(f) + " chunks " + std::to_string(chunks) + " lag " + std::to_string(lag) + " ctas " +
-                                std::to_string(ctas) + (overlap ? " overlapped" : "") + " seed " +
-                                std::to_string(seed);
+                                std::to_string(f) + " chunks " + std::to_string(chunks) + " lag " +
+                                std::to_string(lag) + " ctas " + std::to_string(ctas) +
+                                (overlap ? " overlapped" : "") + " seed " + std::to_string(seed);
       const std::vector<float> act = ToFloats(dact.Get());
       EXPECT_LE(RelL2(act, want_act), 2e-3) << where;
       const std::vector<float> got = dp.Get();
