@@ -536,13 +536,10 @@ constexpr std::pair<int, int> kStreamFfnShapes[] = {{4, 2}, {4, 3}, {4, 4}, {8, 
 absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, const __half* x, RotatingCopies& w,
                                __half* act, float* partials, void* counters, cudaStream_t s) {
   const int h = m.hidden, f = m.ffn;
-  const int gate_up_tiles = 2 * (f / chunks) / 64, down_tiles = (h + 63) / 64;
-  const int items = chunks * (gate_up_tiles + down_tiles);
-  int sms = 0, device = 0;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int ctas = std::min(sms, items);
-  const size_t words = size_t(4) * items + 2 * ctas;
+  const std::vector<bool> down = cuda::StreamFfnItemIsDown(h, f, chunks, lag);
+  const int items = static_cast<int>(down.size());
+  // Room for a CTA an item, the most the launch takes; the CTAs that ran are those with an end.
+  const size_t words = size_t(4) * items + 2 * items;
   absl::StatusOr<DeviceMemory> buf = Filled(words * 8, 0);
   if (!buf.ok()) return buf.status();
   const size_t gu_elems = size_t(2) * f * h;
@@ -551,8 +548,8 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, co
     const __half* wc = w.Next<const __half>();
     if (absl::Status e = cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
                                           .w_down = wc + gu_elems, .act = act, .chunks = chunks, .lag = lag,
-                                          .partials = partials,
-                                          .partial_stride = int64_t(rows) * h, .workspace = counters,
+                                          .partials = partials, .partial_stride = int64_t(rows) * h,
+                                          .workspace = counters,
                                           .timeline = static_cast<uint64_t*>(buf->get())},
                                          s);
         !e.ok()) {
@@ -561,12 +558,8 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, co
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
   }
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(t.data(), buf->get(), words * 8, cudaMemcpyDeviceToHost));
-  // Each item's kind from the order (segments of one kind, in order).
-  std::vector<bool> down(items);
-  int next = 0;
-  for (const cuda::StreamFfnSegment& seg : cuda::StreamFfnOrder(chunks, lag)) {
-    for (int i = 0; i < (seg.down ? down_tiles : gate_up_tiles); ++i) down[next++] = seg.down;
-  }
+  int ctas = 0;
+  while (ctas < items && t[4 * items + 2 * ctas + 1] != 0) ++ctas;
   uint64_t t0 = ~0ull, t_end = 0;
   std::vector<double> ends;
   for (int b = 0; b < ctas; ++b) {

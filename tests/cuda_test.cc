@@ -307,8 +307,7 @@ TEST(CudaKernelTest, StreamGemmMatchesCpuOnOddSizes) {
   REQUIRE_GPU();
   const unsigned seed = 83;
   std::mt19937 rng(seed);
-  Dev<int> work{cuda::kStreamGemmWorkspaceBytes / sizeof(int)};
-  work.Put(std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0));
+  Dev<int> work(std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0));
   for (auto [rows, n, k] : {std::tuple{1, 70, 384}, {3, 200, 384}, {16, 77, 768}, {16, 1000, 1536}, {5, 64, 64}}) {
     auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * k, rng, 0.05f);
     const std::vector<__half> xh = RoundToHalf(xf), wh = RoundToHalf(wf);
@@ -376,6 +375,15 @@ TEST(StreamFfnOrderTest, EveryDownComesAfterItsGateUp) {
   }
 }
 
+// No GPU needed: the item kinds the kernel bench's timeline reads, segment by segment of the order
+// (hidden 128: 2 down tiles a group; ffn 512 in 4 groups of 128 features: 4 gate/up tiles a group).
+TEST(StreamFfnOrderTest, ItemKindsFollowTheOrder) {
+  const bool G = false, D = true;
+  const std::vector<bool> want = {G, G, G, G, G, G, G, G, G, G, G, G, D, D,  // GU0 GU1 GU2 D0
+                                  G, G, G, G, D, D, D, D, D, D};             // GU3 D1 D2 D3
+  EXPECT_EQ(cuda::StreamFfnItemIsDown(128, 512, 4, 2), want);
+}
+
 // StreamFfn against the CPU: act = SwiGLU(x · W_gate_upᵀ) rounded to fp16 as the kernel writes
 // it, and each down chunk's partial from the kernel's own act (so a wrong chunk, group count or
 // order shows as an exact mismatch, not as rounding). Odd row counts, one and two k boxes a stage,
@@ -386,8 +394,7 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
   REQUIRE_GPU();
   const unsigned seed = 89;
   std::mt19937 rng(seed);
-  Dev<int> work{cuda::kStreamGemmWorkspaceBytes / sizeof(int)};
-  work.Put(std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0));
+  Dev<int> work(std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0));
   for (auto [rows, h, f, chunks, lag] :
        {std::tuple{1, 192, 256, 4, 2}, {5, 256, 512, 2, 1}, {16, 128, 384, 3, 4}, {16, 320, 640, 5, 2},
         {13, 192, 1024, 8, 3}, {7, 128, 1024, 16, 5}, {3, 64, 128, 1, 2}}) {

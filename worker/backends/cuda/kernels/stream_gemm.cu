@@ -45,7 +45,7 @@ struct Params {
   int* counters;  // [0]: the next item, [1]: CTAs finished, [2 + g]: the FFN's gate/up tiles of group g done
   bool overlap;   // launched programmatically: copy the first W before the wait
   // The FFN (ffn > 0): items in segments of one kind and group, in this order, so that a down
-  // segment comes two gate/up groups after its own (its features long written when it is taken).
+  // segment comes `lag` gate/up groups after its own (its features long written when it is taken).
   int ffn, hidden, gate_up_tiles, down_tiles, gate_up_k_blocks;  // tiles: a group's
   __half* act;
   int segments, segment_kind[kMaxSegments], segment_group[kMaxSegments];
@@ -72,6 +72,13 @@ __device__ __forceinline__ Item Decode(const Params& p, int item) {
   }
   return {kGemm, 0, 0, 0, 0};  // unreachable for item < p.items
 }
+
+// A StreamFfn feature group's items: gate/up tiles (64 interleaved columns of its ffn / chunks
+// features) and down tiles (64 columns of hidden).
+struct FfnTiles {
+  int gate_up, down;
+};
+FfnTiles TilesOf(int hidden, int ffn, int chunks) { return {2 * (ffn / chunks) / 64, (hidden + 63) / 64}; }
 
 __device__ __forceinline__ int LoadAcquire(const int* p) {
   int v;
@@ -447,6 +454,15 @@ std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag) {
   return order;
 }
 
+std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag) {
+  const FfnTiles tiles = TilesOf(hidden, ffn, chunks);
+  std::vector<bool> down;
+  for (const StreamFfnSegment& segment : StreamFfnOrder(chunks, lag)) {
+    down.insert(down.end(), segment.down ? tiles.down : tiles.gate_up, segment.down);
+  }
+  return down;
+}
+
 absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const int c = a.chunks;
@@ -474,7 +490,8 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   p.overlap = a.overlap_previous;
   p.timeline = a.timeline;
   p.ffn = a.ffn, p.hidden = a.hidden, p.act = a.act;
-  p.gate_up_tiles = 2 * p.chunk_k / 64, p.down_tiles = (a.hidden + 63) / 64, p.gate_up_k_blocks = a.hidden / (kTileK * kb);
+  const FfnTiles tiles = TilesOf(a.hidden, a.ffn, c);
+  p.gate_up_tiles = tiles.gate_up, p.down_tiles = tiles.down, p.gate_up_k_blocks = a.hidden / (kTileK * kb);
   p.items = c * (p.gate_up_tiles + p.down_tiles);
   for (const StreamFfnSegment& segment : StreamFfnOrder(c, a.lag)) {
     p.segment_kind[p.segments] = segment.down ? kDown : kGateUp, p.segment_group[p.segments] = segment.group;

@@ -103,4 +103,8 @@ struct StreamFfnSegment {
 };
 std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag);
 
+// StreamFfn's items in the order its grid takes them, true for a down item: what the timeline's
+// item records are (the kernel bench).
+std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag);
+
 }  // namespace tailserve::cuda
