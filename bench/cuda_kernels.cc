@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/overlap_probe.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/cuda_resources.h"
 #include "worker/backends/cuda/gemm.h"
@@ -242,59 +243,83 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
   return absl::OkStatus();
 }
 
+// One layer's decode attention inputs at `rows` sequences of `context` cached tokens: q, the block
+// tables, and KV (with scales) in copies past L2 unless `l2_hot`, each launch reading the next (in a
+// step the attention finds its layer's KV in DRAM).
+struct AttentionInputs {
+  RotatingCopies k, v, ks, vs;
+  DeviceMemory q, table, seq, pos, out;
+  KvGeometry g;
+  RowMeta meta;
+  int q_stride = 0;
+  double kv_bytes = 0;  // what one launch reads
+  KvLayerView Layer() { return KvLayerView{k.Next<void>(), v.Next<void>(), ks.Next<float>(), vs.Next<float>()}; }
+  const float* Q() const { return static_cast<const float*>(q.get()); }
+  __half* Out() const { return static_cast<__half*>(out.get()); }
+};
+
+absl::StatusOr<AttentionInputs> MakeAttentionInputs(const Shape& m, KvDtype dtype, int rows, int context, bool l2_hot) {
+  const int block = 16, hd = m.head_dim, kvh = m.kv_heads;
+  const int per_seq = (context + block) / block, blocks = rows * per_seq + 1;
+  const size_t entries = size_t(blocks) * block * kvh;
+  const double elem = KvElementBytes(dtype), scale = dtype == KvDtype::kFp16 ? 0 : 4;
+  const int copies = RotatingCopies::PastL2(entries * (hd * size_t(elem) + 4) * 2, l2_hot);
+  auto k = RotatingCopies::Make(entries * hd * size_t(elem), copies, 0x38);
+  auto v = RotatingCopies::Make(entries * hd * size_t(elem), copies, 0x38);
+  auto ks = RotatingCopies::Make(entries * 4, copies), vs = RotatingCopies::Make(entries * 4, copies);
+  for (auto* b : {&k, &v, &ks, &vs}) {
+    if (!b->ok()) return b->status();
+  }
+  const int q_stride = (m.heads + 2 * kvh) * hd;
+  auto q = Filled(size_t(rows) * q_stride * 4, 0x3c);
+  std::vector<int32_t> table(size_t(rows) * per_seq), seq(rows), pos(rows, context);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = 1 + int32_t(i);
+  for (int r = 0; r < rows; ++r) seq[r] = r;
+  auto dtable = DeviceAlloc(table.size() * 4), dseq = DeviceAlloc(rows * 4), dpos = DeviceAlloc(rows * 4);
+  auto out = DeviceAlloc(size_t(rows) * m.heads * hd * 2);
+  for (auto* b : {&q, &dtable, &dseq, &dpos, &out}) {
+    if (!b->ok()) return b->status();
+  }
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dtable->get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dseq->get(), seq.data(), rows * 4, cudaMemcpyHostToDevice));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dpos->get(), pos.data(), rows * 4, cudaMemcpyHostToDevice));
+  AttentionInputs in{*std::move(k),    *std::move(v),      *std::move(ks),
+                     *std::move(vs),   *std::move(q),      *std::move(dtable),
+                     *std::move(dseq), *std::move(dpos),   *std::move(out),
+                     KvGeometry{block, kvh, hd, per_seq, dtype}, RowMeta{}};
+  in.meta = RowMeta{static_cast<const int32_t*>(in.seq.get()), static_cast<const int32_t*>(in.pos.get()),
+                    static_cast<const int32_t*>(in.table.get())};
+  in.q_stride = q_stride;
+  in.kv_bytes = double(rows) * (context + 1) * kvh * (hd * elem + scale) * 2;
+  return in;
+}
+
 absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int>& rows_list,
                             const std::vector<int>& contexts, int reps, bool l2_hot, cudaStream_t s) {
-  const int block = 16, hd = m.head_dim, kvh = m.kv_heads, q_stride = (m.heads + 2 * kvh) * hd;
-  absl::StatusOr<int> per_sm = cuda::AttentionCtasPerSm({.heads = m.heads}, {block, kvh, hd, 1, dtype});
+  const int hd = m.head_dim;
+  absl::StatusOr<int> per_sm = cuda::AttentionCtasPerSm({.heads = m.heads}, {16, m.kv_heads, hd, 1, dtype});
   if (!per_sm.ok()) return per_sm.status();
   std::printf("\ndecode attention, %s cache, %d CTAs per SM; one row per sequence at position `context`; KV %s\n\n",
               KvDtypeName(dtype), *per_sm, l2_hot ? "one copy (L2-hot where it fits)" : "rotating copies past L2");
   std::printf("| rows | context | splits | warps | µs | KV GB/s read | of 4.26 TB/s |\n|---:|---:|---:|---:|---:|---:|---:|\n");
-  const double elem = KvElementBytes(dtype), scale = dtype == KvDtype::kFp16 ? 0 : 4;
   for (int rows : rows_list) {
     for (int context : contexts) {
-      const int per_seq = (context + block) / block, blocks = rows * per_seq + 1;
-      const size_t entries = size_t(blocks) * block * kvh;
-      // Like the weights: copies past L2 unless --l2-hot, each launch reading the next (in a step
-      // the attention finds its layer's KV in DRAM).
-      const int copies = RotatingCopies::PastL2(entries * (hd * size_t(elem) + 4) * 2, l2_hot);
-      auto k = RotatingCopies::Make(entries * hd * size_t(elem), copies, 0x38);
-      auto v = RotatingCopies::Make(entries * hd * size_t(elem), copies, 0x38);
-      auto ks = RotatingCopies::Make(entries * 4, copies), vs = RotatingCopies::Make(entries * 4, copies);
-      for (auto* b : {&k, &v, &ks, &vs}) {
-        if (!b->ok()) return b->status();
-      }
-      auto q = Filled(size_t(rows) * q_stride * 4, 0x3c);
-      std::vector<int32_t> table(size_t(rows) * per_seq), seq(rows), pos(rows, context);
-      for (size_t i = 0; i < table.size(); ++i) table[i] = 1 + int32_t(i);
-      for (int r = 0; r < rows; ++r) seq[r] = r;
-      auto dtable = DeviceAlloc(table.size() * 4), dseq = DeviceAlloc(rows * 4), dpos = DeviceAlloc(rows * 4);
-      auto out = DeviceAlloc(size_t(rows) * m.heads * hd * 2);
-      for (auto* b : {&q, &dtable, &dseq, &dpos, &out}) {
-        if (!b->ok()) return b->status();
-      }
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dtable->get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dseq->get(), seq.data(), rows * 4, cudaMemcpyHostToDevice));
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(dpos->get(), pos.data(), rows * 4, cudaMemcpyHostToDevice));
-      const KvGeometry g{block, kvh, hd, per_seq, dtype};
-      const RowMeta meta{static_cast<const int32_t*>(dseq->get()), static_cast<const int32_t*>(dpos->get()),
-                         static_cast<const int32_t*>(dtable->get())};
-      auto layer = [&] { return KvLayerView{k->Next<void>(), v->Next<void>(), ks->Next<float>(), vs->Next<float>()}; };
-      const double kv_bytes = double(rows) * (context + 1) * kvh * (hd * elem + scale) * 2;
+      absl::StatusOr<AttentionInputs> in = MakeAttentionInputs(m, dtype, rows, context, l2_hot);
+      if (!in.ok()) return in.status();
       // 4·s warps in one split stream as s splits of 4 warps (FP8 decode on the tensor cores).
-      const bool wide = cuda::AttentionTakesNewKv(g);
+      const bool wide = cuda::AttentionTakesNewKv(in->g);
       for (auto [splits, warps] : {std::pair{1, 4}, {2, 4}, {4, 4}, {8, 4}, {16, 4}, {32, 4}, {1, 8}, {1, 16}, {2, 16}}) {
         if (warps != 4 && !wide) continue;
-        const cuda::AttentionShape shape{.rows = rows, .heads = m.heads, .q_stride = q_stride, .splits = splits,
+        const cuda::AttentionShape shape{.rows = rows, .heads = m.heads, .q_stride = in->q_stride, .splits = splits,
                                          .scale = 1.0f / std::sqrt(float(hd)), .warps = warps};
         auto ws = DeviceAlloc(cuda::AttentionWorkspaceFloats(shape, hd) * 4);
         if (!ws.ok()) return ws.status();
         absl::StatusOr<double> us = TimeGraph(s, reps, [&] {
-          return cuda::PagedAttention(static_cast<const float*>(q->get()), shape, meta, g, layer(),
-                                      static_cast<float*>(ws->get()), static_cast<__half*>(out->get()), s);
+          return cuda::PagedAttention(in->Q(), shape, in->meta, in->g, in->Layer(), static_cast<float*>(ws->get()),
+                                      in->Out(), s);
         });
         if (!us.ok()) return us.status();
-        const double gbs = kv_bytes / (*us * 1e-6) / 1e9;
+        const double gbs = in->kv_bytes / (*us * 1e-6) / 1e9;
         std::printf("| %d | %d | %d | %d | %.1f | %.0f | %.0f%% |\n", rows, context, splits, warps, *us, gbs,
                     100.0 * gbs * 1e9 / kCopyBandwidth);
       }
@@ -303,6 +328,115 @@ absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int
   return absl::OkStatus();
 }
 
+// The probe before a dataflow attention + o design at batch 16: can o's W (or any W) stream on the
+// room an attention CTA leaves on its SM while the attention runs, without slowing it? Times the
+// attention (8 or 16 warps a CTA, one split), a pure DRAM read of o's bytes (StreamRead, 1-4 CTAs
+// an SM) and cuBLASLt's o (two k chunks, as the engine) alone, then in pairs on two graph branches
+// with no dependency between them (the data is not what a layer computes: only time). If a pair
+// takes about the longer of its two, the SMs can stream W beside the attention.
+absl::Status BenchOverlap(const Shape& m, KvDtype dtype, int reps, cudaStream_t s) {
+  const int rows = 16, context = 512, hd = m.head_dim, h = m.hidden, qd = m.heads * hd;
+  absl::StatusOr<AttentionInputs> in = MakeAttentionInputs(m, dtype, rows, context, false);
+  if (!in.ok()) return in.status();
+  int sms = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t o_bytes = size_t(h) * qd * 2;
+  absl::StatusOr<RotatingCopies> w = RotatingCopies::Make(o_bytes, RotatingCopies::PastL2(o_bytes, false));
+  if (!w.ok()) return w.status();
+  auto x = Filled(size_t(rows) * qd * 2, 0x2c), partials = Filled(size_t(2) * rows * h * 4, 0);
+  auto sink = Filled(64, 0), work = DeviceAlloc(32 << 20), ws = DeviceAlloc(size_t(64) << 20);
+  for (auto* b : {&x, &partials, &sink, &work, &ws}) {
+    if (!b->ok()) return b->status();
+  }
+  absl::StatusOr<CudaStream> side = MakeStream();
+  if (!side.ok()) return side.status();
+  auto gemm = cuda::GemmRunner::Create(side->get(), work->get(), 32 << 20);
+  if (!gemm.ok()) return gemm.status();
+  absl::StatusOr<CudaEvent> fork = MakeEvent(), join = MakeEvent();
+  if (!fork.ok()) return fork.status();
+  if (!join.ok()) return join.status();
+  using Launch = std::function<absl::Status(cudaStream_t)>;
+  auto attention = [&](int warps) -> Launch {
+    return [&, warps](cudaStream_t st) {
+      const cuda::AttentionShape shape{.rows = rows, .heads = m.heads, .q_stride = in->q_stride, .splits = 1,
+                                       .scale = 1.0f / std::sqrt(float(hd)), .warps = warps};
+      return cuda::PagedAttention(in->Q(), shape, in->meta, in->g, in->Layer(), static_cast<float*>(ws->get()),
+                                  in->Out(), st);
+    };
+  };
+  // The runner is bound to the side stream: o always runs on the side branch.
+  const Launch o_gemm = [&](cudaStream_t) -> absl::Status {
+    absl::StatusOr<int> chunks = (*gemm)->RunSplitK(static_cast<const __half*>(x->get()), rows, qd, w->Next(), h, 2,
+                                                    static_cast<float*>(partials->get()), int64_t{rows} * h);
+    return chunks.ok() ? absl::OkStatus() : chunks.status();
+  };
+  auto read = [&](int per_sm) -> Launch {
+    return [&, per_sm](cudaStream_t st) {
+      return bench::StreamRead(w->Next(), o_bytes, per_sm * sms, static_cast<unsigned*>(sink->get()), st);
+    };
+  };
+  const Launch nothing = [](cudaStream_t) { return absl::OkStatus(); };
+  // a on the main stream and b on a side branch, joined: at once (b captured first when b_first)
+  // or b after a (serial).
+  auto pair = [&](Launch a, Launch b, bool b_first, bool serial) -> std::function<absl::Status()> {
+    return [&, a, b, b_first, serial]() -> absl::Status {
+      if (serial) {
+        if (absl::Status e = a(s); !e.ok()) return e;
+      }
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork->get(), s));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side->get(), fork->get(), 0));
+      if (b_first || serial) {
+        if (absl::Status e = b(side->get()); !e.ok()) return e;
+      }
+      if (!serial) {
+        if (absl::Status e = a(s); !e.ok()) return e;
+      }
+      if (!b_first && !serial) {
+        if (absl::Status e = b(side->get()); !e.ok()) return e;
+      }
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(join->get(), side->get()));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, join->get(), 0));
+      return absl::OkStatus();
+    };
+  };
+  (*gemm)->set_tuning(true);
+  if (absl::Status e = o_gemm(side->get()); !e.ok()) return e;
+  (*gemm)->set_tuning(false);
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  std::printf("\noverlap probe: 16 rows, 512 tokens, %s; o's W %.1f MB (%.1f µs at 4.26 TB/s), KV %.1f MB\n\n",
+              KvDtypeName(dtype), o_bytes / 1e6, o_bytes / kCopyBandwidth * 1e6, in->kv_bytes / 1e6);
+  std::printf("| what | µs |\n|---|---:|\n");
+  std::vector<std::pair<std::string, std::function<absl::Status()>>> cases;
+  for (int warps : {8, 16}) {
+    cases.emplace_back(absl::StrCat("attention, ", warps, " warps a CTA, alone"),
+                       pair(attention(warps), nothing, false, true));
+  }
+  for (int per_sm : {1, 2, 4}) {
+    cases.emplace_back(absl::StrCat("read o's bytes alone, ", per_sm, " CTAs an SM"),
+                       pair(read(per_sm), nothing, false, true));
+  }
+  cases.emplace_back("cuBLASLt o alone (2 k chunks)", pair(nothing, o_gemm, false, true));
+  for (int warps : {8, 16}) {
+    cases.emplace_back(absl::StrCat("attention ", warps, " warps, then cuBLASLt o (the engine's chain)"),
+                       pair(attention(warps), o_gemm, false, true));
+    for (bool b_first : {false, true}) {
+      for (int per_sm : {1, 2, 4}) {
+        cases.emplace_back(absl::StrCat("attention ", warps, " warps beside the read, ", per_sm, " CTAs an SM",
+                                        b_first ? " (read captured first)" : ""),
+                           pair(attention(warps), read(per_sm), b_first, false));
+      }
+      cases.emplace_back(
+          absl::StrCat("attention ", warps, " warps beside cuBLASLt o", b_first ? " (o captured first)" : ""),
+          pair(attention(warps), o_gemm, b_first, false));
+    }
+  }
+  for (auto& [name, launch] : cases) {
+    absl::StatusOr<double> us = TimeGraph(s, reps, launch);
+    if (!us.ok()) return us.status();
+    std::printf("| %s | %.1f |\n", name.c_str(), *us);
+  }
+  return absl::OkStatus();
+}
 
 // One cuBLASLt configuration of Yᵀ[n, rows] = W[n, k]ᵀ-op · Xᵀ[k, rows] (GemmRunner's layout).
 struct LtConfig {
@@ -1036,6 +1170,9 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", vocab, "the LM head's rows (--lm-head)");
   app.add_flag("--stream-gemm", stream_gemm, "only: StreamGemm's k-chunk partials against cuBLASLt's RunSplitK, 2-16 rows");
   app.add_flag("--ksplit", ksplit, "only: each projection as a strided-batched GEMM over k chunks into fp32 partials");
+  bool overlap = false;
+  app.add_flag("--overlap", overlap,
+               "only: the batch-16 attention beside a DRAM read of o's bytes and beside cuBLASLt's o");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) {
@@ -1067,6 +1204,11 @@ int main(int argc, char** argv) {
   if (stream_gemm) {
     absl::Status st = BenchStreamGemm(m, Ints(rows), reps, stream->get());
     if (st.ok()) st = BenchStreamGemmChain(m, 16, reps, stream->get());
+    if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return st.ok() ? 0 : 1;
+  }
+  if (overlap) {
+    absl::Status st = BenchOverlap(m, *dtype, reps, stream->get());
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;
   }

@@ -167,13 +167,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (p.timeline) p.timeline[4 * p.items + 2 * blockIdx.x] = GlobalTimer();
   }
   __syncthreads();
-  // X and the partials (read by the previous launch's consumer) belong to what came before: every
-  // thread but the producer's waits here; launched programmatically, the producer first copies
-  // the W of its first 96 KB of stages (W is constant, the counter is this launch's own), then
-  // waits and copies their X.
-  // Triggering at once lets a programmatic follower take each SM this grid leaves.
-  const bool producer = warp == kConsumerWarps && lane == 0;
-  if (!producer) GridDependencyWait(), TriggerDependents();
+  // X and the partials (read by the previous launch's consumer) belong to what came before: the
+  // consumer warps wait here; launched programmatically, the producer first copies the W of a
+  // whole ring of stages (W is constant, the counter is this launch's own), then waits and copies
+  // their X. The producer's whole warp skips this wait: with its idle lanes waiting here, lane 0's
+  // copies before the wait were held back (bench/CUDA_NOTES.md 12-03 (24): skipping it took the
+  // programmatic chain of the four projections to 111.4 µs, plain 122.2, cuBLASLt 115.5).
+  // Triggering at once lets a programmatic follower take each SM this grid leaves (the idle lanes
+  // trigger without waiting: a follower waits for this whole grid before it reads anything).
+  if (warp != kConsumerWarps) {
+    GridDependencyWait(), TriggerDependents();
+  } else if (lane != 0) {
+    TriggerDependents();
+  }
 
   if (warp == kConsumerWarps) {  // the producer
     if (lane == 0) {
@@ -198,7 +204,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       // Without a predecessor X goes out with each stage: X queued behind a ring of W copies
       // delayed the first stage by the TMA's issue of the whole ring (kernel bench, 12-03).
-      constexpr int kEarlyStages = (96 << 10) / kStageBytes > 0 ? (96 << 10) / kStageBytes : 1;
+      // Launched programmatically, the whole ring's W goes out before the wait (W is constant), so
+      // the ring fills while the predecessor's last CTAs finish.
+      constexpr int kEarlyStages = kStages;
       if (!p.overlap) wait_once();
       for (int slot = 0;;) {
         const int item = atomicAdd(p.counters, 1);
