@@ -107,9 +107,6 @@ int Main(int argc, char** argv) {
   app.add_option("--attention-splits", max_splits, "most splits of a row's keys the engine may choose (its split model picks)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  bool stream_qkv = false, stream_o = false;
-  app.add_flag("--stream-qkv", stream_qkv, "q/k/v at 2-16 rows through StreamGemm (CudaEngineOptions::stream_qkv)");
-  app.add_flag("--stream-o", stream_o, "o at 2-16 rows through StreamGemm beside an 8-warp attention");
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
   for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
@@ -122,8 +119,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) return std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str()), 2;
   const double t0 = Now();
-  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
-                                         .stream_qkv = stream_qkv, .stream_o = stream_o});
+  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

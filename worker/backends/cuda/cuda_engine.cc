@@ -16,7 +16,6 @@
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
-#include "worker/backends/cuda/kernels/stream_gemm.h"
 
 namespace tailserve {
 namespace {
@@ -76,9 +75,8 @@ struct CudaEngine::Buffers {
   float* logits = nullptr;          // [logit_rows, vocab]
   // Decode above batch 1: the split-K projections' chunk outputs (kDecodeKSplits), which RoPE
   // and the norms add.
-  float* qkv_partials = nullptr;       // [kMaxPartials][max_bucket, q + 2 kv]
+  float* qkv_partials = nullptr;       // [kDecodeKSplits][max_bucket, q + 2 kv]
   float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN halves' down
-  char* stream_counters = nullptr;     // StreamGemm's: q/k/v's, then o's
   void* cublas_workspace = nullptr;
   void* side_cublas_workspace = nullptr;  // side_gemm_'s, as large
   size_t cublas_workspace_bytes = 32 << 20;
@@ -310,8 +308,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
                             (2 * static_cast<size_t>(c.num_layers) + 1) * 4 +
-                            (cuda::kMaxPartials * max_bucket_ * (qd + 2 * kvd) + kDecodeKSplits * max_bucket_ * 2 * h) * 4 + 2 * (32 << 20) +
-                            2 * cuda::kStreamGemmWorkspaceBytes + 64 * 256;
+                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) + 64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
   work_memory_ = *std::move(mem);
@@ -379,9 +376,8 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.sumsq = a.Take<float>(2 * static_cast<size_t>(c.num_layers) + 1);
   b.final_xn = a.Take<__half>(L * h);
   b.logits = a.Take<float>(L * c.vocab_size);
-  b.qkv_partials = a.Take<float>(cuda::kMaxPartials * max_bucket_ * (qd + 2 * kvd));
+  b.qkv_partials = a.Take<float>(kDecodeKSplits * max_bucket_ * (qd + 2 * kvd));
   b.residual_partials = a.Take<float>(2 * kDecodeKSplits * max_bucket_ * h);
-  b.stream_counters = a.Take<char>(2 * cuda::kStreamGemmWorkspaceBytes);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   b.side_cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   if (!b.side_cublas_workspace) return absl::InternalError("cuda: workspace arena too small (a sizing bug)");
@@ -393,7 +389,6 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   if (!gemm.ok()) return gemm.status();
   side_gemm_ = *std::move(gemm);
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.clamps, 0, 8));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.stream_counters, 0, 2 * cuda::kStreamGemmWorkspaceBytes));
   // Inputs start valid (token 0 at position 0 of the trash row) so padded graph rows are harmless.
   std::memset(b.host_inputs.get(), 0, inputs_bytes);
 
@@ -479,12 +474,6 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   if (mma_decode && !shape.cluster_merge && (shape.splits == 2 || shape.splits == 4)) {
     shape.warps = 4 * shape.splits, shape.splits = 1;
   }
-  // StreamGemm's o beside the attention needs room on each SM: 8 warps (half the register file).
-  const bool stream_rows = decode && rows >= 2 && rows <= cuda::kStreamGemmMaxRows && rows <= max_bucket_ && c.num_experts == 0 &&
-                           profile_ == nullptr;
-  const bool stream_o = stream_rows && options_.stream_o && qd % (128 * kDecodeKSplits) == 0;
-  const bool stream_qkv = stream_rows && options_.stream_qkv && h % (128 * cuda::kMaxPartials) == 0;
-  if (stream_o && shape.warps == 16) shape.warps = 8;
   // Decode above batch 1: q/k/v, o and down split along k (kDecodeKSplits), each chunk's output
   // an fp32 array that RoPE or the next norm adds; the residual's stay pending until a norm.
   const bool split_k = decode && !fused && rows <= max_bucket_;
@@ -506,24 +495,6 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     absl::StatusOr<int> chunks = gemm.RunSplitK(x, rows, k, w, n, kDecodeKSplits, out, stride, ldw);
     if (!chunks.ok()) return chunks.status();
     *written = {out, *chunks, stride};
-    return absl::OkStatus();
-  };
-  // StreamGemm into k-chunk partials, launched programmatically: q/k/v (site 0) in 4 chunks (384
-  // items: 2 chunks left 192 items of 256 KB on 132 CTAs, a tail of whole items), o (site 1) in 2
-  // (128 items, one a CTA) at variant 5, beside the attention. One counter region a site, so no
-  // launch shares its predecessor's.
-  auto stream_gemm = [&](int site, const __half* x, int k, const __half* w, int n, float* out, int64_t stride,
-                         cuda::Partials* written) -> absl::Status {
-    const int chunks = site == 0 ? cuda::kMaxPartials : kDecodeKSplits;
-    if (absl::Status st = cuda::StreamGemm(
-            {.x = x, .rows = rows, .k = k, .w = w, .n = n, .chunks = chunks, .partials = out,
-             .partial_stride = stride, .workspace = b.stream_counters + site * cuda::kStreamGemmWorkspaceBytes,
-             .overlap_previous = shape.overlap_previous, .variant = site == 1 ? 5 : 1},
-            s);
-        !st.ok()) {
-      return st;
-    }
-    *written = {out, chunks, stride};
     return absl::OkStatus();
   };
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
@@ -551,9 +522,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       // The weight folded into w_qkv.
       TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
       pending = {};
-      if (stream_qkv) {
-        TRY("gemm_qkv", stream_gemm(0, b.xn, h, L.w_qkv, qkvw, b.qkv_partials, qkv_stride, &qkv_in));
-      } else if (split_k) {
+      if (split_k) {
         TRY("gemm_qkv", gemm_split_k(*gemm_, b.xn, h, L.w_qkv, qkvw, b.qkv_partials, qkv_stride, &qkv_in));
       } else {
         TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
@@ -576,9 +545,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                    .out_sumsq = sumsq(2 * l + 2), .overlap_previous = shape.overlap_previous}, s));
       continue;
     }
-    if (stream_o) {
-      TRY("gemm_o", stream_gemm(1, b.attn, qd, L.w_o, h, b.residual_partials, residual_stride, &pending));
-    } else if (split_k) {
+    if (split_k) {
       TRY("gemm_o", gemm_split_k(*gemm_, b.attn, qd, L.w_o, h, b.residual_partials, residual_stride, &pending));
     } else {
       TRY("gemm_o", gemm_->Run(b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM

@@ -38,11 +38,6 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
-  // Decode at 2-16 rows (an experiment, bench/CUDA_NOTES.md 12-03 (24)): q/k/v through StreamGemm
-  // launched programmatically after the norm, which triggers at once, so its W streams on the SMs
-  // the norm's few CTAs leave idle; o through StreamGemm beside an 8-warp attention (variant 5).
-  bool stream_qkv = false;
-  bool stream_o = false;
 };
 
 class CudaEngine final : public Engine {

@@ -361,11 +361,6 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
       if (launched == cudaSuccess && smem > 0) {
         launched = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       }
-      // All of shared memory's carveout: an SM running an 8-warp CTA (74 KB) then has room for a
-      // programmatic follower's ring beside it (StreamGemm variant 5).
-      if (launched == cudaSuccess && smem > 0) {
-        launched = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-      }
       if (launched != cudaSuccess) return;
       launched = LaunchMaybeOverlappedInClusters(shape.overlap_previous, cluster_z, grid, dim3(shape.warps * 32),
                                                  smem, stream, kernel, q, shape.rows, shape.heads, shape.q_stride,

@@ -19,18 +19,13 @@ constexpr int kXBoxBytes = 16 * kTileK * 2;  // 2 KB: 16 rows, zero-filled past 
 constexpr int kConsumerWarps = 4;
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
 
-constexpr int kFullRingKB = 226;  // all of an SM's shared memory a CTA may take, less the alignment slack
-// Variant 5's ring: room beside one 8-warp decode attention CTA (74 KB) on the same SM.
-constexpr int kBesideAttentionRingKB = 140;
-
-// TN: 64-column blocks an item (each consumer warp takes 16 · TN columns); KB: k boxes a stage;
-// RK: the ring's KB.
-template <int TN, int KB, int RK = kFullRingKB>
+// TN: 64-column blocks an item (each consumer warp takes 16 · TN columns); KB: k boxes a stage.
+template <int TN, int KB>
 struct Config {
   static constexpr int kTileN = 64 * TN;
   static constexpr int kWBoxBytes = kTileN * kTileK * 2;
   static constexpr int kStageBytes = KB * (kWBoxBytes + kXBoxBytes);  // a multiple of 1024 (the swizzle's span)
-  static constexpr int kStages = RK * 1024 / kStageBytes;
+  static constexpr int kStages = (227 * 1024 - 1024) / kStageBytes;
   static constexpr int kSmem = kStages * kStageBytes + 1024;  // + alignment slack
 };
 constexpr int kMaxStages = (227 * 1024 - 1024) / (64 * kTileK * 2 + kXBoxBytes);
@@ -147,12 +142,12 @@ __device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-template <int TN, int KB, int RK>
+template <int TN, int KB>
 __global__ void __launch_bounds__(kThreads, 1)
     StreamGemmKernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                      const __grid_constant__ CUtensorMap w2_map, const __grid_constant__ CUtensorMap x2_map,
                      const __grid_constant__ Params p) {
-  using C = Config<TN, KB, RK>;
+  using C = Config<TN, KB>;
   constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kTileN = C::kTileN;
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_s[kMaxStages], empty_s[kMaxStages];
@@ -175,8 +170,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // X and the partials (read by the previous launch's consumer) belong to what came before: the
   // consumer warps wait here; launched programmatically, the producer first copies the W of a
   // whole ring of stages (W is constant, the counter is this launch's own), then waits and copies
-  // their X. The producer's whole warp skips this wait: with its idle lanes waiting here, lane 0
-  // may be held at the warp's reconvergence, and then no W goes out before the wait (12-03 (24)).
+  // their X. The producer's whole warp skips this wait: with its idle lanes waiting here, lane 0's
+  // copies before the wait were held back (bench/CUDA_NOTES.md 12-03 (24): skipping it took the
+  // programmatic chain of the four projections to 111.4 µs, plain 122.2, cuBLASLt 115.5).
   // Triggering at once lets a programmatic follower take each SM this grid leaves (the idle lanes
   // trigger without waiting: a follower waits for this whole grid before it reads anything).
   if (warp != kConsumerWarps) {
@@ -208,8 +204,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       // Without a predecessor X goes out with each stage: X queued behind a ring of W copies
       // delayed the first stage by the TMA's issue of the whole ring (kernel bench, 12-03).
-      // Launched programmatically, the whole ring's W goes out before the wait: beside a predecessor
-      // that leaves the DRAM idle (the norm's 16 CTAs, the attention's chain) it streams meanwhile.
+      // Launched programmatically, the whole ring's W goes out before the wait (W is constant), so
+      // the ring fills while the predecessor's last CTAs finish.
       constexpr int kEarlyStages = kStages;
       if (!p.overlap) wait_once();
       for (int slot = 0;;) {
@@ -385,34 +381,34 @@ absl::StatusOr<int> SmCount() {
 
 // The instance's function attributes (room for the ring, all of shared memory's carveout), set
 // once a device.
-template <int TN, int KB, int RK>
+template <int TN, int KB>
 absl::Status Attributes() {
   static PerDeviceInt opted;
   return opted
       .Get([]() -> absl::StatusOr<int> {
         TAILSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-            StreamGemmKernel<TN, KB, RK>, cudaFuncAttributeMaxDynamicSharedMemorySize, Config<TN, KB, RK>::kSmem));
+            StreamGemmKernel<TN, KB>, cudaFuncAttributeMaxDynamicSharedMemorySize, Config<TN, KB>::kSmem));
         TAILSERVE_CUDA_RETURN_IF_ERROR(
-            cudaFuncSetAttribute(StreamGemmKernel<TN, KB, RK>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+            cudaFuncSetAttribute(StreamGemmKernel<TN, KB>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
         return 1;
       })
       .status();
 }
 
-template <int TN, int KB, int RK = kFullRingKB>
+template <int TN, int KB>
 absl::Status Launch(const CUtensorMap (&maps)[4], const Params& p, int ctas, cudaStream_t stream) {
-  using C = Config<TN, KB, RK>;
-  if (absl::Status st = Attributes<TN, KB, RK>(); !st.ok()) return st;
+  using C = Config<TN, KB>;
+  if (absl::Status st = Attributes<TN, KB>(); !st.ok()) return st;
   TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(p.overlap, dim3(std::min(ctas, p.items)), dim3(kThreads), C::kSmem,
-                                                       stream, StreamGemmKernel<TN, KB, RK>, maps[0], maps[1], maps[2],
+                                                       stream, StreamGemmKernel<TN, KB>, maps[0], maps[1], maps[2],
                                                        maps[3], p));
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
 
-template <int TN, int KB, int RK = kFullRingKB>
+template <int TN, int KB>
 absl::Status LaunchGemm(const StreamGemmArgs& a, int ctas, cudaStream_t stream) {
-  using C = Config<TN, KB, RK>;
+  using C = Config<TN, KB>;
   if (a.k % (kTileK * KB * a.chunks) != 0) return absl::InvalidArgumentError("StreamGemm: k for the variant");
   CUtensorMap maps[4];
   if (absl::Status s = Map(&maps[0], a.w, a.k, a.n, C::kTileN); !s.ok()) return s;
@@ -423,7 +419,7 @@ absl::Status LaunchGemm(const StreamGemmArgs& a, int ctas, cudaStream_t stream) 
   p.items = (a.n + C::kTileN - 1) / C::kTileN * a.chunks;
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
-  return Launch<TN, KB, RK>(maps, p, ctas, stream);
+  return Launch<TN, KB>(maps, p, ctas, stream);
 }
 
 absl::StatusOr<int> CtasOrSms(int ctas) {
@@ -450,7 +446,6 @@ absl::Status StreamGemm(const StreamGemmArgs& a, cudaStream_t stream) {
     case 2: return LaunchGemm<2, 1>(a, *ctas, stream);
     case 3: return LaunchGemm<2, 2>(a, *ctas, stream);
     case 4: return LaunchGemm<1, 4>(a, *ctas, stream);
-    case 5: return LaunchGemm<1, 2, kBesideAttentionRingKB>(a, *ctas, stream);
     default: return LaunchGemm<1, 1>(a, *ctas, stream);
   }
 }

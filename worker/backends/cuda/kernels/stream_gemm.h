@@ -47,9 +47,7 @@ struct StreamGemmArgs {
   int ctas = 0;  // 0: one an SM
   bool overlap_previous = false;
   // The item and stage shape, swept by the kernel bench (bench/RESULTS.md): 0 64 columns an item,
-  // one 64-wide k box a stage; 1 two k boxes (the fastest at 16 rows); 2 128 columns; 3 both; 4 four k boxes;
-  // 5 as 1 with a 140 KB ring, which fits on an SM beside one 8-warp decode attention CTA (74 KB),
-  // so that a launch after the attention copies its W while the attention runs.
+  // one 64-wide k box a stage; 1 two k boxes (the fastest at 16 rows); 2 128 columns; 3 both; 4 four k boxes.
   int variant = 0;
 };
 
