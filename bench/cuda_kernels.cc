@@ -759,7 +759,11 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
   auto work_a = DeviceAlloc(32 << 20), work_b = DeviceAlloc(32 << 20), work_l = DeviceAlloc(32 << 20);
   // StreamFfn's: its counters and down's k-chunk partials.
   auto counters = Filled(cuda::kStreamGemmWorkspaceBytes, 0), partials = Filled(size_t(8) * max_rows * h * 4, 0);
-  for (auto* b : {&x16, &gu, &act, &y, &y2, &work_a, &work_b, &work_l, &counters, &partials}) {
+  // The StreamGemm chain's: gate/up's two k-chunk partials, and a counter region a projection.
+  auto gu_parts = Filled(size_t(2) * max_rows * 2 * f * 4, 0);
+  auto chain_counters = Filled(2 * cuda::kStreamGemmWorkspaceBytes, 0);
+  for (auto* b :
+       {&x16, &gu, &act, &y, &y2, &work_a, &work_b, &work_l, &counters, &partials, &gu_parts, &chain_counters}) {
     if (!b->ok()) return b->status();
   }
   auto gemm_a = cuda::GemmRunner::Create(sa.get(), work_a->get(), 32 << 20);
@@ -846,6 +850,44 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
                                                     .partial_stride = int64_t(rows) * h, .workspace = counters->get()},
                                                    sa.get());
                           }});
+    }
+    // One stream of StreamGemm launches: gate/up in 2 k chunks, SwiGLU adding them, down in
+    // `down_chunks`; programmatic, each one's W copies run while its predecessor finishes (the
+    // four projections chained that way beat cuBLASLt's by 4 µs, bench/CUDA_NOTES.md 12-03 (24)).
+    for (int variant : {1, 4}) {
+      for (int down_chunks : {2, 4}) {
+        for (bool overlap : {false, true}) {
+          if (rows > cuda::kStreamGemmMaxRows || h % (64 * 4 * 2) != 0 || f % (64 * 4 * down_chunks) != 0) continue;
+          variants.push_back(
+              {absl::StrCat("StreamGemm chain, variant ", variant, ", down in ", down_chunks, " chunks",
+                            overlap ? ", programmatic" : ""),
+               [&, variant, down_chunks, overlap]() -> absl::Status {
+                 const __half* wc = weights();
+                 auto* parts = static_cast<float*>(gu_parts->get());
+                 auto* region = static_cast<char*>(chain_counters->get());
+                 const int64_t gu_stride = int64_t(rows) * 2 * f;
+                 if (absl::Status e = cuda::StreamGemm({.x = x, .rows = rows, .k = h, .w = wc, .n = 2 * f, .chunks = 2,
+                                                        .partials = parts, .partial_stride = gu_stride,
+                                                        .workspace = region, .overlap_previous = overlap,
+                                                        .variant = variant},
+                                                       sa.get());
+                     !e.ok()) {
+                   return e;
+                 }
+                 if (absl::Status e = cuda::SwiGlu(nullptr, rows, f, act_out, sa.get(), overlap,
+                                                   {.data = parts, .count = 2, .stride = gu_stride});
+                     !e.ok()) {
+                   return e;
+                 }
+                 return cuda::StreamGemm({.x = act_out, .rows = rows, .k = f, .w = wc + gu_elems, .n = h,
+                                          .chunks = down_chunks, .partials = static_cast<float*>(partials->get()),
+                                          .partial_stride = int64_t(rows) * h,
+                                          .workspace = region + cuda::kStreamGemmWorkspaceBytes,
+                                          .overlap_previous = overlap, .variant = variant},
+                                         sa.get());
+               }});
+        }
+      }
     }
     for (auto& [name, launch] : variants) {
       absl::StatusOr<double> us = TimeGraph(sa.get(), reps, launch, cudaGraphInstantiateFlagUseNodePriority);

@@ -639,6 +639,23 @@ TEST(CudaKernelTest, SwiGluAndMoeRouteMatchCpu) {
     }
   }
   EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3);
+  // The same input as three split-K chunks that sum to it (odd total: the last output's path too).
+  const size_t stride = (size_t(rows) * 2 * ffn + 3) / 4 * 4 + 4;  // 16-byte aligned arrays
+  std::vector<float> chunks(3 * stride, std::nanf(""));
+  for (size_t i = 0; i < gu.size(); ++i) {
+    const float a = 0.25f * gu[i], b = -0.5f;
+    chunks[i] = a, chunks[stride + i] = b, chunks[2 * stride + i] = gu[i] - a - b;
+  }
+  Dev<float> dchunks(chunks);
+  ASSERT_TRUE(cuda::SwiGlu(nullptr, rows, ffn, out.p, nullptr, false,
+                           {.data = dchunks.p, .count = 3, .stride = int64_t(stride)})
+                  .ok());
+  EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3);
+  // More arrays than the kernel adds: InvalidArgument, nothing launched.
+  EXPECT_EQ(cuda::SwiGlu(nullptr, rows, ffn, out.p, nullptr, false,
+                         {.data = dchunks.p, .count = cuda::kMaxPartials + 1, .stride = int64_t(stride)})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 
   const auto logits = Random(size_t(rows) * experts, rng);
   Dev<float> dl(logits), dw(size_t(rows) * experts);

@@ -108,15 +108,33 @@ __global__ void __launch_bounds__(1024)
 
 // Gate and up interleave, so a float4 holds two outputs' inputs: one 16-byte load and one 4-byte
 // store per two outputs (each thread took one output with 4-byte loads: 3.9 us at batch 64).
-__global__ void SwiGluKernel(const float* gate_up, int64_t total, __half* out) {
+// With `in`, the input is the sum of its arrays (a split-K projection's chunks), gate_up unread.
+// It triggers after its wait, so a programmatic follower (StreamGemm) copies its W meanwhile.
+__global__ void SwiGluKernel(const float* gate_up, int64_t total, __half* out, Partials in) {
   GridDependencyWait();
+  TriggerDependents();
   const int64_t pairs = total / 2;
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int parts = in.count > 0 ? in.count : 1;
+  const float* src = in.count > 0 ? in.data : gate_up;
   for (int64_t p = first; p < pairs; p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float4 v = reinterpret_cast<const float4*>(gate_up)[p];
+    float4 c[kMaxPartials];
+#pragma unroll
+    for (int i = 0; i < kMaxPartials; ++i) {  // all loads first: one round trip
+      if (i < parts) c[i] = reinterpret_cast<const float4*>(src + i * in.stride)[p];
+    }
+    float4 v = c[0];
+#pragma unroll
+    for (int i = 1; i < kMaxPartials; ++i) {
+      if (i < parts) v.x += c[i].x, v.y += c[i].y, v.z += c[i].z, v.w += c[i].w;
+    }
     reinterpret_cast<__half2*>(out)[p] = __floats2half2_rn(Silu(v.x) * v.y, Silu(v.z) * v.w);
   }
-  if (first == 0 && total % 2) out[total - 1] = __float2half(Silu(gate_up[2 * total - 2]) * gate_up[2 * total - 1]);
+  if (first == 0 && total % 2) {
+    float g = 0.0f, u = 0.0f;
+    for (int i = 0; i < parts; ++i) g += src[i * in.stride + 2 * total - 2], u += src[i * in.stride + 2 * total - 1];
+    out[total - 1] = __float2half(Silu(g) * u);
+  }
 }
 
 __global__ void AddBiasKernel(float* x, int64_t total, int n, const float* bias) {
@@ -218,12 +236,17 @@ absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int 
   return absl::OkStatus();
 }
 
-absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream, bool overlap_previous) {
+absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream, bool overlap_previous,
+                    const Partials& in) {
   const int64_t total = static_cast<int64_t>(rows) * ffn;
   if (total == 0) return absl::OkStatus();
-  if (!Aligned16(gate_up) || !Aligned16(out)) return absl::InvalidArgumentError("SwiGlu: buffers 16-byte aligned");
+  const Partials parts = in.OrNone();
+  if (parts.count > kMaxPartials) return absl::InvalidArgumentError("SwiGlu: at most 4 partials");
+  if (!Aligned16(parts.count > 0 ? parts.data : gate_up) || !Aligned16(out) || parts.stride % 4 != 0) {
+    return absl::InvalidArgumentError("SwiGlu: buffers 16-byte aligned");
+  }
   TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(GridFor(std::max<int64_t>(total / 2, 1), 256)),
-                                                       dim3(256), 0, stream, SwiGluKernel, gate_up, total, out));
+                                                       dim3(256), 0, stream, SwiGluKernel, gate_up, total, out, parts));
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

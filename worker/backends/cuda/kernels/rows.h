@@ -41,9 +41,10 @@ absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int 
 
 // out[r, f] = fp16(silu(gate_up[r, 2f]) * gate_up[r, 2f + 1]): gate and up interleaved, as the
 // engine lays out its fused gate/up matrix (so a Gemv warp computes both halves of one output).
-// Both buffers 16-byte aligned (InvalidArgument otherwise).
+// Both buffers 16-byte aligned (InvalidArgument otherwise). With `in` (arrays laid out as gate_up,
+// a split-K projection's chunks), the input is their sum and gate_up is not read.
 absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream,
-                    bool overlap_previous = false);
+                    bool overlap_previous = false, const Partials& in = {});
 
 // x[r, :] += bias.
 absl::Status AddBias(float* x, int rows, int n, const float* bias, cudaStream_t stream);
