@@ -3,11 +3,13 @@
 // K_c, partials + c · partial_stride receives fp32 [rows, n] = X[:, K_c] · W[:, K_c]ᵀ (X fp16
 // [rows, k], W fp16 [n, k], the HF nn.Linear layout). The consumer that reads the projection
 // anyway adds the chunks (RoPE, the next RMSNorm: kernels/partials.h), as it does for
-// GemmRunner::RunSplitK. Not on the engine's path: measured in the engine at 2-16 rows (and for the
-// LM head) it tied or lost to cuBLASLt (bench/CUDA_NOTES.md, 12-03 (22)), and so did the FFN as
-// one grid (StreamFfn below, 12-03 (23)). Kept, with its tests and `tailserve-bench-kernels
-// --stream-gemm / --lm-head / --mlp-branches` (which prints StreamFfn's per-item timeline), as
-// the measured record of the persistent-grid designs there.
+// GemmRunner::RunSplitK. Measured in the engine at 2-16 rows (and for the LM head) it tied or lost
+// to cuBLASLt (bench/CUDA_NOTES.md, 12-03 (22) and (24)), and so did the FFN as one grid
+// (StreamFfn below, 12-03 (23)); launched programmatically after another StreamGemm it hides its
+// ramp (the four projections in a row: 111.4 against cuBLASLt's 115.5 µs, 12-03 (24)), which the
+// engine's default-off ffn_stream_gemm option tries on the FFN. Kept, with its tests and
+// `tailserve-bench-kernels --stream-gemm / --lm-head / --mlp-branches` (which prints StreamFfn's
+// per-item timeline), as the measured record of the persistent-grid designs there.
 //
 // One persistent CTA an SM: a producer warp issuing TMA copies (W: 64 or 128 columns × 64 k, X:
 // 16 rows × 64 k, 128-byte swizzle; 1, 2 or 4 such boxes a stage) into a ring of shared-memory stages on mbarriers, four consumer warps
