@@ -857,7 +857,8 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     for (int variant : {1, 4}) {
       for (int down_chunks : {2, 4}) {
         for (bool overlap : {false, true}) {
-          if (rows > cuda::kStreamGemmMaxRows || h % (64 * 4 * 2) != 0 || f % (64 * 4 * down_chunks) != 0) continue;
+          const int k_step = cuda::StreamGemmKStep(variant);
+          if (rows > cuda::kStreamGemmMaxRows || h % (k_step * 2) != 0 || f % (k_step * down_chunks) != 0) continue;
           variants.push_back(
               {absl::StrCat("StreamGemm chain, variant ", variant, ", down in ", down_chunks, " chunks",
                             overlap ? ", programmatic" : ""),
@@ -945,7 +946,7 @@ absl::Status BenchStreamGemm(const Shape& m, const std::vector<int>& rows_list, 
       for (int variant = 0; variant < 5; ++variant) {
         std::printf("| %s | %d | variant %d |", p.name, rows, variant);
         for (int chunks : {2, 4, 8}) {
-          if (p.k % ((variant == 4 ? 256 : 128) * chunks) != 0) {
+          if (p.k % (cuda::StreamGemmKStep(variant) * chunks) != 0) {
             std::printf(" – |");
             continue;
           }

@@ -315,8 +315,7 @@ TEST(CudaKernelTest, StreamGemmMatchesCpuOnOddSizes) {
     for (int chunks : {1, 2, 3, 6}) {
       if (k % (64 * chunks) != 0) continue;
       for (auto [ctas, variant] : {std::pair{0, 0}, {7, 0}, {0, 1}, {0, 2}, {7, 3}, {0, 4}}) {
-        const int k_boxes = variant == 4 ? 4 : variant & 1 ? 2 : 1;  // a stage's, in the variant
-        if (k % (64 * k_boxes * chunks) != 0) continue;
+        if (k % (cuda::StreamGemmKStep(variant) * chunks) != 0) continue;
         const int64_t stride = int64_t(rows) * n + 4;  // not rows · n: the stride is what places a chunk
         Dev<float> dp(std::vector<float>(size_t(stride) * chunks, std::nanf("")));
         ASSERT_TRUE(cuda::StreamGemm({.x = dx.p, .rows = rows, .k = k, .w = dw.p, .n = n, .chunks = chunks,

@@ -514,8 +514,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   auto stream_gemm = [&](int site, const __half* x, int k, const __half* w, int n, int chunks, float* out,
                          int64_t stride, cuda::Partials* written) -> absl::Status {
     int variant = -1;
-    for (auto [v, step] : {std::pair{4, 256}, {1, 128}, {0, 64}}) {
-      if (k % (step * chunks) == 0) {
+    for (int v : {4, 1, 0}) {
+      if (k % (cuda::StreamGemmKStep(v) * chunks) == 0) {
         variant = v;
         break;
       }

@@ -4,6 +4,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -422,6 +423,20 @@ absl::Status LaunchGemm(const StreamGemmArgs& a, int ctas, cudaStream_t stream) 
   return Launch<TN, KB>(maps, p, ctas, stream);
 }
 
+// Calls f(TN, KB) (as integral constants) with StreamGemmArgs::variant's item and stage shape.
+template <typename F>
+auto WithVariant(int variant, F&& f) {
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  switch (variant) {
+    case 1: return f(I1{}, I2{});
+    case 2: return f(I2{}, I1{});
+    case 3: return f(I2{}, I2{});
+    case 4: return f(I1{}, std::integral_constant<int, 4>{});
+    default: return f(I1{}, I1{});
+  }
+}
+
 absl::StatusOr<int> CtasOrSms(int ctas) {
   if (ctas > 0) return ctas;
   return SmCount();
@@ -441,13 +456,13 @@ absl::Status StreamGemm(const StreamGemmArgs& a, cudaStream_t stream) {
   }
   absl::StatusOr<int> ctas = CtasOrSms(a.ctas);
   if (!ctas.ok()) return ctas.status();
-  switch (a.variant) {
-    case 1: return LaunchGemm<1, 2>(a, *ctas, stream);
-    case 2: return LaunchGemm<2, 1>(a, *ctas, stream);
-    case 3: return LaunchGemm<2, 2>(a, *ctas, stream);
-    case 4: return LaunchGemm<1, 4>(a, *ctas, stream);
-    default: return LaunchGemm<1, 1>(a, *ctas, stream);
-  }
+  return WithVariant(a.variant, [&](auto tn, auto kb) {
+    return LaunchGemm<decltype(tn)::value, decltype(kb)::value>(a, *ctas, stream);
+  });
+}
+
+int StreamGemmKStep(int variant) {
+  return WithVariant(variant, [](auto, auto kb) { return kTileK * decltype(kb)::value; });
 }
 
 std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag) {

@@ -58,6 +58,10 @@ struct StreamGemmArgs {
 // inside a thread-local stream capture, as the kernel bench does).
 absl::Status StreamGemm(const StreamGemmArgs& args, cudaStream_t stream);
 
+// The k one stage of `variant` covers (64 · its k boxes): StreamGemm takes k in multiples of this
+// times the chunks.
+int StreamGemmKStep(int variant);
+
 inline constexpr int kStreamFfnMaxChunks = 16;
 
 // A dense FFN block for 1-16 rows in one persistent launch of the same kernel: act = SwiGLU of
