@@ -107,12 +107,6 @@ int Main(int argc, char** argv) {
   app.add_option("--attention-splits", max_splits, "most splits of a row's keys the engine may choose (its split model picks)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  int ffn_stream_gemm = 0;
-  app.add_option("--ffn-stream-gemm", ffn_stream_gemm,
-                 "down's k chunks (2 or 4) for the FFN at 2-16 rows as a StreamGemm chain "
-                 "(CudaEngineOptions::ffn_stream_gemm)")
-      ->check(CLI::IsMember({0, 2, 4}))
-      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
   for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
@@ -125,8 +119,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) return std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str()), 2;
   const double t0 = Now();
-  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
-                                         .ffn_stream_gemm = ffn_stream_gemm});
+  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

@@ -1361,25 +1361,20 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
-// The batch's FFN on one stream, (halves: a size floor of 0) as two halves on two graph branches,
-// and (StreamGemm: 13 rows, a bucket of 16) as StreamGemm's gate/up in two k chunks and SwiGLU
-// adding them, launched programmatically, where down (k = 688) stays on cuBLASLt
-// (CudaEngineOptions::ffn_stream_gemm). Together the rows take the split-K projections (partials
-// summed by RoPE, SwiGLU and the norms); alone each row takes the batch-1 Gemv path.
-enum class BatchPath { kOneStream, kHalves, kStreamGemm };
-class CudaEngineBatchTest : public ::testing::TestWithParam<BatchPath> {};
+// The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
+// branches. Together the 19 rows take the split-K projections (partials summed by RoPE and the
+// norms); alone each row takes the batch-1 Gemv path.
+class CudaEngineBatchTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   REQUIRE_GPU();
   TAILSERVE_REQUIRE_SHARED();
-  const BatchPath path = GetParam();
-  auto engine = CudaEngine::Load(
-      testing::ReferenceDir("llama-gqa"),
-      {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05,
-       .ffn_halves_min_bytes = path == BatchPath::kHalves ? 0 : std::numeric_limits<int64_t>::max(),
-       .ffn_stream_gemm = path == BatchPath::kStreamGemm ? 2 : 0});
+  const bool halves = GetParam();
+  auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
+                                 {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05,
+                                  .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max()});
   ASSERT_TRUE(engine.ok()) << engine.status();
-  // The sequences, of different lengths, decode 12 steps together, then each alone: same tokens.
+  // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;
   auto run = [&](std::vector<int> which, uint64_t id_base, bool replay) {
     std::vector<std::vector<int32_t>> toks;
@@ -1413,11 +1408,10 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
     for (int w : which) (*engine)->Release(id_base + w);
     return toks;
   };
-  const int sequences = path == BatchPath::kStreamGemm ? 13 : 19;
-  std::vector<int> all(sequences);
-  for (int i = 0; i < sequences; ++i) all[i] = i;
+  std::vector<int> all(19);
+  for (int i = 0; i < 19; ++i) all[i] = i;
   const auto together = run(all, 1000, false);
-  for (int i = 0; i < sequences; ++i) {
+  for (int i = 0; i < 19; ++i) {
     const std::vector<int32_t> alone = run({i}, 5000, i % 2 == 1)[0];
     ASSERT_EQ(alone.size(), together[i].size());
     const size_t diverged = std::mismatch(alone.begin(), alone.end(), together[i].begin()).first - alone.begin();
@@ -1449,13 +1443,8 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   EXPECT_EQ((*engine)->stats()->kv_blocks_free, total);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
-                         ::testing::Values(BatchPath::kOneStream, BatchPath::kHalves, BatchPath::kStreamGemm),
-                         [](const auto& info) {
-                           return info.param == BatchPath::kHalves       ? "Halves"
-                                  : info.param == BatchPath::kStreamGemm ? "StreamGemm"
-                                                                         : "OneStream";
-                         });
+INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Halves" : "OneStream"; });
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current
 // CUDA device is per thread: an engine on device 1 must make it current itself.

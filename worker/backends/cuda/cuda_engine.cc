@@ -16,7 +16,6 @@
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
-#include "worker/backends/cuda/kernels/stream_gemm.h"
 
 namespace tailserve {
 namespace {
@@ -78,7 +77,6 @@ struct CudaEngine::Buffers {
   // and the norms add.
   float* qkv_partials = nullptr;       // [kDecodeKSplits][max_bucket, q + 2 kv]
   float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN halves' down
-  char* stream_counters = nullptr;     // StreamGemm's (ffn_stream_gemm): gate/up's, then down's
   void* cublas_workspace = nullptr;
   void* side_cublas_workspace = nullptr;  // side_gemm_'s, as large
   size_t cublas_workspace_bytes = 32 << 20;
@@ -310,8 +308,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
                             (2 * static_cast<size_t>(c.num_layers) + 1) * 4 +
-                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) +
-                            2 * cuda::kStreamGemmWorkspaceBytes + 64 * 256;
+                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) + 64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
   work_memory_ = *std::move(mem);
@@ -381,7 +378,6 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.logits = a.Take<float>(L * c.vocab_size);
   b.qkv_partials = a.Take<float>(kDecodeKSplits * max_bucket_ * (qd + 2 * kvd));
   b.residual_partials = a.Take<float>(2 * kDecodeKSplits * max_bucket_ * h);
-  b.stream_counters = a.Take<char>(2 * cuda::kStreamGemmWorkspaceBytes);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   b.side_cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   if (!b.side_cublas_workspace) return absl::InternalError("cuda: workspace arena too small (a sizing bug)");
@@ -393,7 +389,6 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   if (!gemm.ok()) return gemm.status();
   side_gemm_ = *std::move(gemm);
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.clamps, 0, 8));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.stream_counters, 0, 2 * cuda::kStreamGemmWorkspaceBytes));
   // Inputs start valid (token 0 at position 0 of the trash row) so padded graph rows are harmless.
   std::memset(b.host_inputs.get(), 0, inputs_bytes);
 
@@ -493,43 +488,13 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // the 1B's (100 MB) got slower (engine b16 1.19 → 1.22 ms): each half's GEMMs are then too short
   // to hide anything, hence the size floor (options_.ffn_halves_min_bytes). Not when profiling (one
   // event after each op on one stream; the whole-FFN shapes then run on cuBLASLt's untimed pick).
-  // ffn_stream_gemm: gate/up's two chunks of partials fit in b.gate_up while rows ≤ max_rows_ / 2,
-  // 16-byte aligned for SwiGLU while f is even.
-  const int down_chunks = options_.ffn_stream_gemm;
-  const bool ffn_stream = split_k && down_chunks > 0 && rows <= cuda::kStreamGemmMaxRows && 2 * rows <= max_rows_ &&
-                          f % 2 == 0 && c.num_experts == 0 && profile_ == nullptr;
-  const bool ffn_halves = split_k && !ffn_stream && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
+  const bool ffn_halves = split_k && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
                           3 * int64_t{h} * f * 2 >= options_.ffn_halves_min_bytes;
   auto gemm_split_k = [&](cuda::GemmRunner& gemm, const __half* x, int k, const __half* w, int n, float* out,
                           int64_t stride, cuda::Partials* written, int ldw = 0) -> absl::Status {
     absl::StatusOr<int> chunks = gemm.RunSplitK(x, rows, k, w, n, kDecodeKSplits, out, stride, ldw);
     if (!chunks.ok()) return chunks.status();
     *written = {out, *chunks, stride};
-    return absl::OkStatus();
-  };
-  // StreamGemm into k-chunk partials, launched programmatically: variant 4 (four 64-wide k boxes a
-  // stage, the fastest chain) where k splits into whole stages, else 1 or 0 (smaller stages); a k
-  // it cannot take at all goes through cuBLASLt's RunSplitK. One counter region a site (0 gate/up,
-  // 1 down), so no launch shares its predecessor's.
-  auto stream_gemm = [&](int site, const __half* x, int k, const __half* w, int n, int chunks, float* out,
-                         int64_t stride, cuda::Partials* written) -> absl::Status {
-    int variant = -1;
-    for (int v : {4, 1, 0}) {
-      if (k % (cuda::StreamGemmKStep(v) * chunks) == 0) {
-        variant = v;
-        break;
-      }
-    }
-    if (variant < 0) return gemm_split_k(*gemm_, x, k, w, n, out, stride, written);
-    if (absl::Status st = cuda::StreamGemm(
-            {.x = x, .rows = rows, .k = k, .w = w, .n = n, .chunks = chunks, .partials = out, .partial_stride = stride,
-             .workspace = b.stream_counters + site * cuda::kStreamGemmWorkspaceBytes,
-             .overlap_previous = shape.overlap_previous, .variant = variant},
-            s);
-        !st.ok()) {
-      return st;
-    }
-    *written = {out, chunks, stride};
     return absl::OkStatus();
   };
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
@@ -589,13 +554,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     // The weight folded into gate/up.
     TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
     pending = {};
-    if (ffn_stream) {
-      cuda::Partials gate_up;
-      TRY("gemm_gate_up", stream_gemm(0, b.xn, h, L.w_gate_up, 2 * f, 2, b.gate_up, int64_t{rows} * 2 * f, &gate_up));
-      TRY("swiglu", cuda::SwiGlu(nullptr, rows, f, b.act, s, shape.overlap_previous, gate_up));
-      TRY("gemm_down",
-          stream_gemm(1, b.act, f, L.w_down, h, down_chunks, b.residual_partials, residual_stride, &pending));
-    } else if (ffn_halves) {
+    if (ffn_halves) {
       // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.
       cudaStream_t side = side_stream_.get();
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_fork_.get(), s));

@@ -38,11 +38,6 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
-  // Decode at 2-16 rows, an experiment (bench/CUDA_NOTES.md 12-03 (24)): 2 or 4 runs the FFN as
-  // StreamGemm launches in a row instead of the halves: gate/up in 2 k chunks, SwiGLU adding them,
-  // down in this many chunks, each launched programmatically so that its W copies run while its
-  // predecessor finishes. 0: off.
-  int ffn_stream_gemm = 0;
 };
 
 class CudaEngine final : public Engine {

@@ -6,8 +6,8 @@
 // GemmRunner::RunSplitK. Measured in the engine at 2-16 rows (and for the LM head) it tied or lost
 // to cuBLASLt (bench/CUDA_NOTES.md, 12-03 (22) and (24)), and so did the FFN as one grid
 // (StreamFfn below, 12-03 (23)); launched programmatically after another StreamGemm it hides its
-// ramp (the four projections in a row: 111.4 against cuBLASLt's 115.5 µs, 12-03 (24)), which the
-// engine's default-off ffn_stream_gemm option tries on the FFN. Kept, with its tests and
+// ramp (the four projections in a row: 111.4 against cuBLASLt's 115.5 µs, 12-03 (24)), but the
+// FFN as such a chain lost to the cuBLASLt halves in the engine (12-03 (25)). Kept, with its tests and
 // `tailserve-bench-kernels --stream-gemm / --lm-head / --mlp-branches` (which prints StreamFfn's
 // per-item timeline), as the measured record of the persistent-grid designs there.
 //
