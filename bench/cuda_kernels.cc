@@ -127,16 +127,14 @@ struct Projection {
   const char* name;
   int n, k;
   bool f32_in, residual, swiglu;
-  bool sliced = false;  // the engine splits its k over CTAs (GemvKSlices)
-  bool sum_x = false;   // its norm sums x's squares itself (no producer's sum)
 };
 
 std::vector<Projection> Projections(const Shape& m) {
   const int qd = m.heads * m.head_dim, kvd = m.kv_heads * m.head_dim;
-  return {{"qkv", qd + 2 * kvd, m.hidden, true, false, false, false, true},
+  return {{"qkv", qd + 2 * kvd, m.hidden, true, false, false},
           {"o", m.hidden, qd, false, true, false},
           {"gate_up", 2 * m.ffn, m.hidden, true, false, true},
-          {"down", m.hidden, m.ffn, false, true, false, true}};
+          {"down", m.hidden, m.ffn, false, true, false}};
 }
 
 // The largest k and n of the projections (sizes of the shared X and Y buffers).
@@ -148,31 +146,24 @@ std::pair<int, int> MaxKN(const std::vector<Projection>& projections) {
 
 // The batch-1 Gemv of projection p as the engine launches it (without the preload and the
 // programmatic launch, which the caller sets).
-absl::StatusOr<cuda::GemvArgs> GemvFor(const Projection& p, const DeviceMemory& x16, const DeviceMemory& x32,
-                                       const DeviceMemory& y, const DeviceMemory& act, const DeviceMemory& sums) {
+cuda::GemvArgs GemvFor(const Projection& p, const DeviceMemory& x16, const DeviceMemory& x32, const DeviceMemory& y,
+                       const DeviceMemory& act, const DeviceMemory& sums) {
   cuda::GemvArgs a{.k = p.k, .n = p.n};
-  if (p.sliced) {
-    absl::StatusOr<int> slices = cuda::GemvKSlices(p.n, p.k);
-    if (!slices.ok()) return slices.status();
-    a.k_slices = *slices;
-  }
   if (p.f32_in) {
-    a.x_f32 = static_cast<const float*>(x32.get()), a.rms_norm = true, a.eps = 1e-5f;
-    if (!p.sum_x) a.in_sumsq = static_cast<const float*>(sums.get());
+    a.x_f32 = static_cast<const float*>(x32.get()), a.in_sumsq = static_cast<const float*>(sums.get()), a.eps = 1e-5f;
   } else {
     a.x = static_cast<const __half*>(x16.get());
   }
   if (p.swiglu) a.swiglu_out = static_cast<__half*>(act.get());
   else a.y = static_cast<float*>(y.get());
-  if (p.residual) a.beta = 1.0f;
-  if (p.residual && a.k_slices == 1) a.out_sumsq = static_cast<float*>(sums.get());
+  if (p.residual) a.beta = 1.0f, a.out_sumsq = static_cast<float*>(sums.get());
   return a;
 }
 
-// The batch-1 Gemv of each projection at every k split, then the residual-adding ones at several k
-// slices, launched plain (each launch drains before the next starts), programmatically (the next
-// launch's CTAs wait on the GPU, as in the engine's chain), and programmatically with W's first
-// loads copied to shared memory before the wait; weights rotating past L2.
+// The batch-1 Gemv of each projection at every k split, launched plain (each launch drains before
+// the next starts), programmatically (the next launch's CTAs wait on the GPU, as in the engine's
+// chain), and programmatically with W's first loads copied to shared memory before the wait;
+// weights rotating past L2.
 absl::Status BenchGemvSplits(const Shape& m, int reps, cudaStream_t s) {
   const std::vector<Projection> projections = Projections(m);
   const auto [max_k, max_n] = MaxKN(projections);
@@ -183,29 +174,16 @@ absl::Status BenchGemvSplits(const Shape& m, int reps, cudaStream_t s) {
   }
   absl::StatusOr<int> wave = cuda::GemvWave();
   if (!wave.ok()) return wave.status();
-  std::printf("batch-1 Gemv by k split and k slices (0: the engine's rule), %d CTAs a wave\n\n", *wave);
-  std::printf("| projection | n × k | k split | k slices | µs plain | µs chained | µs chained + preload | best chained of 4.26 TB/s |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("batch-1 Gemv by k split (0: the engine's rule), %d CTAs a wave\n\n", *wave);
+  std::printf("| projection | n × k | k split | µs plain | µs chained | µs chained + preload | best chained of 4.26 TB/s |\n|---|---|---:|---:|---:|---:|---:|\n");
   for (const Projection& p : projections) {
     absl::StatusOr<RotatingCopies> w = WeightCopies(size_t(p.n) * p.k * 2);
     if (!w.ok()) return w.status();
-    absl::StatusOr<int> rule = cuda::GemvKSlices(p.n, p.k);
-    if (!rule.ok()) return rule.status();
-    std::vector<std::pair<int, int>> points;  // (k split, k slices)
-    for (int split : {0, 1, 2, 4, 8}) points.push_back({split, 1});
-    if (p.residual) {
-      for (int split : {0, 4, 8}) {
-        for (int slices : {0, 2, 4, 7, 14}) points.push_back({split, slices});
-      }
-    }
-    for (auto [split, slices] : points) {
+    for (int split : {0, 1, 2, 4, 8}) {
       double us[3] = {};
       for (int mode = 0; mode < 3; ++mode) {
-        absl::StatusOr<cuda::GemvArgs> args = GemvFor(p, *x16, *x32, *y, *act, *sums);
-        if (!args.ok()) return args.status();
-        cuda::GemvArgs a = *args;
-        a.k_split = split, a.k_slices = slices > 0 ? slices : *rule;
-        if (a.k_slices > 1) a.out_sumsq = nullptr;
-        a.overlap_previous = mode > 0, a.preload_w = mode == 2;
+        cuda::GemvArgs a = GemvFor(p, *x16, *x32, *y, *act, *sums);
+        a.k_split = split, a.overlap_previous = mode > 0, a.preload_w = mode == 2;
         absl::StatusOr<double> t = TimeGraph(s, reps, [&]() -> absl::Status {
           a.w = w->Next();
           return cuda::Gemv(a, s);
@@ -214,9 +192,8 @@ absl::Status BenchGemvSplits(const Shape& m, int reps, cudaStream_t s) {
         us[mode] = *t;
       }
       const double bytes = 2.0 * p.n * p.k + (p.f32_in ? 4.0 : 2.0) * p.k;
-      std::printf("| %s | %d × %d | %d | %d%s | %.1f | %.1f | %.1f | %.0f%% |\n", p.name, p.n, p.k, split,
-                  slices > 0 ? slices : *rule, slices > 0 ? "" : " (rule)", us[0], us[1], us[2],
-                  100.0 * bytes / (std::min(us[1], us[2]) * 1e-6) / kCopyBandwidth);
+      std::printf("| %s | %d × %d | %d | %.1f | %.1f | %.1f | %.0f%% |\n", p.name, p.n, p.k, split, us[0], us[1],
+                  us[2], 100.0 * bytes / (std::min(us[1], us[2]) * 1e-6) / kCopyBandwidth);
     }
   }
   return absl::OkStatus();
@@ -241,9 +218,7 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
     if (!w.ok()) return w.status();
     for (int rows : rows_list) {
       const bool gemv = rows == 1;
-      absl::StatusOr<cuda::GemvArgs> args = GemvFor(p, *x16, *x32, *y, *act, *sums);
-      if (!args.ok()) return args.status();
-      cuda::GemvArgs a = *args;
+      cuda::GemvArgs a = GemvFor(p, *x16, *x32, *y, *act, *sums);
       auto launch = [&]() -> absl::Status {
         const __half* wp = w->Next();
         a.w = wp;

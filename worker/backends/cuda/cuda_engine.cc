@@ -115,10 +115,7 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   absl::StatusOr<int> per_sm = cuda::AttentionCtasPerSm({.heads = static_cast<int>(c.num_heads)}, kv_);
   if (!per_sm.ok()) return per_sm.status();
   attention_wave_ = *per_sm * sm_count_;
-  absl::StatusOr<int> down_slices =
-      cuda::GemvKSlices(static_cast<int>(c.hidden_size), static_cast<int>(c.intermediate_size));
-  if (!down_slices.ok()) return down_slices.status();
-  down_slices_ = options_.gemv_down_slices > 0 ? options_.gemv_down_slices : *down_slices;
+  if (absl::StatusOr<int> gemv_wave = cuda::GemvWave(); !gemv_wave.ok()) return gemv_wave.status();
   absl::StatusOr<CudaStream> stream = MakeStream();
   if (!stream.ok()) return stream.status();
   stream_ = *std::move(stream);
@@ -457,11 +454,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     }                                                                                            \
   } while (0)
   // Batch-1 decode of a dense model: every norm, the bias, the residual adds and SwiGLU ride in the
-  // Gemv epilogues (see gemv.h), 7 kernels a layer instead of 10. A norm's input sum of squares is
-  // accumulated by the Gemv that writes the residual (o for gate/up, the last down for the LM
-  // head), except before q/k/v, which sums it from x itself: the down projection before it adds
-  // into the residual in k slices (GemvKSlices), so no CTA sees a whole output. Larger batches go
-  // through cuBLAS.
+  // Gemv epilogues (see gemv.h), 7 kernels a layer instead of 10; a norm's input sum of squares is
+  // accumulated by the Gemv that writes the residual. Larger batches go through cuBLAS.
   const bool fused = rows == 1 && c.num_experts == 0 && h % 8 == 0 && qd % 8 == 0 && f % 8 == 0;
   // Batch-1 decode on the tensor-core attention: RoPE rides in the q/k/v Gemv's epilogue and the
   // attention CTA holding the new position writes its K/V to the cache, so there is no RoPE kernel
@@ -504,8 +498,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     return absl::OkStatus();
   };
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
-  // At batch 1 the embedding zeroes the slots the Gemvs accumulate into (no memset node in the
-  // graph); its own sumsq(0) goes unread.
+  // At batch 1 the embedding writes sumsq(0) and zeroes the slots the Gemvs accumulate into (no
+  // memset node in the graph).
   const int sumsq_slots = fused ? static_cast<int>(2 * layers_.size() + 1) : 0;
   // In a graph the embedding reads the token ids from the host mirror itself, so it runs beside
   // the kernel copying the other inputs (launched programmatically, it waits for that copy only
@@ -517,7 +511,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     const Layer& L = layers_[l];
     cuda::Partials qkv_in;  // none: RoPE reads b.qkv
     if (fused) {
-      cuda::GemvArgs qkv{.x_f32 = b.x, .k = h, .w = L.w_qkv, .n = qkvw, .y = b.qkv, .rms_norm = true, .eps = eps,
+      cuda::GemvArgs qkv{.x_f32 = b.x, .k = h, .w = L.w_qkv, .n = qkvw, .y = b.qkv, .in_sumsq = sumsq(2 * l), .eps = eps,
                          .overlap_previous = shape.overlap_previous};
       if (shape.new_kv) {  // the bias and RoPE, which RopeWriteKv applies otherwise
         qkv.bias = L.b_qkv, qkv.rope_head_dim = kv_.head_dim, qkv.rope_cols = qd + kvd, qkv.rope_pos = b.pos;
@@ -546,13 +540,9 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                 .out_sumsq = sumsq(2 * l + 1), .overlap_previous = shape.overlap_previous,
                                 .preload_w = shape.overlap_previous}, s));
       TRY("gemm_gate_up", cuda::Gemv({.x_f32 = b.x, .k = h, .w = L.w_gate_up, .n = 2 * f, .swiglu_out = b.act,
-                                      .rms_norm = true, .in_sumsq = sumsq(2 * l + 1), .eps = eps,
-                                      .overlap_previous = shape.overlap_previous}, s));
-      // The last layer's down whole, for the LM head's sum of squares.
-      const bool last = l + 1 == layers_.size();
+                                      .in_sumsq = sumsq(2 * l + 1), .eps = eps, .overlap_previous = shape.overlap_previous}, s));
       TRY("gemm_down", cuda::Gemv({.x = b.act, .k = f, .w = L.w_down, .n = h, .y = b.x, .beta = 1.0f,
-                                   .out_sumsq = last ? sumsq(2 * l + 2) : nullptr,
-                                   .overlap_previous = shape.overlap_previous, .k_slices = last ? 1 : down_slices_}, s));
+                                   .out_sumsq = sumsq(2 * l + 2), .overlap_previous = shape.overlap_previous}, s));
       continue;
     }
     if (split_k) {
@@ -619,7 +609,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   }
   if (logit_rows > 0 && fused) {  // the final norm in the LM head's epilogue (its weight folded into lm_head_)
     TRY("lm_head", cuda::Gemv({.x_f32 = b.x, .k = h, .w = lm_head_, .n = static_cast<int>(c.vocab_size), .y = b.logits,
-                               .rms_norm = true, .in_sumsq = sumsq(2 * layers_.size()), .eps = eps,
+                               .in_sumsq = sumsq(2 * layers_.size()), .eps = eps,
                                .overlap_previous = shape.overlap_previous}, s));
   } else if (logit_rows > 0) {
     TRY("final_norm", cuda::RmsNormRows(b.x, pending, b.logit_src, logit_rows, h, nullptr, eps, b.final_xn, s));

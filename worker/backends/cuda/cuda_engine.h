@@ -38,8 +38,6 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
-  // Batch-1 down projection's k slices (cuda::GemvArgs::k_slices; 0: cuda::GemvKSlices' choice).
-  int gemv_down_slices = 0;
 };
 
 class CudaEngine final : public Engine {
@@ -180,7 +178,6 @@ class CudaEngine final : public Engine {
   int64_t graph_replays_ = 0;
   int sm_count_ = 132;
   int attention_wave_ = 396;  // decode attention CTAs the GPU holds at once
-  int down_slices_ = 1;       // the batch-1 down Gemv's k slices
   // Set only inside ProfileDecode: Forward records the next event of `events` after each op.
   struct Profile {
     std::vector<CudaEvent> events;

@@ -14,18 +14,12 @@ namespace {
 
 constexpr int kWarps = 8;
 
-// Eight consecutive inputs at vector v, as floats; with kSumX (an fp32 input normed without a
-// given sum of squares) their squares added into xsq.
-template <bool kSumX>
-__device__ __forceinline__ void LoadX(const GemvArgs& a, int v, float (&xf)[8], float& xsq) {
+// Eight consecutive inputs at vector v, as floats.
+__device__ __forceinline__ void LoadX(const GemvArgs& a, int v, float (&xf)[8]) {
   if (a.x_f32 != nullptr) {
     const float4* p = reinterpret_cast<const float4*>(a.x_f32) + 2 * v;
     const float4 lo = p[0], hi = p[1];
     xf[0] = lo.x, xf[1] = lo.y, xf[2] = lo.z, xf[3] = lo.w, xf[4] = hi.x, xf[5] = hi.y, xf[6] = hi.z, xf[7] = hi.w;
-    if constexpr (kSumX) {
-      xsq += ((xf[0] * xf[0] + xf[1] * xf[1]) + (xf[2] * xf[2] + xf[3] * xf[3])) +
-             ((xf[4] * xf[4] + xf[5] * xf[5]) + (xf[6] * xf[6] + xf[7] * xf[7]));
-    }
   } else {
     const uint4 raw = reinterpret_cast<const uint4*>(a.x)[v];
     const __half2* h = reinterpret_cast<const __half2*>(&raw);
@@ -61,23 +55,18 @@ constexpr int kMaxPreloadBytes = 32 << 10;
 // CTA also takes 1 KB reserved and its static arrays), so o's 512 CTAs on the 8B are 1.3 waves.
 constexpr int kPreloadConfigBytes = 132 << 10;
 constexpr int kPreloadStepBytes = kWarps * 2 * 32 * 16;  // one step: every lane's two 16-byte W loads
-// A lane's steps of W loads in one k slice (GemvKSlices): gate/up's CTAs (8 warps on one column
-// pair, two steps a lane, 16 KB) stream at 99% of 4.26 TB/s on the 8B shape.
-constexpr int kSliceSteps = 2;
 
 // A block's 8 warps take 8 / KS column pairs; the KS warps of a pair split its k range
 // (interleaved 16-byte vectors) and meet in shared memory. Both columns of a pair share each load
 // of x, and a lane keeps two W loads in flight per step. The first `preload` steps of W are copied
-// into shared memory before the wait (each lane reads back only its own copies: no barrier). With
-// k slices, blockIdx.y picks the slice_vecs-long part of k the block covers. kSumX: the norm's sum
-// of squares from x itself.
-template <int KS, bool kPreload, bool kSumX>
-__global__ void __launch_bounds__(kWarps * 32, 6) GemvKernel(GemvArgs a, int preload, int slice_vecs) {
+// into shared memory before the wait (each lane reads back only its own copies: no barrier).
+template <int KS, bool kPreload>
+__global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a, int preload) {
   if constexpr (!kPreload) preload = 0;
   extern __shared__ uint4 preload_s[];  // [warp][step][column of the pair][lane]
-  __shared__ float part_s[kWarps][3];
+  __shared__ float part_s[kWarps][2];
   __shared__ float sumsq_s[kWarps];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % KS;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % KS;
   const int pair = blockIdx.x * (kWarps / KS) + warp / KS;
   int c0 = 2 * pair, c1 = c0 + 1;
   if (a.rope_head_dim > 0) {  // columns i and i + head_dim / 2 of one head
@@ -87,12 +76,11 @@ __global__ void __launch_bounds__(kWarps * 32, 6) GemvKernel(GemvArgs a, int pre
   const bool has0 = c0 < a.n, has1 = c1 < a.n;
   const uint4* w0 = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(has0 ? c0 : 0) * a.k);
   const uint4* w1 = reinterpret_cast<const uint4*>(a.w + static_cast<int64_t>(has1 ? c1 : has0 ? c0 : 0) * a.k);
-  const int begin = blockIdx.y * slice_vecs, end = min(a.k / 8, begin + slice_vecs);
-  const int first = begin + part * 32 + lane;
+  const int vecs = a.k / 8, first = slice * 32 + lane;
   uint4* mine = preload_s + warp * preload * 64 + lane;  // step j, column i at mine[64 j + 32 i]
   int preloaded = 0;
   if (has0) {  // W is never written: safe to read before the wait
-    for (int v = first; preloaded < preload && v < end; ++preloaded, v += 32 * KS) {
+    for (int v = first; preloaded < preload && v < vecs; ++preloaded, v += 32 * KS) {
       __pipeline_memcpy_async(mine + 64 * preloaded, w0 + v, 16);
       __pipeline_memcpy_async(mine + 64 * preloaded + 32, w1 + v, 16);
     }
@@ -103,50 +91,44 @@ __global__ void __launch_bounds__(kWarps * 32, 6) GemvKernel(GemvArgs a, int pre
   // the wait did not help (bench/CUDA_NOTES.md); shared memory cannot be evicted.
   GridDependencyWait();
   TriggerDependents();  // a programmatic follower fills SMs as CTAs finish
-  float acc0 = 0.0f, acc1 = 0.0f, xsq = 0.0f;
+  float acc0 = 0.0f, acc1 = 0.0f;
   if (has0) {
     __pipeline_wait_prior(0);
     for (int j = 0; j < preloaded; ++j) {
       float xf[8];
-      LoadX<kSumX>(a, first + j * 32 * KS, xf, xsq);
+      LoadX(a, first + j * 32 * KS, xf);
       acc0 += Dot8(mine[64 * j], xf);
       acc1 += Dot8(mine[64 * j + 32], xf);
     }
 #pragma unroll 2
-    for (int v = first + preloaded * 32 * KS; v < end; v += 32 * KS) {
+    for (int v = first + preloaded * 32 * KS; v < vecs; v += 32 * KS) {
       const uint4 wv0 = w0[v], wv1 = w1[v];
       float xf[8];
-      LoadX<kSumX>(a, v, xf, xsq);
+      LoadX(a, v, xf);
       acc0 += Dot8(wv0, xf);
       acc1 += Dot8(wv1, xf);
     }
   }
   acc0 = WarpSum(acc0), acc1 = WarpSum(acc1);
-  if (kSumX) xsq = WarpSum(xsq);
   if (KS > 1) {
-    if (lane == 0) part_s[warp][0] = acc0, part_s[warp][1] = acc1, part_s[warp][2] = xsq;
+    if (lane == 0) part_s[warp][0] = acc0, part_s[warp][1] = acc1;
     __syncthreads();
-    if (lane == 0 && part == 0) {
+    if (lane == 0 && slice == 0) {
 #pragma unroll
-      for (int k = 1; k < KS; ++k) acc0 += part_s[warp + k][0], acc1 += part_s[warp + k][1], xsq += part_s[warp + k][2];
+      for (int k = 1; k < KS; ++k) acc0 += part_s[warp + k][0], acc1 += part_s[warp + k][1];
     }
   }
   float sq = 0.0f;
-  if (lane == 0 && part == 0 && has0) {
+  if (lane == 0 && slice == 0 && has0) {
     float s0 = acc0, s1 = acc1;
-    if (a.rms_norm) {
-      const float inv = rsqrtf((kSumX ? xsq : a.in_sumsq[0]) / a.k + a.eps);
+    if (a.in_sumsq != nullptr) {
+      const float inv = rsqrtf(a.in_sumsq[0] / a.k + a.eps);
       s0 *= inv, s1 *= inv;
-    }
-    if (a.bias != nullptr && blockIdx.y == 0 && a.swiglu_out == nullptr) {
-      s0 += a.bias[c0], s1 += has1 ? a.bias[c1] : 0.0f;
     }
     if (a.swiglu_out != nullptr) {
       a.swiglu_out[pair] = __float2half(Silu(s0) * s1);
-    } else if (gridDim.y > 1) {  // one slice of k: y already holds the residual
-      atomicAdd(a.y + c0, s0);
-      if (has1) atomicAdd(a.y + c1, s1);
     } else {
+      if (a.bias != nullptr) s0 += a.bias[c0], s1 += has1 ? a.bias[c1] : 0.0f;
       if (a.beta != 0.0f) s0 += a.beta * a.y[c0], s1 += has1 ? a.beta * a.y[c1] : 0.0f;
       if (a.rope_head_dim > 0 && c0 < a.rope_cols) {  // the angle in fp32, as transformers computes it
         float sn, cs;
@@ -160,7 +142,7 @@ __global__ void __launch_bounds__(kWarps * 32, 6) GemvKernel(GemvArgs a, int pre
     }
   }
   if (a.out_sumsq == nullptr) return;
-  // One atomic per block: lane 0 of each warp holds its columns' squares (0 off part 0).
+  // One atomic per block: lane 0 of each warp holds its columns' squares (0 off slice 0).
   if (lane == 0) sumsq_s[warp] = sq;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -172,20 +154,6 @@ __global__ void __launch_bounds__(kWarps * 32, 6) GemvKernel(GemvArgs a, int pre
 }
 
 int Blocks(int pairs, int ks) { return (pairs + kWarps / ks - 1) / (kWarps / ks); }
-
-// The k split: the largest whose grid fits in one wave of resident CTAs (every CTA streams from
-// the start, no tail wave), or where even no split overflows a wave, the finest (a short tail)
-// that still leaves each lane two steps of W loads. On the 8B shape that is 2 for q/k/v, o and
-// down, 8 for gate/up: 4.42 → 4.23 ms a step. The 1B's k = 2048 takes 4 for gate/up and the LM
-// head, where 8 left a lane one step (bench/CUDA_NOTES.md). Every split forced on every 8B
-// projection (`tailserve-bench-kernels --gemv-splits`, 12-03): this one is the fastest.
-int KSplit(int pairs, int vecs, int wave) {
-  int ks = 1;
-  for (int k = 2; k <= kWarps && vecs >= 64 * k; k *= 2) {
-    if (Blocks(pairs, k) <= wave || Blocks(pairs, 1) > wave) ks = k;
-  }
-  return ks;
-}
 
 }  // namespace
 
@@ -200,24 +168,14 @@ absl::StatusOr<int> GemvWave() {
     // Rounded down: the driver rounds a preference up to a configuration the SM has (57% of 228
     // KB on the H100/H200 becomes 132 KB).
     const int carveout = std::clamp(100 * kPreloadConfigBytes / std::max(smem_per_sm, 1), 0, 100);
-    for (auto kernel : {GemvKernel<1, true, false>, GemvKernel<2, true, false>, GemvKernel<4, true, false>,
-                        GemvKernel<8, true, false>, GemvKernel<1, true, true>, GemvKernel<2, true, true>,
-                        GemvKernel<4, true, true>, GemvKernel<8, true, true>}) {
+    for (auto kernel : {GemvKernel<1, true>, GemvKernel<2, true>, GemvKernel<4, true>, GemvKernel<8, true>}) {
       TAILSERVE_CUDA_RETURN_IF_ERROR(
           cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
     }
     TAILSERVE_CUDA_RETURN_IF_ERROR(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvKernel<2, false, false>, kWarps * 32, 0));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvKernel<2, false>, kWarps * 32, 0));
     return std::max(1, sms * per_sm);
   });
-}
-
-absl::StatusOr<int> GemvKSlices(int n, int k) {
-  absl::StatusOr<int> wave = GemvWave();
-  if (!wave.ok()) return wave.status();
-  const int pairs = (n + 1) / 2, vecs = k / 8, ks = KSplit(pairs, vecs, *wave);
-  if (Blocks(pairs, ks) > *wave) return 1;
-  return std::max(1, vecs / (kSliceSteps * 32 * ks));
 }
 
 absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
@@ -233,41 +191,36 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError(
         "Gemv: RoPE needs y, an even head_dim dividing n and rope_cols <= n, a position and frequencies");
   }
-  if ((a.rms_norm && a.x_f32 == nullptr) || (a.in_sumsq != nullptr && !a.rms_norm) || a.k_slices < 1 ||
-      a.k_slices > 65535 ||
-      (a.k_slices > 1 && (a.y == nullptr || a.beta != 1.0f || a.rms_norm || a.rope_head_dim > 0 || a.out_sumsq))) {
-    return absl::InvalidArgumentError(
-        "Gemv: rms_norm needs x_f32, in_sumsq rms_norm; k_slices from 1 to 65535, above 1 only into y with beta 1, "
-        "no norm, RoPE or out_sumsq");
-  }
+  // The k split: the largest whose grid fits in one wave of resident CTAs (every CTA streams from
+  // the start, no tail wave), or where even no split overflows a wave, the finest (a short tail)
+  // that still leaves each lane two steps of W loads. On the 8B shape that is 2 for q/k/v, o and
+  // down, 8 for gate/up: 4.42 → 4.23 ms a step. The 1B's k = 2048 takes 4 for gate/up and the LM
+  // head, where 8 left a lane one step (bench/CUDA_NOTES.md). Every split forced on every 8B
+  // projection (`tailserve-bench-kernels --gemv-splits`, 12-03): this one is the fastest.
   absl::StatusOr<int> wave = GemvWave();
   if (!wave.ok()) return wave.status();
   const int pairs = (a.n + 1) / 2, vecs = a.k / 8;
-  const int ks = a.k_split > 0 ? a.k_split : KSplit(pairs, vecs, *wave);
-  // Each slice a whole number of a lane's steps; no empty slice.
-  const int step = 32 * ks, slice_vecs = (vecs + a.k_slices - 1) / a.k_slices;
-  const int slice_steps = std::max(1, (slice_vecs + step - 1) / step) * step;
-  const dim3 grid(Blocks(pairs, ks), a.k_slices > 1 ? (vecs + slice_steps - 1) / slice_steps : 1);
+  int ks = 1;
+  for (int k = 2; k <= kWarps && vecs >= 64 * k; k *= 2) {
+    if (Blocks(pairs, k) <= *wave || Blocks(pairs, 1) > *wave) ks = k;
+  }
+  if (a.k_split > 0) ks = a.k_split;
   const dim3 block(kWarps * 32);
-  const int steps = (std::min(vecs, slice_steps) + step - 1) / step;  // W loads a lane makes
+  const int blocks = Blocks(pairs, ks);
+  const int steps = (vecs + 32 * ks - 1) / (32 * ks);  // W loads a lane makes
   const int preload = a.preload_w ? std::min(steps, kMaxPreloadBytes / kPreloadStepBytes) : 0;
   const size_t smem = static_cast<size_t>(preload) * kPreloadStepBytes;
-  using Kernel = void (*)(GemvArgs, int, int);
+  using Kernel = void (*)(GemvArgs, int);
   auto launch = [&](Kernel preloading, Kernel plain) {
-    return LaunchMaybeOverlapped(a.overlap_previous, grid, block, smem, stream, preload > 0 ? preloading : plain, a,
-                                 preload, a.k_slices > 1 ? slice_steps : vecs);
+    return LaunchMaybeOverlapped(a.overlap_previous, blocks, block, smem, stream, preload > 0 ? preloading : plain, a,
+                                 preload);
   };
-  const bool sum_x = a.rms_norm && a.in_sumsq == nullptr;
   cudaError_t launched;
-  switch (ks * (sum_x ? -1 : 1)) {
-    case 1: launched = launch(GemvKernel<1, true, false>, GemvKernel<1, false, false>); break;
-    case 2: launched = launch(GemvKernel<2, true, false>, GemvKernel<2, false, false>); break;
-    case 4: launched = launch(GemvKernel<4, true, false>, GemvKernel<4, false, false>); break;
-    case 8: launched = launch(GemvKernel<8, true, false>, GemvKernel<8, false, false>); break;
-    case -1: launched = launch(GemvKernel<1, true, true>, GemvKernel<1, false, true>); break;
-    case -2: launched = launch(GemvKernel<2, true, true>, GemvKernel<2, false, true>); break;
-    case -4: launched = launch(GemvKernel<4, true, true>, GemvKernel<4, false, true>); break;
-    default: launched = launch(GemvKernel<8, true, true>, GemvKernel<8, false, true>); break;
+  switch (ks) {
+    case 1: launched = launch(GemvKernel<1, true>, GemvKernel<1, false>); break;
+    case 2: launched = launch(GemvKernel<2, true>, GemvKernel<2, false>); break;
+    case 4: launched = launch(GemvKernel<4, true>, GemvKernel<4, false>); break;
+    default: launched = launch(GemvKernel<8, true>, GemvKernel<8, false>); break;
   }
   TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
