@@ -540,8 +540,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                 .out_sumsq = sumsq(2 * l + 1), .overlap_previous = shape.overlap_previous,
                                 .preload_w = shape.overlap_previous}, s));
       TRY("gemm_gate_up", cuda::Gemv({.x_f32 = b.x, .k = h, .w = L.w_gate_up, .n = 2 * f, .swiglu_out = b.act,
-                                      .in_sumsq = sumsq(2 * l + 1), .eps = eps, .overlap_previous = shape.overlap_previous,
-                                      .preload_w = shape.overlap_previous}, s));
+                                      .in_sumsq = sumsq(2 * l + 1), .eps = eps, .overlap_previous = shape.overlap_previous}, s));
       TRY("gemm_down", cuda::Gemv({.x = b.act, .k = f, .w = L.w_down, .n = h, .y = b.x, .beta = 1.0f,
                                    .out_sumsq = sumsq(2 * l + 2), .overlap_previous = shape.overlap_previous}, s));
       continue;
