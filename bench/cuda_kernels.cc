@@ -661,21 +661,14 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
 // StreamFfn's (chunks, lag) pairs the MLP-block bench times: the lag (in gate/up groups) must
 // cover a gate/up item's time in flight, or down's first items wait, and the chunks set the size of
 // down's items, which the tail is made of (lag = chunks: every gate/up item first, then down's).
-// Tiled: both weights in StreamGemmTileWeights' layout (the constant data reads the same).
-struct StreamFfnShape {
-  int chunks, lag;
-  bool tiled;
-};
-constexpr StreamFfnShape kStreamFfnShapes[] = {{4, 2, false}, {4, 3, false}, {4, 4, false}, {8, 3, false},
-                                               {8, 5, false}, {8, 6, false}, {8, 8, false}, {16, 6, false},
-                                               {16, 10, false}, {16, 12, false}, {16, 16, false}, {4, 2, true},
-                                               {4, 3, true}, {8, 6, true}, {16, 12, true}};
+constexpr std::pair<int, int> kStreamFfnShapes[] = {{4, 2}, {4, 3}, {4, 4}, {8, 3}, {8, 5}, {8, 6}, {8, 8},
+                                                   {16, 6}, {16, 10}, {16, 12}, {16, 16}};
 
 // One StreamFfn launch (weights from DRAM) with its %globaltimer timeline, summarised: where the
 // launch's time goes beyond its bytes (the ramp, items' streaming rate an SM, down's waits for
 // act, the tail). Printed once per rows × chunks after the timed table.
-absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, bool tiled, const __half* x,
-                               RotatingCopies& w, __half* act, float* partials, void* counters, cudaStream_t s) {
+absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, const __half* x, RotatingCopies& w,
+                               __half* act, float* partials, void* counters, cudaStream_t s) {
   const int h = m.hidden, f = m.ffn;
   const std::vector<bool> down = cuda::StreamFfnItemIsDown(h, f, chunks, lag);
   const int items = static_cast<int>(down.size());
@@ -691,7 +684,7 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, bo
                                           .w_down = wc + gu_elems, .act = act, .chunks = chunks, .lag = lag,
                                           .partials = partials, .partial_stride = int64_t(rows) * h,
                                           .workspace = counters,
-                                          .timeline = static_cast<uint64_t*>(buf->get()), .weights_tiled = tiled},
+                                          .timeline = static_cast<uint64_t*>(buf->get())},
                                          s);
         !e.ok()) {
       return e;
@@ -733,8 +726,8 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, bo
   const double span = (t_end - t0) * 1e-3, bytes = 2.0 * (gu_elems + size_t(h) * f);
   const double gu_kb = 64.0 * h * 2 / 1024, down_kb = 64.0 * (f / chunks) * 2 / 1024;
   const double gu_us = n_service[0] ? service[0] / n_service[0] : 0, down_us = n_service[1] ? service[1] / n_service[1] : 0;
-  std::printf("| %s | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f |\n",
-              tiled ? "W tiled" : "", rows, chunks, lag, span, bytes / (span * 1e-6) / 1e12, firsts ? first_done / firsts : 0.0, gu_us,
+  std::printf("| | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f |\n",
+              rows, chunks, lag, span, bytes / (span * 1e-6) / 1e12, firsts ? first_done / firsts : 0.0, gu_us,
               gu_us > 0 ? gu_kb * 1024 / (gu_us * 1e3) : 0.0, down_us, down_us > 0 ? down_kb * 1024 / (down_us * 1e3) : 0.0,
               waited, wait_sum, wait_max, ends.front(), ends[ends.size() / 2], ends[ends.size() * 9 / 10], ends.back());
   return absl::OkStatus();
@@ -846,17 +839,15 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     const char* names[] = {"two halves at once", "B's gate/up after A's", "two halves at once, B at low priority"};
     std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
     for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
-    for (auto [chunks, lag, tiled] : kStreamFfnShapes) {  // the whole block in one persistent launch
+    for (auto [chunks, lag] : kStreamFfnShapes) {  // the whole block in one persistent launch
       if (rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
-      variants.push_back({"StreamFfn, down in " + std::to_string(chunks) + " k chunks, lag " + std::to_string(lag) +
-                              (tiled ? ", W tiled" : ""),
-                          [&, chunks, lag, tiled]() -> absl::Status {
+      variants.push_back({"StreamFfn, down in " + std::to_string(chunks) + " k chunks, lag " + std::to_string(lag),
+                          [&, chunks, lag]() -> absl::Status {
                             const __half* wc = weights();
                             return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
                                                     .w_down = wc + gu_elems, .act = act_out, .chunks = chunks,
                                                     .lag = lag, .partials = static_cast<float*>(partials->get()),
-                                                    .partial_stride = int64_t(rows) * h, .workspace = counters->get(),
-                                                    .weights_tiled = tiled},
+                                                    .partial_stride = int64_t(rows) * h, .workspace = counters->get()},
                                                    sa.get());
                           }});
     }
@@ -910,9 +901,9 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       "| down item µs (GB/s an SM) | down waits > 0.5 µs (sum, max µs) | CTA ends: first, median, 90%%, last |\n"
       "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|\n");
   for (int rows : rows_list) {
-    for (auto [chunks, lag, tiled] : kStreamFfnShapes) {
+    for (auto [chunks, lag] : kStreamFfnShapes) {
       if (rows < 2 || rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
-      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, tiled, x, *w, act_out,
+      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, x, *w, act_out,
                                              static_cast<float*>(partials->get()), counters->get(), sa.get());
           !e.ok()) {
         return e;
@@ -952,12 +943,8 @@ absl::Status BenchStreamGemm(const Shape& m, const std::vector<int>& rows_list, 
           TimeGraph(s, reps, [&]() -> absl::Status { return RunLikeEngine(**gemm, p, rows, x, w->Next(), yp); });
       if (!lt.ok()) return lt.status();
       std::printf("| %s | %d | cuBLASLt | %.1f | | | |\n", p.name, rows, *lt);
-      // The constant weights read the same in either layout: the tiled rows time StreamGemm's
-      // reads of whole (64-128 rows × 64 k) boxes against 128 bytes of each row.
-      for (int v = 0; v < 8; ++v) {
-        const int variant = v < 5 ? v : (v == 5 ? 1 : v == 6 ? 3 : 4);
-        const bool tiled = v >= 5;
-        std::printf("| %s | %d | variant %d%s |", p.name, rows, variant, tiled ? ", W tiled" : "");
+      for (int variant = 0; variant < 5; ++variant) {
+        std::printf("| %s | %d | variant %d |", p.name, rows, variant);
         for (int chunks : {2, 4, 8}) {
           if (p.k % (cuda::StreamGemmKStep(variant) * chunks) != 0) {
             std::printf(" – |");
@@ -966,7 +953,7 @@ absl::Status BenchStreamGemm(const Shape& m, const std::vector<int>& rows_list, 
           absl::StatusOr<double> us = TimeGraph(s, reps, [&]() -> absl::Status {
             return cuda::StreamGemm({.x = x, .rows = rows, .k = p.k, .w = w->Next(), .n = p.n, .chunks = chunks,
                                      .partials = yp, .partial_stride = stride, .workspace = counters->get(),
-                                     .variant = variant, .w_tiled = tiled},
+                                     .variant = variant},
                                     s);
           });
           if (!us.ok()) return us.status();

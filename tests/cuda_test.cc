@@ -85,12 +85,6 @@ double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
 
 float F(__half v) { return __half2float(v); }
 
-uint16_t Bits(__half v) {
-  uint16_t b;
-  std::memcpy(&b, &v, sizeof(b));
-  return b;
-}
-
 std::vector<float> ToFloats(const std::vector<__half>& v) {
   std::vector<float> f(v.size());
   for (size_t i = 0; i < v.size(); ++i) f[i] = F(v[i]);
@@ -351,86 +345,6 @@ TEST(CudaKernelTest, StreamGemmMatchesCpuOnOddSizes) {
                              nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);
-}
-
-// StreamGemm and StreamFfn reading W in StreamGemmTileWeights' layout give what they give from the
-// row-major W (the same kernel, only the W boxes' addressing differs), at both tile heights, odd rows
-// and several chunks; and the tiling's argument checks.
-TEST(CudaKernelTest, StreamGemmTiledWeightsMatchRowMajor) {
-  REQUIRE_GPU();
-  const unsigned seed = 97;
-  std::mt19937 rng(seed);
-  Dev<int> work(std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0));
-  for (auto [rows, n, k] : {std::tuple{3, 256, 768}, {16, 384, 1536}, {1, 128, 256}}) {
-    auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * k, rng, 0.05f);
-    const std::vector<__half> xh = RoundToHalf(xf), wh = RoundToHalf(wf);
-    Dev<__half> dx(xh), dw(wh);
-    for (int variant : {1, 3, 4}) {
-      const int tile_rows = cuda::StreamGemmTileRows(variant);
-      Dev<__half> dt(std::vector<__half>(size_t(n) * k));
-      ASSERT_TRUE(cuda::StreamGemmTileWeights(dw.p, n, k, tile_rows, dt.p, nullptr).ok());
-      // The layout itself: element (row r, k i) of W at [r / T][i / 64][r % T][i % 64].
-      const std::vector<__half> tiled = dt.Get();
-      for (int r : {0, 1, tile_rows - 1, tile_rows, n - 1}) {
-        if (r >= n) continue;
-        for (int i : {0, 63, 64, k - 1}) {
-          const size_t at = ((size_t(r / tile_rows) * (k / 64) + i / 64) * tile_rows + r % tile_rows) * 64 + i % 64;
-          ASSERT_EQ(Bits(tiled[at]), Bits(wh[size_t(r) * k + i])) << "row " << r << " k " << i;
-        }
-      }
-      for (int chunks : {1, 2, 3}) {
-        if (k % (cuda::StreamGemmKStep(variant) * chunks) != 0) continue;
-        const int64_t stride = int64_t(rows) * n;
-        Dev<float> plain(std::vector<float>(size_t(stride) * chunks, std::nanf(""))),
-            from_tiled(std::vector<float>(size_t(stride) * chunks, std::nanf("")));
-        for (bool t : {false, true}) {
-          ASSERT_TRUE(cuda::StreamGemm({.x = dx.p, .rows = rows, .k = k, .w = t ? dt.p : dw.p, .n = n, .chunks = chunks,
-                                        .partials = t ? from_tiled.p : plain.p, .partial_stride = stride,
-                                        .workspace = work.p, .variant = variant, .w_tiled = t},
-                                       nullptr)
-                          .ok());
-        }
-        // Each output sums the same products in the same order: equal to the bit.
-        EXPECT_EQ(from_tiled.Get(), plain.Get()) << "rows " << rows << " n " << n << " k " << k << " variant "
-                                                 << variant << " chunks " << chunks << " seed " << seed;
-      }
-    }
-  }
-  // StreamFfn: gate/up (interleaved) and down both tiled at 64 rows.
-  const int rows = 5, h = 192, f = 512, chunks = 4;
-  auto xf = Random(size_t(rows) * h, rng), guf = Random(size_t(2) * f * h, rng, 0.1f),
-       df = Random(size_t(h) * f, rng, 0.05f);
-  const std::vector<__half> xh = RoundToHalf(xf), guh = RoundToHalf(guf), dh = RoundToHalf(df);
-  Dev<__half> dx(xh), dgu(guh), dd(dh), tgu(std::vector<__half>(guh.size())), td(std::vector<__half>(dh.size()));
-  ASSERT_TRUE(cuda::StreamGemmTileWeights(dgu.p, 2 * f, h, 64, tgu.p, nullptr).ok());
-  ASSERT_TRUE(cuda::StreamGemmTileWeights(dd.p, h, f, 64, td.p, nullptr).ok());
-  std::vector<float> got[2];
-  std::vector<uint16_t> act_bits[2];
-  for (bool t : {false, true}) {
-    Dev<float> dp(std::vector<float>(size_t(rows) * h * chunks, std::nanf("")));
-    Dev<__half> dact(std::vector<__half>(size_t(rows) * f, __float2half(std::nanf(""))));
-    ASSERT_TRUE(cuda::StreamFfn({.x = dx.p, .rows = rows, .hidden = h, .w_gate_up = t ? tgu.p : dgu.p, .ffn = f,
-                                 .w_down = t ? td.p : dd.p, .act = dact.p, .chunks = chunks, .lag = 2, .partials = dp.p,
-                                 .partial_stride = int64_t(rows) * h, .workspace = work.p, .weights_tiled = t},
-                                nullptr)
-                    .ok());
-    got[t] = dp.Get();
-    for (__half v : dact.Get()) act_bits[t].push_back(Bits(v));
-  }
-  EXPECT_EQ(act_bits[1], act_bits[0]) << "seed " << seed;
-  EXPECT_EQ(got[1], got[0]) << "seed " << seed;
-  Dev<__half> small(std::vector<__half>(96 * 64)), out(std::vector<__half>(96 * 64));
-  EXPECT_EQ(cuda::StreamGemmTileWeights(small.p, 96, 64, 64, out.p, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);  // n not a multiple of the tile rows
-  EXPECT_EQ(cuda::StreamGemmTileWeights(small.p, 64, 96, 64, out.p, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);  // k not a multiple of 64
-  EXPECT_EQ(cuda::StreamGemmTileWeights(small.p, 64, 64, 32, out.p, nullptr).code(), absl::StatusCode::kInvalidArgument);
-  Dev<float> dp(std::vector<float>(16 * 96));
-  EXPECT_EQ(cuda::StreamGemm({.x = small.p, .rows = 1, .k = 64, .w = small.p, .n = 96, .partials = dp.p,
-                              .workspace = work.p, .variant = 1, .w_tiled = true},
-                             nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);  // a tiled W's n not a multiple of 64
 }
 
 // No GPU needed: StreamFfn's item order holds each group's gate/up and down segment once, and a

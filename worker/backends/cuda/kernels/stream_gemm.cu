@@ -45,7 +45,6 @@ struct Params {
   int64_t stride;
   int* counters;  // [0]: the next item, [1]: CTAs finished, [2 + g]: the FFN's gate/up tiles of group g done
   bool overlap;   // launched programmatically: copy the first W before the wait
-  bool w_tiled;   // the W maps are StreamGemmTileWeights' 4D layout
   // The FFN (ffn > 0): items in segments of one kind and group, in this order, so that a down
   // segment comes `lag` gate/up groups after its own (its features long written when it is taken).
   int ffn, hidden, gate_up_tiles, down_tiles, gate_up_k_blocks;  // tiles: a group's
@@ -124,15 +123,6 @@ __device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int k
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(Smem(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(Smem(bar)), "l"(policy)
-      : "memory");
-}
-// The same from a tiled W (MapTiled): box (k / 64, column tile) of a [n / rows][k / 64][rows][64] array.
-__device__ __forceinline__ void TmaLoadTiled(void* dst, const CUtensorMap* map, int k_box, int tile, uint64_t* bar,
-                                             uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %2, %3, %4}], [%5], %6;" ::"r"(Smem(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(k_box), "r"(tile), "r"(Smem(bar)), "l"(policy)
       : "memory");
 }
 __device__ __forceinline__ void LdMatrix4(uint32_t addr, uint32_t (&r)[4]) {
@@ -247,13 +237,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           BarrierExpect(&full_s[s], kStageBytes);
 #pragma unroll
           for (int b = 0; b < KB; ++b) {
-            const int k0 = it.k_first + (kb * KB + b) * kTileK;
-            if (p.w_tiled) {
-              TmaLoadTiled(ring + s * kStageBytes + b * C::kWBoxBytes, w, k0 / kTileK, it.tile, &full_s[s],
-                           stream_policy);
-            } else {
-              TmaLoad(ring + s * kStageBytes + b * C::kWBoxBytes, w, k0, it.tile * kTileN, &full_s[s], stream_policy);
-            }
+            TmaLoad(ring + s * kStageBytes + b * C::kWBoxBytes, w, it.k_first + (kb * KB + b) * kTileK,
+                    it.tile * kTileN, &full_s[s], stream_policy);
           }
           if (before_wait < 0) {
             load_x(s, it, kb);
@@ -385,42 +370,6 @@ absl::Status Map(CUtensorMap* map, const __half* base, int k, int rows, int box_
   return absl::OkStatus();
 }
 
-// W [rows, k] in StreamGemmTileWeights' layout for `box_rows`: dims (64 k, box_rows, k / 64,
-// rows / box_rows), one box a (64 × box_rows) piece, swizzled as Map's.
-absl::Status MapTiled(CUtensorMap* map, const __half* base, int k, int rows, int box_rows) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
-  if (encode == nullptr) return absl::InternalError("StreamGemm: the driver has no cuTensorMapEncodeTiled");
-  const cuuint64_t dims[4] = {kTileK, static_cast<cuuint64_t>(box_rows), static_cast<cuuint64_t>(k / kTileK),
-                              static_cast<cuuint64_t>(rows / box_rows)};
-  const cuuint64_t piece = cuuint64_t{kTileK} * 2;
-  const cuuint64_t strides[3] = {piece, piece * box_rows, piece * box_rows * (k / kTileK)};
-  const cuuint32_t box[4] = {kTileK, static_cast<cuuint32_t>(box_rows), 1, 1}, unit[4] = {1, 1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, const_cast<__half*>(base), dims, strides, box,
-                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed: CUresult ", r));
-  return absl::OkStatus();
-}
-
-absl::Status MapW(CUtensorMap* map, const __half* w, int k, int n, int box_rows, bool tiled) {
-  return tiled ? MapTiled(map, w, k, n, box_rows) : Map(map, w, k, n, box_rows);
-}
-
-// One thread a 16-byte piece of the output, in output order (the writes coalesce).
-__global__ void TileWeightsKernel(const uint4* __restrict__ w, int k, int tile_rows, int64_t pieces,
-                                  uint4* __restrict__ out) {
-  const int k_boxes = k / kTileK;
-  for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < pieces; o += int64_t{gridDim.x} * blockDim.x) {
-    const int c = static_cast<int>(o % 8);
-    int64_t rest = o / 8;
-    const int r = static_cast<int>(rest % tile_rows);
-    rest /= tile_rows;
-    const int kb = static_cast<int>(rest % k_boxes);
-    const int64_t tile = rest / k_boxes;
-    out[o] = w[((tile * tile_rows + r) * k + int64_t{kb} * kTileK) / 8 + c];
-  }
-}
-
 absl::StatusOr<int> SmCount() {
   static PerDeviceInt sms;
   return sms.Get([]() -> absl::StatusOr<int> {
@@ -463,15 +412,14 @@ absl::Status LaunchGemm(const StreamGemmArgs& a, int ctas, cudaStream_t stream) 
   using C = Config<TN, KB>;
   if (a.k % (kTileK * KB * a.chunks) != 0) return absl::InvalidArgumentError("StreamGemm: k for the variant");
   CUtensorMap maps[4];
-  if (a.w_tiled && a.n % C::kTileN != 0) return absl::InvalidArgumentError("StreamGemm: a tiled W's n for the variant");
-  if (absl::Status s = MapW(&maps[0], a.w, a.k, a.n, C::kTileN, a.w_tiled); !s.ok()) return s;
+  if (absl::Status s = Map(&maps[0], a.w, a.k, a.n, C::kTileN); !s.ok()) return s;
   if (absl::Status s = Map(&maps[1], a.x, a.k, a.rows, 16); !s.ok()) return s;
   maps[2] = maps[0], maps[3] = maps[1];
   Params p{};
   p.rows = a.rows, p.n = a.n, p.chunks = a.chunks, p.chunk_k = a.k / a.chunks, p.k_blocks = p.chunk_k / (kTileK * KB);
   p.items = (a.n + C::kTileN - 1) / C::kTileN * a.chunks;
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
-  p.overlap = a.overlap_previous, p.w_tiled = a.w_tiled;
+  p.overlap = a.overlap_previous;
   return Launch<TN, KB>(maps, p, ctas, stream);
 }
 
@@ -517,25 +465,6 @@ int StreamGemmKStep(int variant) {
   return WithVariant(variant, [](auto, auto kb) { return kTileK * decltype(kb)::value; });
 }
 
-int StreamGemmTileRows(int variant) {
-  return WithVariant(variant, [](auto tn, auto) { return Config<decltype(tn)::value, 1>::kTileN; });
-}
-
-absl::Status StreamGemmTileWeights(const __half* w, int n, int k, int tile_rows, __half* out, cudaStream_t stream) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (w == nullptr || out == nullptr || !aligned(w) || !aligned(out) || (tile_rows != 64 && tile_rows != 128) ||
-      n <= 0 || n % tile_rows != 0 || k <= 0 || k % kTileK != 0) {
-    return absl::InvalidArgumentError(
-        "StreamGemmTileWeights: 64 or 128 tile rows, n a multiple of them, k of 64, 16-byte aligned pointers");
-  }
-  const int64_t pieces = int64_t{n} * k / 8;
-  const int blocks = static_cast<int>(std::min<int64_t>((pieces + 255) / 256, 4096));
-  TileWeightsKernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const uint4*>(w), k, tile_rows, pieces,
-                                                reinterpret_cast<uint4*>(out));
-  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
-  return absl::OkStatus();
-}
-
 std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag) {
   // Gate/up groups 0 .. lag - 1, then each further group followed by the down chunk `lag` groups
   // back, then the rest of the down chunks.
@@ -574,14 +503,14 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   // Two 64-wide k boxes a stage where both k's allow (StreamGemm's fastest at 16 rows), else one.
   const int kb = a.hidden % (2 * kTileK) == 0 && (a.ffn / c) % (2 * kTileK) == 0 ? 2 : 1;
   CUtensorMap maps[4];
-  if (absl::Status s = MapW(&maps[0], a.w_gate_up, a.hidden, 2 * a.ffn, 64, a.weights_tiled); !s.ok()) return s;
+  if (absl::Status s = Map(&maps[0], a.w_gate_up, a.hidden, 2 * a.ffn, 64); !s.ok()) return s;
   if (absl::Status s = Map(&maps[1], a.x, a.hidden, a.rows, 16); !s.ok()) return s;
-  if (absl::Status s = MapW(&maps[2], a.w_down, a.ffn, a.hidden, 64, a.weights_tiled); !s.ok()) return s;
+  if (absl::Status s = Map(&maps[2], a.w_down, a.ffn, a.hidden, 64); !s.ok()) return s;
   if (absl::Status s = Map(&maps[3], a.act, a.ffn, a.rows, 16); !s.ok()) return s;
   Params p{};
   p.rows = a.rows, p.n = 2 * a.ffn, p.chunks = c, p.chunk_k = a.ffn / c, p.k_blocks = p.chunk_k / (kTileK * kb);
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
-  p.overlap = a.overlap_previous, p.w_tiled = a.weights_tiled;
+  p.overlap = a.overlap_previous;
   p.timeline = a.timeline;
   p.ffn = a.ffn, p.hidden = a.hidden, p.act = a.act;
   const FfnTiles tiles = TilesOf(a.hidden, a.ffn, c);

@@ -51,9 +51,6 @@ struct StreamGemmArgs {
   // The item and stage shape, swept by the kernel bench (bench/RESULTS.md): 0 64 columns an item,
   // one 64-wide k box a stage; 1 two k boxes (the fastest at 16 rows); 2 128 columns; 3 both; 4 four k boxes.
   int variant = 0;
-  // W in StreamGemmTileWeights' layout for StreamGemmTileRows(variant) (n a multiple of those rows)
-  // instead of [n, k]: every TMA box one contiguous piece of DRAM, not 64-128 rows' 128 bytes each.
-  bool w_tiled = false;
 };
 
 // InvalidArgument on a shape or alignment it does not take; the TMA descriptor's or the launch's
@@ -64,15 +61,6 @@ absl::Status StreamGemm(const StreamGemmArgs& args, cudaStream_t stream);
 // The k one stage of `variant` covers (64 · its k boxes): StreamGemm takes k in multiples of this
 // times the chunks.
 int StreamGemmKStep(int variant);
-
-// W [n, k] fp16 copied into the layout `w_tiled` reads: [n / tile_rows][k / 64][tile_rows][64], so
-// that one TMA box (tile_rows × 64 k) is one contiguous run and a column tile's k boxes follow each
-// other (an item's whole k range is one run). n a multiple of tile_rows (64 or 128), k of 64. For
-// loading weights, not the serving path: it launches one kernel on `stream` and returns.
-absl::Status StreamGemmTileWeights(const __half* w, int n, int k, int tile_rows, __half* out, cudaStream_t stream);
-
-// The column tile (rows of W) of `variant`'s items: 64 or 128. StreamFfn's is 64.
-int StreamGemmTileRows(int variant);
 
 inline constexpr int kStreamFfnMaxChunks = 16;
 
@@ -108,7 +96,6 @@ struct StreamFfnArgs {
   // for act (down items), done, SM}, times in %globaltimer ns; for CTA b, timeline[4 · items + 2b ..]
   // = {start, end}.
   uint64_t* timeline = nullptr;
-  bool weights_tiled = false;  // both weights in StreamGemmTileWeights' layout for 64 rows
 };
 
 absl::Status StreamFfn(const StreamFfnArgs& args, cudaStream_t stream);
