@@ -242,7 +242,9 @@ TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
   const float eps = 1e-5f;
   // k split 1, 2, 4 and 8 ways where n is small (the grid fits a wave; a lane keeps two steps of W
   // loads: 129, 257 and 512 16-byte vectors); n = 20001 overflows a wave of the H200 whatever the
-  // split, which takes the finest such split (2 for k = 1032).
+  // split, which takes the finest such split (2 for k = 1032). The small grids run the deep
+  // instances where a lane has 4 or more steps (batches of 4 and a ragged remainder), n = 20001
+  // the 40-register ones.
   for (auto [k, n_odd] : {std::pair{200, 77}, {1032, 77}, {2056, 77}, {4096, 77}, {1032, 20001}}) {
     for (int mode = 0; mode < 4; ++mode) {
       const bool residual = mode == 1, normed = mode >= 2, swiglu = mode == 3;

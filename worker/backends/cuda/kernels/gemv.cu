@@ -56,12 +56,20 @@ constexpr int kMaxPreloadBytes = 32 << 10;
 constexpr int kPreloadConfigBytes = 132 << 10;
 constexpr int kPreloadStepBytes = kWarps * 2 * 32 * 16;  // one step: every lane's two 16-byte W loads
 
+// The deep instances' W loads in flight a lane: kDeepSteps steps of both columns, in batches.
+constexpr int kDeepSteps = 4;
+// CTAs an SM the deep instances are built for (their registers: ≤ 64 a thread).
+constexpr int kDeepCtasPerSm = 4;
+
 // A block's 8 warps take 8 / KS column pairs; the KS warps of a pair split its k range
 // (interleaved 16-byte vectors) and meet in shared memory. Both columns of a pair share each load
 // of x, and a lane keeps two W loads in flight per step. The first `preload` steps of W are copied
 // into shared memory before the wait (each lane reads back only its own copies: no barrier).
-template <int KS, bool kPreload>
-__global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a, int preload) {
+// kDeep: a lane issues kDeepSteps steps of W loads (8 × 16 bytes) before it uses any, for grids of
+// at most kDeepCtasPerSm CTAs an SM, where the 40-register instances leave SMs with ~31 warps
+// streaming 64 bytes a lane (o and down on the 8B: one wave of 512 CTAs at ~3.9 TB/s).
+template <int KS, bool kPreload, bool kDeep>
+__device__ __forceinline__ void GemvBody(const GemvArgs& a, int preload) {
   if constexpr (!kPreload) preload = 0;
   extern __shared__ uint4 preload_s[];  // [warp][step][column of the pair][lane]
   __shared__ float part_s[kWarps][2];
@@ -100,8 +108,24 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a, int preloa
       acc0 += Dot8(mine[64 * j], xf);
       acc1 += Dot8(mine[64 * j + 32], xf);
     }
+    int v = first + preloaded * 32 * KS;
+    if constexpr (kDeep) {
+      constexpr int kStride = 32 * KS;
+      for (; v + (kDeepSteps - 1) * kStride < vecs; v += kDeepSteps * kStride) {
+        uint4 wa[kDeepSteps], wb[kDeepSteps];
+#pragma unroll
+        for (int j = 0; j < kDeepSteps; ++j) wa[j] = w0[v + j * kStride], wb[j] = w1[v + j * kStride];
+#pragma unroll
+        for (int j = 0; j < kDeepSteps; ++j) {
+          float xf[8];
+          LoadX(a, v + j * kStride, xf);
+          acc0 += Dot8(wa[j], xf);
+          acc1 += Dot8(wb[j], xf);
+        }
+      }
+    }
 #pragma unroll 2
-    for (int v = first + preloaded * 32 * KS; v < vecs; v += 32 * KS) {
+    for (; v < vecs; v += 32 * KS) {
       const uint4 wv0 = w0[v], wv1 = w1[v];
       float xf[8];
       LoadX(a, v, xf);
@@ -153,6 +177,15 @@ __global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a, int preloa
   }
 }
 
+template <int KS, bool kPreload>
+__global__ void __launch_bounds__(kWarps * 32) GemvKernel(GemvArgs a, int preload) {
+  GemvBody<KS, kPreload, false>(a, preload);
+}
+template <int KS, bool kPreload>
+__global__ void __launch_bounds__(kWarps * 32, kDeepCtasPerSm) GemvDeepKernel(GemvArgs a, int preload) {
+  GemvBody<KS, kPreload, true>(a, preload);
+}
+
 int Blocks(int pairs, int ks) { return (pairs + kWarps / ks - 1) / (kWarps / ks); }
 
 }  // namespace
@@ -168,12 +201,27 @@ absl::StatusOr<int> GemvWave() {
     // Rounded down: the driver rounds a preference up to a configuration the SM has (57% of 228
     // KB on the H100/H200 becomes 132 KB).
     const int carveout = std::clamp(100 * kPreloadConfigBytes / std::max(smem_per_sm, 1), 0, 100);
-    for (auto kernel : {GemvKernel<1, true>, GemvKernel<2, true>, GemvKernel<4, true>, GemvKernel<8, true>}) {
+    for (auto kernel : {GemvKernel<1, true>, GemvKernel<2, true>, GemvKernel<4, true>, GemvKernel<8, true>,
+                        GemvDeepKernel<1, true>, GemvDeepKernel<2, true>, GemvDeepKernel<4, true>,
+                        GemvDeepKernel<8, true>}) {
       TAILSERVE_CUDA_RETURN_IF_ERROR(
           cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
     }
     TAILSERVE_CUDA_RETURN_IF_ERROR(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvKernel<2, false>, kWarps * 32, 0));
+    return std::max(1, sms * per_sm);
+  });
+}
+
+// The deep instances' wave (CTAs the GPU holds at once without shared memory).
+absl::StatusOr<int> GemvDeepWave() {
+  static PerDeviceInt waves;
+  return waves.Get([]() -> absl::StatusOr<int> {
+    int device = 0, sms = 0, per_sm = 0;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    TAILSERVE_CUDA_RETURN_IF_ERROR(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvDeepKernel<2, false>, kWarps * 32, 0));
     return std::max(1, sms * per_sm);
   });
 }
@@ -210,17 +258,29 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
   const int steps = (vecs + 32 * ks - 1) / (32 * ks);  // W loads a lane makes
   const int preload = a.preload_w ? std::min(steps, kMaxPreloadBytes / kPreloadStepBytes) : 0;
   const size_t smem = static_cast<size_t>(preload) * kPreloadStepBytes;
+  // Deep where the grid fits the deep instances' wave anyway and a lane has a batch to stream.
+  absl::StatusOr<int> deep_wave = GemvDeepWave();
+  if (!deep_wave.ok()) return deep_wave.status();
+  const bool deep = blocks <= *deep_wave && steps - preload >= kDeepSteps;
   using Kernel = void (*)(GemvArgs, int);
-  auto launch = [&](Kernel preloading, Kernel plain) {
-    return LaunchMaybeOverlapped(a.overlap_previous, blocks, block, smem, stream, preload > 0 ? preloading : plain, a,
-                                 preload);
+  auto launch = [&](Kernel preloading, Kernel plain, Kernel deep_preloading, Kernel deep_plain) {
+    Kernel k = deep ? (preload > 0 ? deep_preloading : deep_plain) : (preload > 0 ? preloading : plain);
+    return LaunchMaybeOverlapped(a.overlap_previous, blocks, block, smem, stream, k, a, preload);
   };
   cudaError_t launched;
   switch (ks) {
-    case 1: launched = launch(GemvKernel<1, true>, GemvKernel<1, false>); break;
-    case 2: launched = launch(GemvKernel<2, true>, GemvKernel<2, false>); break;
-    case 4: launched = launch(GemvKernel<4, true>, GemvKernel<4, false>); break;
-    default: launched = launch(GemvKernel<8, true>, GemvKernel<8, false>); break;
+    case 1:
+      launched = launch(GemvKernel<1, true>, GemvKernel<1, false>, GemvDeepKernel<1, true>, GemvDeepKernel<1, false>);
+      break;
+    case 2:
+      launched = launch(GemvKernel<2, true>, GemvKernel<2, false>, GemvDeepKernel<2, true>, GemvDeepKernel<2, false>);
+      break;
+    case 4:
+      launched = launch(GemvKernel<4, true>, GemvKernel<4, false>, GemvDeepKernel<4, true>, GemvDeepKernel<4, false>);
+      break;
+    default:
+      launched = launch(GemvKernel<8, true>, GemvKernel<8, false>, GemvDeepKernel<8, true>, GemvDeepKernel<8, false>);
+      break;
   }
   TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
