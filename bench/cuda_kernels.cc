@@ -217,14 +217,8 @@ absl::Status BenchProjections(const Shape& m, const std::vector<int>& rows_list,
   for (const Projection& p : projections) {
     absl::StatusOr<RotatingCopies> w = WeightCopies(size_t(p.n) * p.k * 2, l2_hot);
     if (!w.ok()) return w.status();
-    // At one row both: the engine's Gemv, and cuBLASLt's own pick for a single row (what reads
-    // fastest at batch 1, where the Gemv's epilogues are the only reason to run our own).
-    std::vector<std::pair<int, bool>> runs;
     for (int rows : rows_list) {
-      runs.push_back({rows, rows == 1});
-      if (rows == 1) runs.push_back({1, false});
-    }
-    for (auto [rows, gemv] : runs) {
+      const bool gemv = rows == 1;
       cuda::GemvArgs a = GemvFor(p, *x16, *x32, *y, *act, *sums);
       auto launch = [&]() -> absl::Status {
         const __half* wp = w->Next();
