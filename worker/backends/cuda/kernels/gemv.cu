@@ -57,7 +57,7 @@ constexpr int kPreloadConfigBytes = 132 << 10;
 constexpr int kPreloadStepBytes = kWarps * 2 * 32 * 16;  // one step: every lane's two 16-byte W loads
 
 // The deep instances' W loads in flight a lane: kDeepSteps steps of both columns, in batches.
-constexpr int kDeepSteps = 3;
+constexpr int kDeepSteps = 4;
 // CTAs an SM the deep instances are built for (their registers: ≤ 64 a thread).
 constexpr int kDeepCtasPerSm = 4;
 
@@ -110,25 +110,11 @@ __device__ __forceinline__ void GemvBody(const GemvArgs& a, int preload) {
     }
     int v = first + preloaded * 32 * KS;
     if constexpr (kDeep) {
-      // A ring of kDeepSteps steps in registers: each step's slot is refilled with the step
-      // kDeepSteps ahead as soon as it is used, so the loads stay in flight between rounds.
       constexpr int kStride = 32 * KS;
-      const int steps = v < vecs ? (vecs - v + kStride - 1) / kStride : 0;
-      if (steps >= kDeepSteps) {
+      for (; v + (kDeepSteps - 1) * kStride < vecs; v += kDeepSteps * kStride) {
         uint4 wa[kDeepSteps], wb[kDeepSteps];
 #pragma unroll
         for (int j = 0; j < kDeepSteps; ++j) wa[j] = w0[v + j * kStride], wb[j] = w1[v + j * kStride];
-        const int rounds = steps / kDeepSteps;
-        for (int r = 1; r < rounds; ++r, v += kDeepSteps * kStride) {
-#pragma unroll
-          for (int j = 0; j < kDeepSteps; ++j) {
-            float xf[8];
-            LoadX(a, v + j * kStride, xf);
-            acc0 += Dot8(wa[j], xf);
-            acc1 += Dot8(wb[j], xf);
-            wa[j] = w0[v + (j + kDeepSteps) * kStride], wb[j] = w1[v + (j + kDeepSteps) * kStride];
-          }
-        }
 #pragma unroll
         for (int j = 0; j < kDeepSteps; ++j) {
           float xf[8];
@@ -136,7 +122,6 @@ __device__ __forceinline__ void GemvBody(const GemvArgs& a, int preload) {
           acc0 += Dot8(wa[j], xf);
           acc1 += Dot8(wb[j], xf);
         }
-        v += kDeepSteps * kStride;
       }
     }
 #pragma unroll 2
