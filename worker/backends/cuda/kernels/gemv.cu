@@ -188,6 +188,19 @@ __global__ void __launch_bounds__(kWarps * 32, kDeepCtasPerSm) GemvDeepKernel(Ge
 
 int Blocks(int pairs, int ks) { return (pairs + kWarps / ks - 1) / (kWarps / ks); }
 
+// The deep instances' wave (CTAs the GPU holds at once without shared memory).
+absl::StatusOr<int> GemvDeepWave() {
+  static PerDeviceInt waves;
+  return waves.Get([]() -> absl::StatusOr<int> {
+    int device = 0, sms = 0, per_sm = 0;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    TAILSERVE_CUDA_RETURN_IF_ERROR(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvDeepKernel<2, false>, kWarps * 32, 0));
+    return std::max(1, sms * per_sm);
+  });
+}
+
 }  // namespace
 
 absl::StatusOr<int> GemvWave() {
@@ -209,19 +222,8 @@ absl::StatusOr<int> GemvWave() {
     }
     TAILSERVE_CUDA_RETURN_IF_ERROR(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvKernel<2, false>, kWarps * 32, 0));
-    return std::max(1, sms * per_sm);
-  });
-}
-
-// The deep instances' wave (CTAs the GPU holds at once without shared memory).
-absl::StatusOr<int> GemvDeepWave() {
-  static PerDeviceInt waves;
-  return waves.Get([]() -> absl::StatusOr<int> {
-    int device = 0, sms = 0, per_sm = 0;
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    TAILSERVE_CUDA_RETURN_IF_ERROR(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvDeepKernel<2, false>, kWarps * 32, 0));
+    // The deep instances' too, so that it is known before any graph capture.
+    if (absl::StatusOr<int> deep = GemvDeepWave(); !deep.ok()) return deep.status();
     return std::max(1, sms * per_sm);
   });
 }

@@ -55,7 +55,8 @@ struct GemvArgs {
   int k_split = 0;
 };
 
-// CTAs of the Gemv the GPU holds at once (registers allow ~6 per SM), which sets its k split;
+// CTAs of the Gemv the GPU holds at once (registers allow ~6 per SM), which sets its k split
+// (grids within its 64-register instances' 4 an SM take those, with more W loads in flight);
 // queried once per device, when the preloading kernels' shared-memory carveout is also set. The
 // engine asks at start, so no graph capture is the first to.
 absl::StatusOr<int> GemvWave();
