@@ -67,7 +67,7 @@ constexpr int kDeepCtasPerSm = 4;
 // into shared memory before the wait (each lane reads back only its own copies: no barrier).
 // kDeep: a lane issues kDeepSteps steps of W loads (8 × 16 bytes) before it uses any, for grids of
 // at most kDeepCtasPerSm CTAs an SM, where the 40-register instances leave SMs with ~31 warps
-// streaming 64 bytes a lane (o and down on the 8B: one wave of 512 CTAs at ~3.9 TB/s).
+// streaming 64 bytes a lane (o and down on the 8B: one wave of 512 CTAs; ncu 2.7 / 3.6 TB/s).
 template <int KS, bool kPreload, bool kDeep>
 __device__ __forceinline__ void GemvBody(const GemvArgs& a, int preload) {
   if constexpr (!kPreload) preload = 0;
@@ -188,6 +188,13 @@ __global__ void __launch_bounds__(kWarps * 32, kDeepCtasPerSm) GemvDeepKernel(Ge
 
 int Blocks(int pairs, int ks) { return (pairs + kWarps / ks - 1) / (kWarps / ks); }
 
+template <int KS>
+cudaError_t LaunchSplit(const GemvArgs& a, bool deep, int blocks, int preload, size_t smem, cudaStream_t stream) {
+  void (*kernel)(GemvArgs, int) = deep ? (preload > 0 ? GemvDeepKernel<KS, true> : GemvDeepKernel<KS, false>)
+                                       : (preload > 0 ? GemvKernel<KS, true> : GemvKernel<KS, false>);
+  return LaunchMaybeOverlapped(a.overlap_previous, blocks, dim3(kWarps * 32), smem, stream, kernel, a, preload);
+}
+
 // The deep instances' wave (CTAs the GPU holds at once without shared memory).
 absl::StatusOr<int> GemvDeepWave() {
   static PerDeviceInt waves;
@@ -255,7 +262,6 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
     if (Blocks(pairs, k) <= *wave || Blocks(pairs, 1) > *wave) ks = k;
   }
   if (a.k_split > 0) ks = a.k_split;
-  const dim3 block(kWarps * 32);
   const int blocks = Blocks(pairs, ks);
   const int steps = (vecs + 32 * ks - 1) / (32 * ks);  // W loads a lane makes
   const int preload = a.preload_w ? std::min(steps, kMaxPreloadBytes / kPreloadStepBytes) : 0;
@@ -264,25 +270,12 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
   absl::StatusOr<int> deep_wave = GemvDeepWave();
   if (!deep_wave.ok()) return deep_wave.status();
   const bool deep = blocks <= *deep_wave && steps - preload >= kDeepSteps;
-  using Kernel = void (*)(GemvArgs, int);
-  auto launch = [&](Kernel preloading, Kernel plain, Kernel deep_preloading, Kernel deep_plain) {
-    Kernel k = deep ? (preload > 0 ? deep_preloading : deep_plain) : (preload > 0 ? preloading : plain);
-    return LaunchMaybeOverlapped(a.overlap_previous, blocks, block, smem, stream, k, a, preload);
-  };
   cudaError_t launched;
   switch (ks) {
-    case 1:
-      launched = launch(GemvKernel<1, true>, GemvKernel<1, false>, GemvDeepKernel<1, true>, GemvDeepKernel<1, false>);
-      break;
-    case 2:
-      launched = launch(GemvKernel<2, true>, GemvKernel<2, false>, GemvDeepKernel<2, true>, GemvDeepKernel<2, false>);
-      break;
-    case 4:
-      launched = launch(GemvKernel<4, true>, GemvKernel<4, false>, GemvDeepKernel<4, true>, GemvDeepKernel<4, false>);
-      break;
-    default:
-      launched = launch(GemvKernel<8, true>, GemvKernel<8, false>, GemvDeepKernel<8, true>, GemvDeepKernel<8, false>);
-      break;
+    case 1: launched = LaunchSplit<1>(a, deep, blocks, preload, smem, stream); break;
+    case 2: launched = LaunchSplit<2>(a, deep, blocks, preload, smem, stream); break;
+    case 4: launched = LaunchSplit<4>(a, deep, blocks, preload, smem, stream); break;
+    default: launched = LaunchSplit<8>(a, deep, blocks, preload, smem, stream); break;
   }
   TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
