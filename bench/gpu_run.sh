@@ -7,7 +7,8 @@
 # args go to tailserve-bench-kernels, e.g. --gemm-search, --ksplit, --gemv-splits or --stream-gemm; ab: decode at 512 tokens, batch 1/16/64, of a baseline
 # build packed as .gpu/bin/tailserve-bench-cuda-base against this one, in alternating processes, AB_ROUNDS (2)
 # rounds on the 8B and the 1B shape; AB_BATCHES and AB_MODELS (l8b l1b) override the batches and shapes,
-# and AB_FLAGS (e.g. --attention-splits 8) makes the A/B this build without those flags against with them;
+# AB_FLAGS (e.g. --attention-splits 8) makes the A/B this build without those flags against with them,
+# and AB_ARMS lists arms of either binary with flags ("base;new;new:--rope-ctas 4");
 # trace: the 8B decode at TRACE_BATCHES (1,16,64), with TRACE_FLAGS (files named by TRACE_TAG), under
 # bench/cupti_trace.cc, then bench/trace_table.py: what each kernel of the replayed step costs it)
 set -uo pipefail
@@ -56,18 +57,21 @@ mkdir -p /tmp/ckpt
 [ "$MODE" = bench8b ] || [ -f /tmp/ckpt/l1b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
 [ -f /tmp/ckpt/l8b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.1-8b --vocab 128256 --out /tmp/ckpt/l8b ) 2>&1 | tail -4
 if [ "$MODE" = ab ]; then
-  # With AB_FLAGS the base is this build without them (an engine option against its default).
-  if [ -n "${AB_FLAGS:-}" ]; then base_bin=tailserve-bench-cuda; else base_bin=tailserve-bench-cuda-base; fi
-  echo "== A/B: base = $base_bin, new = tailserve-bench-cuda ${AB_FLAGS:-} (P50 ms, 512 tokens)"
+  # Arms, ';'-separated, each base or new with optional engine flags after a colon (AB_ARMS, e.g.
+  # "base;new;new:--rope-ctas 4"). Default: base against new, or with AB_FLAGS this build without
+  # them against with them (an engine option against its default).
+  if [ -n "${AB_ARMS:-}" ]; then arms=$AB_ARMS; elif [ -n "${AB_FLAGS:-}" ]; then arms="new;new:$AB_FLAGS"; else arms="base;new"; fi
+  echo "== A/B arms: $arms (P50 ms, 512 tokens)"
+  IFS=';' read -r -a arm_list <<< "$arms"
   for m in ${AB_MODELS:-l8b l1b}; do
     for round in $(seq "${AB_ROUNDS:-2}"); do
-      for which in base new; do
-        bin=tailserve-bench-cuda; flags=${AB_FLAGS:-}
-        [ "$which" = base ] && bin=$base_bin flags=
+      for arm in "${arm_list[@]}"; do
+        which=${arm%%:*}; flags=; [ "$arm" != "$which" ] && flags=${arm#*:}
+        bin=tailserve-bench-cuda; [ "$which" = base ] && bin=tailserve-bench-cuda-base
         # shellcheck disable=SC2086  # flags: words
         $R $bin --model /tmp/ckpt/$m --batches "${AB_BATCHES:-1,16,64}" --contexts 512 --prefills 512 $flags > /tmp/ab_one.md 2>&1
-        { echo "### $m round $round $which"; cat /tmp/ab_one.md; } >> "$OUT/ab.md"
-        printf '%s %s round %s:' "$m" "$which" "$round"
+        { echo "### $m round $round $arm"; cat /tmp/ab_one.md; } >> "$OUT/ab.md"
+        printf '%s [%s] round %s:' "$m" "$arm" "$round"
         awk -F'|' '/^\| [0-9]+ \| 512 \|/{printf " b%s %s", $2+0, $4+0}' /tmp/ab_one.md
         echo
       done

@@ -756,8 +756,10 @@ TEST(CudaKernelTest, OverlappedRowKernelsWaitForTheirPredecessor) {
   absl::StatusOr<CudaStream> stream = MakeStream();
   ASSERT_TRUE(stream.ok()) << stream.status();
   cudaStream_t s = stream->get();
-  for (int round = 0; round < 9; ++round) {
-    const int which = round % 3;  // RMSNorm over all n, SwiGLU over n / 2 pairs, RoPE of the first row of q/k/v heads
+  for (int round = 0; round < 12; ++round) {
+    // RMSNorm over all n, SwiGLU over n / 2 pairs, RoPE of the first row of q/k/v heads (every
+    // other time packed into one CTA)
+    const int which = round % 3;
     ASSERT_EQ(cudaMemsetAsync(dy.p, 0xff, size_t(n) * 4, s), cudaSuccess);
     ASSERT_EQ(cudaMemsetAsync(out.p, 0xff, size_t(n) * 2, s), cudaSuccess);
     ASSERT_TRUE(cuda::Gemv({.x = dx.p, .k = k, .w = dw.p, .n = n, .y = dy.p}, s).ok());
@@ -777,7 +779,8 @@ TEST(CudaKernelTest, OverlappedRowKernelsWaitForTheirPredecessor) {
       got.resize(n / 2);
     } else {
       const RowMeta meta{dseq.p, dpos.p, dtable.p};
-      ASSERT_TRUE(cuda::RopeWriteKv(dy.p, {}, nullptr, 1, heads, meta, f.g, f.view(), dinv.p, clamps.p, s, true).ok());
+      ASSERT_TRUE(
+          cuda::RopeWriteKv(dy.p, {}, nullptr, 1, heads, meta, f.g, f.view(), dinv.p, clamps.p, s, true, round / 3 % 2).ok());
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       want.assign(y.begin(), y.begin() + heads * hd);
       for (int h = 0; h < heads; ++h) CpuRope(want.data() + h * hd, hd, pos, inv);
@@ -878,6 +881,33 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
     EXPECT_LE(RelL2(q2_got, q_want), 1e-5) << "partials, seed " << seed;
     EXPECT_LE(RelL2(k2_got, k_want), kc.tol) << "partials, " << KvDtypeName(kc.dtype) << " seed " << seed;
     EXPECT_LE(RelL2(v2_got, v_want), kc.tol) << "partials, " << KvDtypeName(kc.dtype) << " seed " << seed;
+    EXPECT_EQ(clamps.Get()[0], 0u);
+
+    // Packed into 2 CTAs (each warp several heads, several passes): the same bits as spread.
+    PagedFixture f3(int(lens.size()), 48, kv_heads, hd, kc.dtype);
+    Dev<float> dq3(std::vector<float>(size_t(rows) * width, std::nanf("")));
+    ASSERT_TRUE(cuda::RopeWriteKv(dq3.p, {dparts.p, 2, stride}, dbias.p, rows, heads, meta, f3.g, f3.view(), dinv.p,
+                                  clamps.p, nullptr, false, /*max_ctas=*/2)
+                    .ok());
+    const auto q3 = dq3.Get();
+    for (int r = 0; r < rows; ++r) {
+      for (int i = 0; i < heads * hd; ++i) {
+        ASSERT_EQ(q3[size_t(r) * width + i], q2[size_t(r) * width + i]) << "packed q, row " << r << " seed " << seed;
+      }
+    }
+    std::vector<float> k3_got, v3_got;
+    for (int r = 0; r < rows; ++r) {
+      const int block = f3.table[size_t(row_seq[r]) * f3.g.max_blocks_per_seq + row_pos[r] / 16];
+      for (int kh = 0; kh < kv_heads; ++kh) {
+        for (int value = 0; value < 2; ++value) {
+          ASSERT_TRUE(cuda::ReadKvForTest(f3.g, f3.view(), value, block, row_pos[r] % 16, kh, head.p, nullptr).ok());
+          const auto h = head.Get();
+          (value ? v3_got : k3_got).insert((value ? v3_got : k3_got).end(), h.begin(), h.end());
+        }
+      }
+    }
+    EXPECT_EQ(k3_got, k2_got) << "packed K, " << KvDtypeName(kc.dtype) << " seed " << seed;
+    EXPECT_EQ(v3_got, v2_got) << "packed V, " << KvDtypeName(kc.dtype) << " seed " << seed;
     EXPECT_EQ(clamps.Get()[0], 0u);
   }
 
@@ -1364,8 +1394,8 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
-// branches. Together the 19 rows take the split-K projections (partials summed by RoPE and the
-// norms); alone each row takes the batch-1 Gemv path.
+// branches, with RoPE packed into 4 CTAs. Together the 19 rows take the split-K projections
+// (partials summed by RoPE and the norms); alone each row takes the batch-1 Gemv path.
 class CudaEngineBatchTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
@@ -1374,7 +1404,8 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   const bool halves = GetParam();
   auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
                                  {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05,
-                                  .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max()});
+                                  .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max(),
+                                  .rope_max_ctas = halves ? 4 : 0});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;

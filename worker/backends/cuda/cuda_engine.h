@@ -38,6 +38,8 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
+  // Decode above batch 1: RoPE in at most this many CTAs (RopeWriteKv's max_ctas; 0: spread).
+  int rope_max_ctas = 0;
 };
 
 class CudaEngine final : public Engine {
