@@ -1147,7 +1147,7 @@ std::vector<float> CachedRows(PagedFixture& f, bool value, int len) {
 
 // One decode row over 8300 keys (519 scrambled blocks): on the tensor cores (E4M3) a single-split
 // CTA streams 130 tiles a warp (33 in 16 warps), and the CUDA-core kernel (fp16) as many passes;
-// 3 splits merge.
+// 3 and 8 splits merge. Then the row at position 299 (300 keys) the same ways.
 // The other attention tests stay under 48 keys.
 TEST(CudaKernelTest, DecodeAttentionOverALongContext) {
   REQUIRE_GPU();
@@ -1165,38 +1165,42 @@ TEST(CudaKernelTest, DecodeAttentionOverALongContext) {
     CUDA_OK(cudaMemset(clamps.p, 0, 8));
     Dev<float> dqkv(CacheRows(f, dtable.p, qkv, row_seq, row_pos, heads, inv, clamps.p));
     const auto keys = CachedRows(f, false, len), values = CachedRows(f, true, len);
-    const float* q = qkv.data() + size_t(len - 1) * width;
-    std::vector<float> want(size_t(heads) * hd);
-    for (int h = 0; h < heads; ++h) {
-      const int kh = h / (heads / kv_heads);
-      std::vector<double> s(len);
-      for (int p = 0; p < len; ++p) {
-        const float* k = keys.data() + (size_t(p) * kv_heads + kh) * hd;
-        double dot = 0;
-        for (int d = 0; d < hd; ++d) dot += double(q[h * hd + d]) * k[d];
-        s[p] = dot / std::sqrt(double(hd));
+    // The last position, and position 299 (300 keys): 8 splits of 64 keys there leave a 4-warp CTA
+    // no second tile while later splits still hold cached keys (the early second tile's bound).
+    for (int n : {len, 300}) {
+      const float* q = qkv.data() + size_t(n - 1) * width;
+      std::vector<float> want(size_t(heads) * hd);
+      for (int h = 0; h < heads; ++h) {
+        const int kh = h / (heads / kv_heads);
+        std::vector<double> s(n);
+        for (int p = 0; p < n; ++p) {
+          const float* k = keys.data() + (size_t(p) * kv_heads + kh) * hd;
+          double dot = 0;
+          for (int d = 0; d < hd; ++d) dot += double(q[h * hd + d]) * k[d];
+          s[p] = dot / std::sqrt(double(hd));
+        }
+        const double m = *std::max_element(s.begin(), s.end());
+        double z = 0;
+        for (double& e : s) z += (e = std::exp(e - m));
+        for (int d = 0; d < hd; ++d) {
+          double a = 0;
+          for (int p = 0; p < n; ++p) a += s[p] / z * values[(size_t(p) * kv_heads + kh) * hd + d];
+          want[size_t(h) * hd + d] = float(a);
+        }
       }
-      const double m = *std::max_element(s.begin(), s.end());
-      double z = 0;
-      for (double& e : s) z += (e = std::exp(e - m));
-      for (int d = 0; d < hd; ++d) {
-        double a = 0;
-        for (int p = 0; p < len; ++p) a += s[p] / z * values[(size_t(p) * kv_heads + kh) * hd + d];
-        want[size_t(h) * hd + d] = float(a);
+      Dev<int32_t> last_seq(std::vector<int32_t>{0}), last_pos(std::vector<int32_t>{n - 1});
+      for (auto [splits, warps] : {std::pair{1, 4}, {3, 4}, {8, 4}, {1, 16}}) {
+        if (warps != 4 && !cuda::AttentionTakesNewKv(f.g)) continue;
+        const cuda::AttentionShape shape{.rows = 1, .heads = heads, .q_stride = width, .splits = splits,
+                                         .scale = 1.0f / std::sqrt(float(hd)), .warps = warps};
+        Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
+        Dev<__half> out(size_t(heads) * hd);
+        ASSERT_TRUE(cuda::PagedAttention(dqkv.p + size_t(n - 1) * width, shape, {last_seq.p, last_pos.p, dtable.p},
+                                         f.g, f.view(), ws.p, out.p, nullptr)
+                        .ok());
+        EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3)
+            << KvDtypeName(dtype) << " keys " << n << " splits " << splits << " warps " << warps << " seed " << seed;
       }
-    }
-    Dev<int32_t> last_seq(std::vector<int32_t>{0}), last_pos(std::vector<int32_t>{len - 1});
-    for (auto [splits, warps] : {std::pair{1, 4}, {3, 4}, {1, 16}}) {
-      if (warps != 4 && !cuda::AttentionTakesNewKv(f.g)) continue;
-      const cuda::AttentionShape shape{.rows = 1, .heads = heads, .q_stride = width, .splits = splits,
-                                       .scale = 1.0f / std::sqrt(float(hd)), .warps = warps};
-      Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
-      Dev<__half> out(size_t(heads) * hd);
-      ASSERT_TRUE(cuda::PagedAttention(dqkv.p + size_t(len - 1) * width, shape, {last_seq.p, last_pos.p, dtable.p},
-                                       f.g, f.view(), ws.p, out.p, nullptr)
-                      .ok());
-      EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3)
-          << KvDtypeName(dtype) << " splits " << splits << " warps " << warps << " seed " << seed;
     }
   }
 }

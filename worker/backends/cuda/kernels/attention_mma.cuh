@@ -291,11 +291,12 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     // scales in the stage before use). Prefill tiles hold this step's keys: they wait.
     const bool early = !kTiled && t0 < end && (new_kv || t0 + kKeys <= pos0);
     if (early) issue(t0, 0, &scale_cur);
-    // Its second tile too when that one holds only cached keys (not with new_kv: the writer's
-    // group must follow the first tile's). Resident during RoPE (packed on a few SMs, RopeWriteKv's
-    // max_ctas), a wide CTA then has both stages in flight before RoPE ends.
-    const bool early2 = early && !new_kv && t0 + kWarps * kKeys + kKeys <= pos0;
-    if (early2) issue(t0 + kWarps * kKeys, 1, &scale_next);
+    // Its second tile too when this split has one and it holds only cached keys (not with new_kv:
+    // the writer's group must follow the first tile's). Resident during RoPE (packed on a few SMs,
+    // RopeWriteKv's max_ctas), a wide CTA then has both stages in flight before RoPE ends.
+    const int t1 = t0 + kWarps * kKeys;
+    const bool early2 = early && !new_kv && t1 < end && t1 + kKeys <= pos0;
+    if (early2) issue(t1, 1, &scale_next);
     GridDependencyWait();
     TriggerDependents();  // the batch-1 o Gemv after it may launch (common.cuh)
     // new_kv: the warp whose tile holds pos0 copies its K and V after the wait (they are the
