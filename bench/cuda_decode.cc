@@ -108,7 +108,7 @@ int Main(int argc, char** argv) {
   app.add_option("--attention-splits", max_splits, "most splits of a row's keys the engine may choose (its split model picks)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  app.add_option("--rope-ctas", rope_ctas, "decode above batch 1: RoPE in at most this many CTAs (0: spread)")
+  app.add_option("--rope-ctas", rope_ctas, "decode: RoPE, where it is a kernel of its own, in at most this many CTAs (0: spread)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);

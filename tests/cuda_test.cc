@@ -833,19 +833,28 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
     for (int i = 0; i < heads * hd; ++i) q_got.push_back(got_qkv[size_t(r) * width + i]), q_want.push_back(ref[size_t(r) * width + i]);
   }
   EXPECT_LE(RelL2(q_got, q_want), 1e-5) << "seed " << seed;
-  std::vector<float> k_got, k_want, v_got, v_want;
+  // Every row's cached K and V heads read back from a cache, in row, then KV-head order.
   Dev<float> head(hd);
+  auto read_back = [&](PagedFixture& cache, std::vector<float>* k, std::vector<float>* v) {
+    for (int r = 0; r < rows; ++r) {
+      const int block = cache.table[size_t(row_seq[r]) * cache.g.max_blocks_per_seq + row_pos[r] / 16];
+      for (int kh = 0; kh < kv_heads; ++kh) {
+        for (int value = 0; value < 2; ++value) {
+          ASSERT_TRUE(
+              cuda::ReadKvForTest(cache.g, cache.view(), value, block, row_pos[r] % 16, kh, head.p, nullptr).ok());
+          const auto h = head.Get();
+          (value ? v : k)->insert((value ? v : k)->end(), h.begin(), h.end());
+        }
+      }
+    }
+  };
+  std::vector<float> k_got, k_want, v_got, v_want;
+  ASSERT_NO_FATAL_FAILURE(read_back(f, &k_got, &v_got));
   for (int r = 0; r < rows; ++r) {
-    const int block = f.table[size_t(row_seq[r]) * f.g.max_blocks_per_seq + row_pos[r] / 16];
     for (int kh = 0; kh < kv_heads; ++kh) {
       for (int value = 0; value < 2; ++value) {
-        ASSERT_TRUE(cuda::ReadKvForTest(f.g, f.view(), value, block, row_pos[r] % 16, kh, head.p, nullptr).ok());
-        const auto h = head.Get();
         const float* want = ref.data() + size_t(r) * width + (heads + value * kv_heads + kh) * hd;
-        auto& got_v = value ? v_got : k_got;
-        auto& want_v = value ? v_want : k_want;
-        got_v.insert(got_v.end(), h.begin(), h.end());
-        want_v.insert(want_v.end(), want, want + hd);
+        (value ? v_want : k_want).insert((value ? v_want : k_want).end(), want, want + hd);
       }
     }
   }
@@ -869,15 +878,8 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
     std::vector<float> q2_got, k2_got, v2_got;
     for (int r = 0; r < rows; ++r) {
       q2_got.insert(q2_got.end(), q2.begin() + size_t(r) * width, q2.begin() + size_t(r) * width + heads * hd);
-      const int block = f2.table[size_t(row_seq[r]) * f2.g.max_blocks_per_seq + row_pos[r] / 16];
-      for (int kh = 0; kh < kv_heads; ++kh) {
-        for (int value = 0; value < 2; ++value) {
-          ASSERT_TRUE(cuda::ReadKvForTest(f2.g, f2.view(), value, block, row_pos[r] % 16, kh, head.p, nullptr).ok());
-          const auto h = head.Get();
-          (value ? v2_got : k2_got).insert((value ? v2_got : k2_got).end(), h.begin(), h.end());
-        }
-      }
     }
+    ASSERT_NO_FATAL_FAILURE(read_back(f2, &k2_got, &v2_got));
     EXPECT_LE(RelL2(q2_got, q_want), 1e-5) << "partials, seed " << seed;
     EXPECT_LE(RelL2(k2_got, k_want), kc.tol) << "partials, " << KvDtypeName(kc.dtype) << " seed " << seed;
     EXPECT_LE(RelL2(v2_got, v_want), kc.tol) << "partials, " << KvDtypeName(kc.dtype) << " seed " << seed;
@@ -896,16 +898,7 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
       }
     }
     std::vector<float> k3_got, v3_got;
-    for (int r = 0; r < rows; ++r) {
-      const int block = f3.table[size_t(row_seq[r]) * f3.g.max_blocks_per_seq + row_pos[r] / 16];
-      for (int kh = 0; kh < kv_heads; ++kh) {
-        for (int value = 0; value < 2; ++value) {
-          ASSERT_TRUE(cuda::ReadKvForTest(f3.g, f3.view(), value, block, row_pos[r] % 16, kh, head.p, nullptr).ok());
-          const auto h = head.Get();
-          (value ? v3_got : k3_got).insert((value ? v3_got : k3_got).end(), h.begin(), h.end());
-        }
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(read_back(f3, &k3_got, &v3_got));
     EXPECT_EQ(k3_got, k2_got) << "packed K, " << KvDtypeName(kc.dtype) << " seed " << seed;
     EXPECT_EQ(v3_got, v2_got) << "packed V, " << KvDtypeName(kc.dtype) << " seed " << seed;
     EXPECT_EQ(clamps.Get()[0], 0u);

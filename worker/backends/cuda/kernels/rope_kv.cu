@@ -16,6 +16,24 @@ constexpr int kPackedThreads = 1024;
 constexpr int kPackedPairs = 2;
 constexpr int kPackedItems = 2;
 
+// Loads one head's projection into lo / hi (lane's pairs lane + 32 j; 0 past head_dim / 2): the
+// sum of `parts` arrays `stride` floats apart from src, all loads issued before any is used.
+template <int kPairs>
+__device__ __forceinline__ void LoadHead(const float* src, int parts, int64_t stride, int half, float (&lo)[kPairs],
+                                         float (&hi)[kPairs]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int i = lane + 32 * j;
+    lo[j] = hi[j] = 0.0f;
+    if (i >= half) continue;
+#pragma unroll
+    for (int p = 0; p < kMaxPartials; ++p) {
+      if (p < parts) lo[j] += src[p * stride + i], hi[j] += src[p * stride + i + half];
+    }
+  }
+}
+
 // Adds the bias to one head's projection, which a warp holds as lo / hi (lane's pairs lane + 32 j),
 // rotates it (q and k heads), and writes it: q back into qkv's row, k and v encoded into the cache.
 template <KvDtype D, int kPairs>
@@ -78,7 +96,7 @@ template <KvDtype D>
 __global__ void RopeWriteKvKernel(float* qkv, Partials in, const float* bias, int heads, RowMeta meta, KvGeometry g,
                                   KvLayerView layer, const float* inv_freq, unsigned long long* clamps) {
   TriggerDependents();  // the attention that follows may start its prologue (see PagedAttention)
-  const int row = blockIdx.x, lane = threadIdx.x & 31;
+  const int row = blockIdx.x;
   const int head = blockIdx.y * kHeadsPerBlock + (threadIdx.x >> 5);
   const int hd = g.head_dim, half = hd / 2, kvh = g.kv_heads;
   if (head >= heads + 2 * kvh) return;
@@ -89,19 +107,8 @@ __global__ void RopeWriteKvKernel(float* qkv, Partials in, const float* bias, in
   GridDependencyWait();  // qkv is the previous kernel's (the step's inputs above were written before it)
   // The projection: in place, or the sum of the partials (x's layout, in.stride floats apart).
   const float* src = in.count > 0 ? in.data + static_cast<int64_t>(row) * width + head * hd : x + head * hd;
-  const int parts = in.count > 0 ? in.count : 1;
-  const int64_t part_stride = in.stride;
   float lo[kMaxPairsPerLane], hi[kMaxPairsPerLane];
-#pragma unroll
-  for (int j = 0; j < kMaxPairsPerLane; ++j) {  // all loads first: one round trip
-    const int i = lane + 32 * j;
-    lo[j] = hi[j] = 0.0f;
-    if (i >= half) continue;
-#pragma unroll
-    for (int p = 0; p < kMaxPartials; ++p) {
-      if (p < parts) lo[j] += src[p * part_stride + i], hi[j] += src[p * part_stride + i + half];
-    }
-  }
+  LoadHead(src, in.count > 0 ? in.count : 1, in.stride, half, lo, hi);  // all loads first: one round trip
   int clamped = 0;
   RotateAndWrite<D>(lo, hi, x, bias, head, heads, static_cast<float>(pos_i), slot, g, layer, inv_freq, &clamped);
   if (clamped) atomicAdd(clamps, static_cast<unsigned long long>(clamped));
@@ -115,7 +122,6 @@ __global__ void __launch_bounds__(kPackedThreads, 1)
     PackedRopeWriteKvKernel(float* qkv, Partials in, const float* bias, int rows, int heads, RowMeta meta,
                             KvGeometry g, KvLayerView layer, const float* inv_freq, unsigned long long* clamps) {
   TriggerDependents();
-  const int lane = threadIdx.x & 31;
   const int hd = g.head_dim, half = hd / 2, per_row = heads + 2 * g.kv_heads;
   const int width = per_row * hd, items = rows * per_row;
   const int warps = gridDim.x * (blockDim.x >> 5);
@@ -136,18 +142,9 @@ __global__ void __launch_bounds__(kPackedThreads, 1)
     GridDependencyWait();  // once per pass: a no-op after the first
     float lo[kPackedItems][kPackedPairs], hi[kPackedItems][kPackedPairs];
 #pragma unroll
-    for (int t = 0; t < kPackedItems; ++t) {
-      const float* src = src_base + static_cast<int64_t>(row[t]) * width + head[t] * hd;
-#pragma unroll
-      for (int j = 0; j < kPackedPairs; ++j) {
-        const int i = lane + 32 * j;
-        lo[t][j] = hi[t][j] = 0.0f;
-        if (row[t] < 0 || i >= half) continue;
-#pragma unroll
-        for (int p = 0; p < kMaxPartials; ++p) {
-          if (p < parts) lo[t][j] += src[p * in.stride + i], hi[t][j] += src[p * in.stride + i + half];
-        }
-      }
+    for (int t = 0; t < kPackedItems; ++t) {  // an item past the end loads nothing (as if head_dim 0)
+      LoadHead(src_base + static_cast<int64_t>(row[t]) * width + head[t] * hd, parts, in.stride,
+               row[t] >= 0 ? half : 0, lo[t], hi[t]);
     }
 #pragma unroll
     for (int t = 0; t < kPackedItems; ++t) {
