@@ -756,10 +756,8 @@ TEST(CudaKernelTest, OverlappedRowKernelsWaitForTheirPredecessor) {
   absl::StatusOr<CudaStream> stream = MakeStream();
   ASSERT_TRUE(stream.ok()) << stream.status();
   cudaStream_t s = stream->get();
-  for (int round = 0; round < 12; ++round) {
-    // RMSNorm over all n, SwiGLU over n / 2 pairs, RoPE of the first row of q/k/v heads (every
-    // other time packed into one CTA)
-    const int which = round % 3;
+  for (int round = 0; round < 9; ++round) {
+    const int which = round % 3;  // RMSNorm over all n, SwiGLU over n / 2 pairs, RoPE of the first row of q/k/v heads
     ASSERT_EQ(cudaMemsetAsync(dy.p, 0xff, size_t(n) * 4, s), cudaSuccess);
     ASSERT_EQ(cudaMemsetAsync(out.p, 0xff, size_t(n) * 2, s), cudaSuccess);
     ASSERT_TRUE(cuda::Gemv({.x = dx.p, .k = k, .w = dw.p, .n = n, .y = dy.p}, s).ok());
@@ -779,8 +777,7 @@ TEST(CudaKernelTest, OverlappedRowKernelsWaitForTheirPredecessor) {
       got.resize(n / 2);
     } else {
       const RowMeta meta{dseq.p, dpos.p, dtable.p};
-      ASSERT_TRUE(
-          cuda::RopeWriteKv(dy.p, {}, nullptr, 1, heads, meta, f.g, f.view(), dinv.p, clamps.p, s, true, round / 3 % 2).ok());
+      ASSERT_TRUE(cuda::RopeWriteKv(dy.p, {}, nullptr, 1, heads, meta, f.g, f.view(), dinv.p, clamps.p, s, true).ok());
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       want.assign(y.begin(), y.begin() + heads * hd);
       for (int h = 0; h < heads; ++h) CpuRope(want.data() + h * hd, hd, pos, inv);
@@ -885,23 +882,6 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
     EXPECT_LE(RelL2(v2_got, v_want), kc.tol) << "partials, " << KvDtypeName(kc.dtype) << " seed " << seed;
     EXPECT_EQ(clamps.Get()[0], 0u);
 
-    // Packed into 2 CTAs (each warp several heads, several passes): the same bits as spread.
-    PagedFixture f3(int(lens.size()), 48, kv_heads, hd, kc.dtype);
-    Dev<float> dq3(std::vector<float>(size_t(rows) * width, std::nanf("")));
-    ASSERT_TRUE(cuda::RopeWriteKv(dq3.p, {dparts.p, 2, stride}, dbias.p, rows, heads, meta, f3.g, f3.view(), dinv.p,
-                                  clamps.p, nullptr, false, /*max_ctas=*/2)
-                    .ok());
-    const auto q3 = dq3.Get();
-    for (int r = 0; r < rows; ++r) {
-      for (int i = 0; i < heads * hd; ++i) {
-        ASSERT_EQ(q3[size_t(r) * width + i], q2[size_t(r) * width + i]) << "packed q, row " << r << " seed " << seed;
-      }
-    }
-    std::vector<float> k3_got, v3_got;
-    ASSERT_NO_FATAL_FAILURE(read_back(f3, &k3_got, &v3_got));
-    EXPECT_EQ(k3_got, k2_got) << "packed K, " << KvDtypeName(kc.dtype) << " seed " << seed;
-    EXPECT_EQ(v3_got, v2_got) << "packed V, " << KvDtypeName(kc.dtype) << " seed " << seed;
-    EXPECT_EQ(clamps.Get()[0], 0u);
   }
 
   // Attention of every row over the cache as stored (quantisation is not counted against the
@@ -1158,8 +1138,8 @@ TEST(CudaKernelTest, DecodeAttentionOverALongContext) {
     CUDA_OK(cudaMemset(clamps.p, 0, 8));
     Dev<float> dqkv(CacheRows(f, dtable.p, qkv, row_seq, row_pos, heads, inv, clamps.p));
     const auto keys = CachedRows(f, false, len), values = CachedRows(f, true, len);
-    // The last position, and position 299 (300 keys): 8 splits of 64 keys there leave a 4-warp CTA
-    // no second tile while later splits still hold cached keys (the early second tile's bound).
+    // The last position, and position 299 (300 keys): 8 splits of 64 keys there give the fifth 44
+    // keys (one of its four warps has no tile) and the last three none.
     for (int n : {len, 300}) {
       const float* q = qkv.data() + size_t(n - 1) * width;
       std::vector<float> want(size_t(heads) * hd);
@@ -1391,8 +1371,8 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
-// branches, with RoPE packed into 4 CTAs. Together the 19 rows take the split-K projections
-// (partials summed by RoPE and the norms); alone each row takes the batch-1 Gemv path.
+// branches. Together the 19 rows take the split-K projections (partials summed by RoPE and the
+// norms); alone each row takes the batch-1 Gemv path.
 class CudaEngineBatchTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
@@ -1401,8 +1381,7 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   const bool halves = GetParam();
   auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
                                  {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05,
-                                  .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max(),
-                                  .rope_max_ctas = halves ? 4 : 0});
+                                  .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max()});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;

@@ -530,8 +530,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     }
     if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
-                                             inv_freq_, b.clamps, s, shape.overlap_previous,
-                                             decode ? options_.rope_max_ctas : 0));
+                                             inv_freq_, b.clamps, s, shape.overlap_previous));
     }
     TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
     if (fused) {

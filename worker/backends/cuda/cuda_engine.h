@@ -38,9 +38,6 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
-  // Decode steps whose RoPE is a kernel of its own (above batch 1, or a batch-1 MoE): at most
-  // this many CTAs for it (RopeWriteKv's max_ctas; 0: spread over every SM). Off until measured.
-  int rope_max_ctas = 0;
 };
 
 class CudaEngine final : public Engine {

@@ -33,9 +33,8 @@ struct AttentionShape {
   // encodes them into the cache as RopeWriteKv would, counting clamps in PagedAttention's `clamps`.
   bool new_kv = false;
   // Launch the tensor-core kernel with programmatic stream serialization: its prologue and, when
-  // decoding, each warp's first two tiles of previously cached keys (with new_kv, only the first,
-  // which may be the tile holding the new position, whose rows the writer overwrites) overlap the
-  // kernel before it (RoPE or the
+  // decoding, its first tile of previously cached keys (with new_kv, also the tile holding the new
+  // position, whose rows the writer overwrites) overlap the kernel before it (RoPE or the
   // batch-1 q/k/v Gemv, which trigger their dependents early). The previous kernel must not read
   // `out` or the workspace (a CTA with no keys writes them before it waits). The split combine
   // (more than one split) follows it the same way and lets its own follower start at once; with

@@ -291,12 +291,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     // scales in the stage before use). Prefill tiles hold this step's keys: they wait.
     const bool early = !kTiled && t0 < end && (new_kv || t0 + kKeys <= pos0);
     if (early) issue(t0, 0, &scale_cur);
-    // Its second tile too when this split has one and it holds only cached keys (not with new_kv:
-    // the writer's group must follow the first tile's). Resident during RoPE (packed on a few SMs,
-    // RopeWriteKv's max_ctas), a wide CTA then has both stages in flight before RoPE ends.
-    const int t1 = t0 + kWarps * kKeys;
-    const bool early2 = early && !new_kv && t1 < end && t1 + kKeys <= pos0;
-    if (early2) issue(t1, 1, &scale_next);
     GridDependencyWait();
     TriggerDependents();  // the batch-1 o Gemv after it may launch (common.cuh)
     // new_kv: the warp whose tile holds pos0 copies its K and V after the wait (they are the
@@ -336,9 +330,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
 
     for (int it = 0; t0 < end; ++it, t0 += kWarps * kKeys) {
       const int s = it & 1, t_next = t0 + kWarps * kKeys;
-      if (it == 0 && early2) {
-        // issued before the wait: its group follows the first tile's
-      } else if (t_next < end) {
+      if (t_next < end) {
         issue(t_next, s ^ 1, &scale_next);
       } else {
         __pipeline_commit();  // an empty group keeps the wait count uniform

@@ -18,14 +18,9 @@ namespace tailserve::cuda {
 // qkv: a split-K projection's partials), the projection is their sum and qkv only receives the
 // rotated q; otherwise qkv is read and q rotated in place. overlap_previous: launched
 // programmatically (common.cuh), it waits for the previous kernel before it reads its input.
-// max_ctas > 0 (head_dim <= 128): at most that many CTAs of 32 warps, each warp taking several
-// heads, so that a follower whose CTAs need whole SMs (the decode attention in 8- or 16-warp CTAs
-// at 128 registers) can be resident on the other SMs while RoPE runs; 0: a warp a head, spread
-// over every SM.
 absl::Status RopeWriteKv(float* qkv, const Partials& in, const float* bias, int rows, int heads, const RowMeta& meta,
                          const KvGeometry& geometry, const KvLayerView& layer, const float* inv_freq,
-                         unsigned long long* clamps, cudaStream_t stream, bool overlap_previous = false,
-                         int max_ctas = 0);
+                         unsigned long long* clamps, cudaStream_t stream, bool overlap_previous = false);
 
 // Reads back one cached head vector as fp32 (for tests): out[head_dim].
 absl::Status ReadKvForTest(const KvGeometry& geometry, const KvLayerView& layer, bool value, int block, int slot,
