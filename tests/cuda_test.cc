@@ -1089,98 +1089,6 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
   EXPECT_EQ(clamps.Get()[0], 0u);
 }
 
-// Decode above batch 1: each row's q/k/v projection arrives unrotated, as two split-K partials (a
-// gap apart) plus a bias, and the attention sums, biases and rotates q and the new K itself
-// while the cache holds poison at the new slots. It must leave the cache RopeWriteKv writes from
-// the same partials and output what attention after RopeWriteKv does, bit for bit (both round the
-// rotation explicitly, common.cuh's RopeRotate).
-TEST_P(CudaKvTest, DecodeRotatingNewKvMatchesRopeWriteKv) {
-  REQUIRE_GPU();
-  const KvCase kc = GetParam();
-  const int kv_heads = 2, heads = kc.group * kv_heads, hd = kc.head_dim;
-  const std::vector<int> lens = {1, 17, 40, 200};
-  const int seqs = int(lens.size()), width = (heads + 2 * kv_heads) * hd;
-  PagedFixture f(seqs, 200, kv_heads, hd, kc.dtype);
-  if (!cuda::AttentionTakesNewKv(f.g)) GTEST_SKIP() << "new_kv runs on the tensor-core (FP8) kernel only";
-  const unsigned seed = 211 + kc.head_dim + kc.group;
-  std::mt19937 rng(seed);
-  std::vector<float> inv(hd / 2);
-  for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(500000.0f, 2.0f * i / hd);
-  Dev<int32_t> dtable(f.table);
-  Dev<unsigned long long> clamps(1);
-  CUDA_OK(cudaMemset(clamps.p, 0, 8));
-  // Every position but each sequence's last, cached through RopeWriteKv.
-  std::vector<int32_t> row_seq, row_pos;
-  for (int s = 0; s < seqs; ++s) {
-    for (int p = 0; p + 1 < lens[s]; ++p) row_seq.push_back(s), row_pos.push_back(p);
-  }
-  CacheRows(f, dtable.p, Random(row_seq.size() * width, rng, 2.0f), row_seq, row_pos, heads, inv, clamps.p);
-  // The decode rows: each sequence's last position.
-  std::vector<int32_t> last_seq(seqs), last_pos(seqs);
-  for (int s = 0; s < seqs; ++s) last_seq[s] = s, last_pos[s] = lens[s] - 1;
-  const int64_t stride = int64_t{seqs} * width + 4;
-  Dev<float> dparts(Random(size_t(stride) * 2, rng, 1.5f)), dbias(Random(size_t(width), rng, 0.5f)), dinv(inv);
-  Dev<int32_t> dseq(last_seq), dpos(last_pos);
-  const RowMeta meta{dseq.p, dpos.p, dtable.p};
-  const std::vector<char> k0 = f.k.Get(), v0 = f.v.Get();
-  const std::vector<float> ks0 = f.ks.Get(), vs0 = f.vs.Get();
-  // The reference: RopeWriteKv from the partials (q rotated into dq, K and V into the cache).
-  Dev<float> dq(size_t(seqs) * width);
-  ASSERT_TRUE(cuda::RopeWriteKv(dq.p, {dparts.p, 2, stride}, dbias.p, seqs, heads, meta, f.g, f.view(), dinv.p,
-                                clamps.p, nullptr)
-                  .ok());
-  const std::vector<char> k_ref = f.k.Get(), v_ref = f.v.Get();
-  const std::vector<float> ks_ref = f.ks.Get(), vs_ref = f.vs.Get();
-  auto bits = [](const std::vector<__half>& h) {
-    std::vector<uint16_t> b(h.size());
-    std::memcpy(b.data(), h.data(), h.size() * 2);
-    return b;
-  };
-  struct Run {
-    int splits, window, warps = 4;
-  };
-  for (auto [splits, window, warps] : {Run{1, 0}, Run{3, 0}, Run{16, 0}, Run{32, 0}, Run{1, 37}, Run{11, 37},
-                                       Run{1, 0, 16}, Run{1, 37, 8}, Run{3, 0, 16}, Run{2, 37, 8}}) {
-    cuda::AttentionShape shape{.rows = seqs, .heads = heads, .q_stride = width, .sliding_window = window,
-                               .splits = splits, .scale = 1.0f / std::sqrt(float(hd)),
-                               .cluster_merge = splits > 1 && splits <= cuda::kMaxClusterSplits, .warps = warps};
-    Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
-    Dev<__half> want(size_t(seqs) * heads * hd), got(want.n);
-    f.k.Put(k_ref), f.v.Put(v_ref), f.ks.Put(ks_ref), f.vs.Put(vs_ref);
-    ASSERT_TRUE(cuda::PagedAttention(dq.p, shape, meta, f.g, f.view(), ws.p, want.p, nullptr).ok());
-    // The cache as before RopeWriteKv, with poison at the new slots (NaN bytes in both FP8 formats,
-    // NaN scales).
-    f.k.Put(k0), f.v.Put(v0), f.ks.Put(ks0), f.vs.Put(vs0);
-    for (int s = 0; s < seqs; ++s) {
-      const size_t slot = size_t(f.table[size_t(s) * f.g.max_blocks_per_seq + last_pos[s] / 16]) * 16 + last_pos[s] % 16;
-      CUDA_OK(cudaMemset(f.k.p + slot * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
-      CUDA_OK(cudaMemset(f.v.p + slot * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
-      CUDA_OK(cudaMemset(f.ks.p + slot * kv_heads, 0xff, size_t(kv_heads) * 4));
-      CUDA_OK(cudaMemset(f.vs.p + slot * kv_heads, 0xff, size_t(kv_heads) * 4));
-    }
-    shape.new_kv = true;
-    shape.rope_inv_freq = dinv.p, shape.bias = dbias.p, shape.q_parts = {dparts.p, 2, stride};
-    ASSERT_TRUE(cuda::PagedAttention(nullptr, shape, meta, f.g, f.view(), ws.p, got.p, nullptr, clamps.p).ok());
-    const std::string what = std::string(KvDtypeName(kc.dtype)) + " splits " + std::to_string(splits) + " window " +
-                             std::to_string(window) + " warps " + std::to_string(warps) + " seed " + std::to_string(seed);
-    EXPECT_EQ(bits(got.Get()), bits(want.Get())) << what;
-    EXPECT_TRUE(f.k.Get() == k_ref && f.v.Get() == v_ref) << "cache bytes, " << what;
-    EXPECT_TRUE(f.ks.Get() == ks_ref && f.vs.Get() == vs_ref) << "cache scales, " << what;
-  }
-  EXPECT_EQ(clamps.Get()[0], 0u);
-  // Without rope_inv_freq, partials and a bias are refused; with it, new_kv is required.
-  cuda::AttentionShape bad{.rows = seqs, .heads = heads, .q_stride = width, .scale = 1.0f};
-  bad.bias = dbias.p;
-  EXPECT_EQ(cuda::PagedAttention(dq.p, bad, meta, f.g, f.view(), nullptr, nullptr, nullptr, clamps.p).code(),
-            absl::StatusCode::kInvalidArgument);
-  bad.bias = nullptr, bad.rope_inv_freq = dinv.p;
-  EXPECT_EQ(cuda::PagedAttention(dq.p, bad, meta, f.g, f.view(), nullptr, nullptr, nullptr, clamps.p).code(),
-            absl::StatusCode::kInvalidArgument);
-  bad.new_kv = true, bad.q_parts = {dparts.p, 3, stride};
-  EXPECT_EQ(cuda::PagedAttention(dq.p, bad, meta, f.g, f.view(), nullptr, nullptr, nullptr, clamps.p).code(),
-            absl::StatusCode::kInvalidArgument);
-}
-
 // What f's cache holds for positions [0, len) of sequence row 0: [len][kv_heads][head_dim] floats
 // (fp16, or E4M3 times its scale), K or V.
 std::vector<float> CachedRows(PagedFixture& f, bool value, int len) {
@@ -1463,16 +1371,16 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
-// branches. Together the 19 rows take the split-K projections (partials summed by RoPE, or with
-// an FP8 cache by the attention, and the norms); alone each row takes the batch-1 Gemv path.
-class CudaEngineBatchTest : public ::testing::TestWithParam<std::tuple<bool, KvDtype>> {};
+// branches. Together the 19 rows take the split-K projections (partials summed by RoPE and the
+// norms); alone each row takes the batch-1 Gemv path.
+class CudaEngineBatchTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   REQUIRE_GPU();
   TAILSERVE_REQUIRE_SHARED();
-  const auto [halves, kv_dtype] = GetParam();
+  const bool halves = GetParam();
   auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
-                                 {.kv_dtype = kv_dtype, .kv_memory_fraction = 0.05,
+                                 {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05,
                                   .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max()});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
@@ -1544,13 +1452,8 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   EXPECT_EQ((*engine)->stats()->kv_blocks_free, total);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
-                         ::testing::Values(std::tuple{false, KvDtype::kFp16}, std::tuple{true, KvDtype::kFp16},
-                                           std::tuple{true, KvDtype::kFp8E4M3}),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param) ? "Halves_" : "OneStream_") +
-                                  KvDtypeName(std::get<1>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Halves" : "OneStream"; });
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current
 // CUDA device is per thread: an engine on device 1 must make it current itself.

@@ -21,11 +21,10 @@ namespace tailserve {
 namespace {
 
 // Decode above batch 1 splits the k range of the q/k/v, o and down projections in two
-// (GemmRunner::RunSplitK); the decode attention (or RoPE) and the next RMSNorm add the halves.
-// Kernel bench, H200, 8B shape, 16 / 32 / 64 rows (µs, cuBLASLt's best pick of each): q/k/v 16.3
-// / 16.1 / 16.2 → 15.0 / 15.3 / 15.7, o (with its split-K reduce) 12.9 / 13.7 / 11.6 → 10.6 /
-// 10.7 / 11.1, down 32.8 / 33.4 / 34.9 → 30.3 / 30.3 / 31.2; 4 and 8 chunks were slower than 2,
-// gate/up gains nothing.
+// (GemmRunner::RunSplitK); RoPE and the next RMSNorm add the halves. Kernel bench, H200, 8B
+// shape, 16 / 32 / 64 rows (µs, cuBLASLt's best pick of each): q/k/v 16.3 / 16.1 / 16.2 → 15.0 /
+// 15.3 / 15.7, o (with its split-K reduce) 12.9 / 13.7 / 11.6 → 10.6 / 10.7 / 11.1, down 32.8 /
+// 33.4 / 34.9 → 30.3 / 30.3 / 31.2; 4 and 8 chunks were slower than 2, gate/up gains nothing.
 constexpr int kDecodeKSplits = 2;
 
 }  // namespace
@@ -458,12 +457,11 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // Gemv epilogues (see gemv.h), 7 kernels a layer instead of 10; a norm's input sum of squares is
   // accumulated by the Gemv that writes the residual. Larger batches go through cuBLAS.
   const bool fused = rows == 1 && c.num_experts == 0 && h % 8 == 0 && qd % 8 == 0 && f % 8 == 0;
-  // Decode on the tensor-core attention has no RoPE kernel (3.4-3.6 us a layer on the 8B shape):
-  // the attention CTA holding the new position writes its K/V to the cache. At batch 1 RoPE rides
-  // in the q/k/v Gemv's epilogue; above it the attention sums cuBLASLt's split-K partials, adds
-  // the bias and rotates q and the new K itself, with RopeWriteKv's arithmetic.
+  // Batch-1 decode on the tensor-core attention: RoPE rides in the q/k/v Gemv's epilogue and the
+  // attention CTA holding the new position writes its K/V to the cache, so there is no RoPE kernel
+  // (3.4 us a layer on the 8B shape, for one token).
   const bool mma_decode = decode && cuda::AttentionTakesNewKv(kv_);  // the tensor-core kernel's decode
-  shape.new_kv = mma_decode;
+  shape.new_kv = fused && mma_decode;
   // The attention after RoPE or the q/k/v Gemv, and at batch 1 every Gemv after its predecessor,
   // start programmatically on the engine's own stream (common.cuh); not when profiling, where an
   // event sits between two ops and each is timed alone.
@@ -534,11 +532,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
                                              inv_freq_, b.clamps, s, shape.overlap_previous));
     }
-    cuda::AttentionShape layer_shape = shape;
-    if (shape.new_kv && !fused) {
-      layer_shape.rope_inv_freq = inv_freq_, layer_shape.bias = L.b_qkv, layer_shape.q_parts = qkv_in;
-    }
-    TRY("attention", cuda::PagedAttention(b.qkv, layer_shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
+    TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
     if (fused) {
       // o's CTAs start while the attention runs (its CTAs, or its combine, trigger before the end)
       // and copy W meanwhile.

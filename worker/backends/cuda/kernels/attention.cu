@@ -345,21 +345,6 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
   if (shape.new_kv && (!UsesMma(g) || shape.runs || clamps == nullptr)) {
     return absl::InvalidArgumentError("PagedAttention: new_kv needs the tensor-core kernel, decode rows and a clamp counter");
   }
-  // Rows the kernel rotates itself: the sum of q_parts (or q alone) plus the bias.
-  mma_attention::RowRope rope;
-  const Partials parts = shape.q_parts.OrNone();
-  if (shape.rope_inv_freq != nullptr) {
-    if (!shape.new_kv) return absl::InvalidArgumentError("PagedAttention: rope_inv_freq needs new_kv");
-    if (parts.count > kMaxAttentionParts) return absl::InvalidArgumentError("PagedAttention: at most 2 q_parts");
-    if (parts.count > 0 && (parts.stride % 4 != 0 || reinterpret_cast<uintptr_t>(parts.data) % 16 != 0)) {
-      // The writer copies the new K/V in 16-byte pieces.
-      return absl::InvalidArgumentError("PagedAttention: q_parts 16-byte aligned, a multiple of 4 floats apart");
-    }
-    rope = {shape.rope_inv_freq, shape.bias, parts.count > 0 ? parts.count : 1, parts.stride};
-    if (parts.count > 0) q = parts.data;
-  } else if (shape.bias != nullptr || parts.count > 0) {
-    return absl::InvalidArgumentError("PagedAttention: bias and q_parts need rope_inv_freq");
-  }
   const bool cluster_merge = shape.cluster_merge;
   if (cluster_merge && (!UsesMma(g) || shape.runs || shape.splits < 2 || shape.splits > kMaxClusterSplits)) {
     return absl::InvalidArgumentError("PagedAttention: cluster_merge needs the tensor-core kernel, decode rows and 2-16 splits");
@@ -380,7 +365,7 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
       launched = LaunchMaybeOverlappedInClusters(shape.overlap_previous, cluster_z, grid, dim3(shape.warps * 32),
                                                  smem, stream, kernel, q, shape.rows, shape.heads, shape.q_stride,
                                                  shape.sliding_window, shape.splits, shape.scale, meta, g, layer,
-                                                 workspace, out, shape.new_kv, clamps, cluster_merge, rope);
+                                                 workspace, out, shape.new_kv, clamps, cluster_merge);
     });
     TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   } else {

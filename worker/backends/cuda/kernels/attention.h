@@ -14,7 +14,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/backends/cuda/kernels/kv_cache.h"
-#include "worker/backends/cuda/kernels/partials.h"
 
 namespace tailserve::cuda {
 
@@ -29,19 +28,10 @@ struct AttentionShape {
   // gives a CTA 16 / G rows that share each K/V tile (correct for any layout, fast for runs).
   bool runs = false;
   // Decode only (AttentionTakesNewKv), rows of distinct sequences: each row's own position is not
-  // in the cache yet. Its K and V follow the row's q heads (k heads, then v heads, fp32: the
-  // batch-1 q/k/v Gemv with RoPE leaves them so, rotated; see rope_inv_freq for unrotated ones),
-  // and the CTA whose split holds that position
+  // in the cache yet. Its K and V, rotated, follow the row's q heads (k heads, then v heads, fp32:
+  // the batch-1 q/k/v Gemv with RoPE leaves them so), and the CTA whose split holds that position
   // encodes them into the cache as RopeWriteKv would, counting clamps in PagedAttention's `clamps`.
   bool new_kv = false;
-  // With new_kv where no kernel before rotated the rows (above batch 1, after cuBLASLt): each row
-  // is the sum of `q_parts` (laid out as q, split-K partials; none: q itself) plus `bias` (null:
-  // none), and the kernel rotates the q heads and the new K by pos · rope_inv_freq[i] itself, with
-  // RopeWriteKv's arithmetic (the same bits in the cache and out), so no RoPE kernel runs. Null:
-  // q, K and V arrive summed and rotated (the batch-1 q/k/v Gemv).
-  const float* rope_inv_freq = nullptr;
-  const float* bias = nullptr;
-  Partials q_parts{};
   // Launch the tensor-core kernel with programmatic stream serialization: its prologue and, when
   // decoding, its first tile of previously cached keys (with new_kv, also the tile holding the new
   // position, whose rows the writer overwrites) overlap the kernel before it (RoPE or the
@@ -66,7 +56,6 @@ struct AttentionShape {
 };
 
 inline constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster on sm_90
-inline constexpr int kMaxAttentionParts = 2;  // q_parts the kernel adds (its new K/V stash holds each)
 
 // Whether PagedAttention takes new_kv for this cache (the tensor-core kernel: FP8, head_dim 32/64/128).
 bool AttentionTakesNewKv(const KvGeometry& geometry);

@@ -127,15 +127,6 @@ __device__ __forceinline__ void ClusterMerge(float* acc_s, float* ml_s, int rows
   cluster.sync();
 }
 
-// Decode rows the kernel rotates itself (AttentionShape::rope_inv_freq): each is the sum of
-// `parts` arrays `part_stride` floats apart from q, plus `bias`.
-struct RowRope {
-  const float* inv_freq = nullptr;  // null: q, K and V arrive summed and rotated (parts 1)
-  const float* bias = nullptr;
-  int parts = 1;
-  int64_t part_stride = 0;
-};
-
 template <int HD>
 struct Stage {
   alignas(16) uint8_t k[kKeys * RowBytes<HD>()];
@@ -165,10 +156,9 @@ __device__ __forceinline__ Stage<HD> (*DynamicStages())[2] {
 // runs of consecutive positions of one sequence (a single run unless a sequence starts inside the
 // tile): a run's tokens share every K/V tile, mma row r = token r / G, head r % G, each row with its
 // own causal (and sliding-window) mask. Any row layout is correct; runs only make it fast.
-// new_kv (decode only): each row's own position is not cached yet; its K and V (fp32) sit in the
-// row after the q heads, and the CTA whose split holds that position encodes them into the cache
-// (clamps counted) and into its tile. Rotated already (the batch-1 q/k/v Gemv), or with
-// rope.inv_freq summed from rope.parts, biased and rotated here (q too), as RopeWriteKv would.
+// new_kv (decode only): each row's own position is not cached yet; its K and V (rotated, fp32) sit
+// in the row after the q heads, as the batch-1 q/k/v Gemv leaves them, and the CTA whose split
+// holds that position encodes them into the cache (clamps counted) and into its tile.
 // cluster_merge (decode only, launched with clusters of `splits` CTAs along z): the splits merge
 // through distributed shared memory and write the output, no partials and no combine kernel (the
 // combine cost ~3 µs a layer at batch 1: a kernel boundary plus two L2 round trips).
@@ -176,7 +166,7 @@ template <KvDtype D, int HD, bool kTiled, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     AttentionMmaKernel(const float* q, int rows, int heads, int q_stride, int sliding_window, int splits, float scale,
                        RowMeta meta, KvGeometry g, KvLayerView layer, float* partial, __half* out, bool new_kv,
-                       unsigned long long* clamps, bool cluster_merge, RowRope rope) {
+                       unsigned long long* clamps, bool cluster_merge) {
   static_assert(HD == 32 || HD == 64 || HD == 128, "head_dim 32, 64 or 128 (the decode Vᵀ loads take HD / 8 bytes)");
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();
@@ -190,11 +180,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
   constexpr int kHalves = kTiled ? 2 : 1;  // mma row halves in use: rows qg (and qg + 8)
   __shared__ Stage<HD> static_stages[kWarps == kDefaultWarps ? kWarps : 1][2];
   Stage<HD>(*const stages)[2] = kWarps == kDefaultWarps ? static_stages : DynamicStages<HD, kWarps>();
-  // new_kv: the row's own K and V, from each of rope.parts arrays.
-  __shared__ alignas(16) float fresh_s[kTiled ? 1 : kMaxAttentionParts][2][kTiled ? 4 : HD];
-  // Rotating the rows here (rope.inv_freq): the sine and cosine of rotation pair lane + 32 m.
-  constexpr int kFreqs = (HD / 2 + 31) / 32;
-  const bool rotate = !kTiled && rope.inv_freq != nullptr;
+  __shared__ alignas(16) float fresh_s[2][kTiled ? 4 : HD];  // new_kv: the row's own K, V
 
   const int kv_head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -305,16 +291,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     // scales in the stage before use). Prefill tiles hold this step's keys: they wait.
     const bool early = !kTiled && t0 < end && (new_kv || t0 + kKeys <= pos0);
     if (early) issue(t0, 0, &scale_cur);
-    // Rotating the rows here: the angles depend on the position alone, so they overlap the
-    // previous kernel too.
-    float rope_sn[kFreqs], rope_cs[kFreqs];
-#pragma unroll
-    for (int m = 0; m < kFreqs; ++m) {
-      rope_sn[m] = 0.0f, rope_cs[m] = 1.0f;
-      if (rotate && lane + 32 * m < HD / 2) {  // the angle in fp32, as RopeWriteKv computes it
-        sincosf(static_cast<float>(pos0) * rope.inv_freq[lane + 32 * m], &rope_sn[m], &rope_cs[m]);
-      }
-    }
     GridDependencyWait();
     TriggerDependents();  // the batch-1 o Gemv after it may launch (common.cuh)
     // new_kv: the warp whose tile holds pos0 copies its K and V after the wait (they are the
@@ -322,9 +298,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     const bool writer = !kTiled && new_kv && begin <= pos0 && pos0 < end && warp == (pos0 - begin) / kKeys % kWarps;
     if (writer) {
       const float* fresh = q + static_cast<int64_t>(r0) * q_stride + (heads + kv_head) * HD;
-      for (int piece = lane; piece < HD / 2 * rope.parts; piece += 32) {  // 16 bytes: HD / 4 of K, then of V, a part
-        const int part = piece / (HD / 2), which = piece / (HD / 4) % 2, at = piece % (HD / 4) * 4;
-        __pipeline_memcpy_async(&fresh_s[part][which][at], fresh + part * rope.part_stride + which * kvh * HD + at, 16);
+      for (int piece = lane; piece < HD / 2; piece += 32) {  // 16-byte pieces: HD / 4 of K, then of V
+        const int which = piece / (HD / 4), at = piece % (HD / 4) * 4;
+        __pipeline_memcpy_async(&fresh_s[which][at], fresh + which * kvh * HD + at, 16);
       }
       __pipeline_commit();  // a group of its own: the loop's first wait covers it, early tile or not
     }
@@ -335,55 +311,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     uint32_t qa[kChunks][2 * kHalves];
     {
       const float qs = scale * kLog2e;
-      if (rotate) {
-        // Decode (one row, kHalves 1): this lane's q elements are dims kc·16 + 2qc + {0, 1, 8, 9};
-        // those of chunk kc < kChunks / 2 pair with chunk kc + kChunks / 2's (i + HD / 2), so the
-        // rotation stays in the lane. Summed and rotated as RopeWriteKv does, bit for bit.
-        constexpr int kOff[4] = {0, 1, 8, 9};
-        float x[kChunks][4];
-        const int head = kv_head * group + qg;
-        const float* qrow = q + static_cast<int64_t>(r0) * q_stride + head * HD + 2 * qc;
 #pragma unroll
-        for (int kc = 0; kc < kChunks; ++kc) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) x[kc][e] = 0.0f;
-        }
-        if (row_ok[0]) {
-#pragma unroll
-          for (int part = 0; part < kMaxAttentionParts; ++part) {
-            if (part >= rope.parts) break;
-#pragma unroll
-            for (int kc = 0; kc < kChunks; ++kc) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) x[kc][e] += qrow[part * rope.part_stride + kc * 16 + kOff[e]];
-            }
-          }
-          if (rope.bias != nullptr) {
-#pragma unroll
-            for (int kc = 0; kc < kChunks; ++kc) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) x[kc][e] += rope.bias[head * HD + 2 * qc + kc * 16 + kOff[e]];
-            }
-          }
-        }
-#pragma unroll
-        for (int kc = 0; kc < kChunks / 2; ++kc) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {  // pair i = kc·16 + 2qc + kOff[e] is lane i % 32's rope_*[i / 32]
-            const int from = kc % 2 * 16 + 2 * qc + kOff[e];
-            const float sn = __shfl_sync(0xffffffffu, rope_sn[kc / 2], from);
-            const float cs = __shfl_sync(0xffffffffu, rope_cs[kc / 2], from);
-            RopeRotate(x[kc][e], x[kc + kChunks / 2][e], sn, cs);
-          }
-        }
-#pragma unroll
-        for (int kc = 0; kc < kChunks; ++kc) {
-          qa[kc][0] = row_ok[0] ? PackHalf2(x[kc][0] * qs, x[kc][1] * qs) : 0u;
-          qa[kc][kHalves] = row_ok[0] ? PackHalf2(x[kc][2] * qs, x[kc][3] * qs) : 0u;
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < kHalves && !rotate; ++h) {
+      for (int h = 0; h < kHalves; ++h) {
         const int r = qg + 8 * h;
         const float* qrow = q + static_cast<int64_t>(r0 + r / group) * q_stride + (kv_head * group + r % group) * HD;
 #pragma unroll
@@ -422,36 +351,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
           constexpr int kPer = HD / 32;
           float x[kPer], amax = 0.0f;
 #pragma unroll
-          for (int j = 0; j < kPer; ++j) {  // the parts' sum and the bias, as RopeWriteKv adds them
-            const int d = lane + 32 * j;
-            x[j] = 0.0f;
-#pragma unroll
-            for (int part = 0; part < kMaxAttentionParts; ++part) {
-              if (part < rope.parts) x[j] += fresh_s[part][which][d];
-            }
-            if (rope.bias != nullptr) x[j] += rope.bias[(heads + which * kvh + kv_head) * HD + d];
-          }
-          if (rotate && which == 0) {
-            // K: dim d = lane + 32j pairs with d ± HD / 2, which is x[j ± kPer / 2] of this lane
-            // (lane ± 16 at head_dim 32); its rotation pair i = d % (HD / 2) is lane i % 32's
-            // rope_*[i / 32].
-            constexpr int kHalf = kPer >= 2 ? kPer / 2 : 1;
-            float y[kPer];
-#pragma unroll
-            for (int j = 0; j < kPer; ++j) {
-              const float other = kPer >= 2 ? x[(j + kHalf) % kPer] : __shfl_xor_sync(0xffffffffu, x[j], 16);
-              const float sn = kPer >= 2 ? rope_sn[j % kHalf] : __shfl_sync(0xffffffffu, rope_sn[0], lane & 15);
-              const float cs = kPer >= 2 ? rope_cs[j % kHalf] : __shfl_sync(0xffffffffu, rope_cs[0], lane & 15);
-              const bool low = kPer >= 2 ? j < kHalf : lane < 16;
-              float a = low ? x[j] : other, c = low ? other : x[j];
-              RopeRotate(a, c, sn, cs);
-              y[j] = low ? a : c;
-            }
-#pragma unroll
-            for (int j = 0; j < kPer; ++j) x[j] = y[j];
-          }
-#pragma unroll
-          for (int j = 0; j < kPer; ++j) amax = fmaxf(amax, fabsf(x[j]));
+          for (int j = 0; j < kPer; ++j) x[j] = fresh_s[which][lane + 32 * j], amax = fmaxf(amax, fabsf(x[j]));
           const float sc = HeadScale<Codec>(WarpMax(amax)), inv = 1.0f / sc;
           new_scale[which] = sc;
           uint8_t* tile = which ? stages[warp][s].v : stages[warp][s].k;

@@ -33,14 +33,6 @@ __device__ __forceinline__ float BlockMax(float v, float* shared32) {
 
 __device__ __forceinline__ float Silu(float g) { return g / (1.0f + expf(-g)); }
 
-// Rotate-half RoPE of one pair (a = x[i], c = x[i + head_dim / 2]) by the angle whose sine and
-// cosine are sn, cs. Rounded explicitly, so RopeWriteKv and the decode attention (which rotates
-// the rows itself above batch 1) leave the same bits whatever the compiler contracts.
-__device__ __forceinline__ void RopeRotate(float& a, float& c, float sn, float cs) {
-  const float ra = __fmaf_rn(a, cs, -__fmul_rn(c, sn)), rc = __fmaf_rn(c, cs, __fmul_rn(a, sn));
-  a = ra, c = rc;
-}
-
 // Programmatic dependent launch (sm_90): a kernel launched with programmatic stream
 // serialization may start once every CTA of the previous kernel has called TriggerDependents, and
 // must GridDependencyWait before it reads what that kernel writes. Launched normally, both are

@@ -59,7 +59,8 @@ __global__ void RopeWriteKvKernel(float* qkv, Partials in, const float* bias, in
     if (!is_v) {  // rotate-half RoPE; the angle in fp32 as transformers computes it
       float s, co;
       sincosf(pos * inv_freq[i], &s, &co);
-      RopeRotate(a, c, s, co);
+      const float ra = a * co - c * s, rc = c * co + a * s;
+      a = ra, c = rc;
     }
     lo[j] = a, hi[j] = c;
   }
