@@ -8,7 +8,7 @@
 # build packed as .gpu/bin/tailserve-bench-cuda-base against this one, in alternating processes, AB_ROUNDS (2)
 # rounds on the 8B and the 1B shape; AB_BATCHES and AB_MODELS (l8b l1b) override the batches and shapes,
 # AB_FLAGS (e.g. --attention-splits 8) makes the A/B this build without those flags against with them,
-# and AB_ARMS lists arms of either binary with flags ("base;new;new:--rope-ctas 4");
+# and AB_ARMS lists arms of either binary with flags ("base;new;new:--attention-splits 8");
 # trace: the 8B decode at TRACE_BATCHES (1,16,64), with TRACE_FLAGS (files named by TRACE_TAG), under
 # bench/cupti_trace.cc, then bench/trace_table.py: what each kernel of the replayed step costs it)
 set -uo pipefail
@@ -58,7 +58,7 @@ mkdir -p /tmp/ckpt
 [ -f /tmp/ckpt/l8b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.1-8b --vocab 128256 --out /tmp/ckpt/l8b ) 2>&1 | tail -4
 if [ "$MODE" = ab ]; then
   # Arms, ';'-separated, each base or new with optional engine flags after a colon (AB_ARMS, e.g.
-  # "base;new;new:--rope-ctas 4"). Default: base against new, or with AB_FLAGS this build without
+  # "base;new;new:--attention-splits 8"). Default: base against new, or with AB_FLAGS this build without
   # them against with them (an engine option against its default).
   if [ -n "${AB_ARMS:-}" ]; then arms=$AB_ARMS; elif [ -n "${AB_FLAGS:-}" ]; then arms="new;new:$AB_FLAGS"; else arms="base;new"; fi
   echo "== A/B arms: $arms (P50 ms, 512 tokens)"
