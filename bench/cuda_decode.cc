@@ -95,7 +95,6 @@ int Main(int argc, char** argv) {
   double soak_s = 0;
   int soak_batch = 64;
   int max_splits = CudaEngineOptions{}.attention_splits;
-  int b1_warps = CudaEngineOptions{}.batch1_attention_warps;
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
@@ -105,8 +104,6 @@ int Main(int argc, char** argv) {
   app.add_option("--prefills", prefills, "prompt lengths to time prefill for")->capture_default_str();
   app.add_option("--soak-seconds", soak_s, "run a soak of this length after the table")->capture_default_str();
   app.add_option("--soak-batch", soak_batch, "batch of the soak")->capture_default_str();
-  app.add_option("--b1-attention-warps", b1_warps, "batch-1 decode attention: warps of one CTA a KV head (0: split clusters)")
-      ->capture_default_str();
   app.add_option("--attention-splits", max_splits, "most splits of a row's keys the engine may choose (its split model picks)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
@@ -122,8 +119,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) return std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str()), 2;
   const double t0 = Now();
-  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
-                                         .batch1_attention_warps = b1_warps});
+  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

@@ -474,9 +474,6 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   if (mma_decode && !shape.cluster_merge && (shape.splits == 2 || shape.splits == 4)) {
     shape.warps = 4 * shape.splits, shape.splits = 1;
   }
-  if (shape.new_kv && options_.batch1_attention_warps > 0) {
-    shape.warps = options_.batch1_attention_warps, shape.splits = 1, shape.cluster_merge = false;
-  }
   // Decode above batch 1: q/k/v, o and down split along k (kDecodeKSplits), each chunk's output
   // an fp32 array that RoPE or the next norm adds; the residual's stay pending until a norm.
   const bool split_k = decode && !fused && rows <= max_bucket_;

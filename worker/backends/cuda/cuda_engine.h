@@ -38,9 +38,6 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
-  // Batch-1 decode on the tensor-core attention: one CTA of this many warps (16) per KV head, the
-  // warps merging in shared memory, instead of the split model's clusters (0).
-  int batch1_attention_warps = 16;
 };
 
 class CudaEngine final : public Engine {
