@@ -881,7 +881,6 @@ TEST_P(CudaKvTest, RopeCacheWriteAndAttentionMatchCpu) {
     EXPECT_LE(RelL2(k2_got, k_want), kc.tol) << "partials, " << KvDtypeName(kc.dtype) << " seed " << seed;
     EXPECT_LE(RelL2(v2_got, v_want), kc.tol) << "partials, " << KvDtypeName(kc.dtype) << " seed " << seed;
     EXPECT_EQ(clamps.Get()[0], 0u);
-
   }
 
   // Attention of every row over the cache as stored (quantisation is not counted against the
