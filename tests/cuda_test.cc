@@ -173,32 +173,42 @@ TEST(CudaKernelTest, CopyBytesThroughMappedHostMemory) {
   EXPECT_EQ(cuda::CopyBytes(dev.p + 1, *mapped_back, 16, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// The embedding gather with the batch-1 sums of squares: slot r gets row r's Σx², the slots after
-// the rows (which later kernels accumulate into) are zeroed, whatever they held.
+// The embedding gather with the batch-1 sums of squares: x holds the rows as floats, slot r gets
+// row r's Σx², the slots after the rows (which later kernels accumulate into) are zeroed, whatever
+// they held. Widths: 16-byte vectors (200), the scalar path (203), and vectors past one batch of
+// loads a thread (8200: 1025 vectors over 256 threads).
 TEST(CudaKernelTest, EmbedRowsWritesSumsOfSquaresAndClearsTheRest) {
   REQUIRE_GPU();
   const unsigned seed = 9;
   std::mt19937 rng(seed);
-  const int vocab = 37, hidden = 200, rows = 3, slots = 11;
-  const auto table = Random(size_t(vocab) * hidden, rng);
-  std::vector<__half> table_h(table.size());
-  for (size_t i = 0; i < table.size(); ++i) table_h[i] = __float2half(table[i]);
+  const int vocab = 37, rows = 3, slots = 11;
   const std::vector<int32_t> tokens = {5, 36, 0};
-  Dev<__half> dt(table_h);
   Dev<int32_t> dtok(tokens);
-  Dev<float> x(size_t(rows) * hidden), sumsq(std::vector<float>(slots, 7.0f));
-  ASSERT_TRUE(cuda::EmbedRows({.table = dt.p, .tokens = dtok.p, .rows = rows, .hidden = hidden, .x = x.p,
-                               .sumsq = sumsq.p, .sumsq_slots = slots}, nullptr).ok());
-  const auto got = sumsq.Get();
-  for (int r = 0; r < rows; ++r) {
-    double want = 0;
-    for (int i = 0; i < hidden; ++i) {
-      const double v = __half2float(table_h[size_t(tokens[r]) * hidden + i]);
-      want += v * v;
+  std::vector<__half> table_h;
+  std::vector<float> got, x_got;
+  for (const int width : {203, 8200, 200}) {  // 200 last: the graph-like launches below reuse it
+    const auto table = Random(size_t(vocab) * width, rng);
+    table_h.assign(table.size(), __half());
+    for (size_t i = 0; i < table.size(); ++i) table_h[i] = __float2half(table[i]);
+    Dev<__half> dt(table_h);
+    Dev<float> x(size_t(rows) * width), sumsq(std::vector<float>(slots, 7.0f));
+    ASSERT_TRUE(cuda::EmbedRows({.table = dt.p, .tokens = dtok.p, .rows = rows, .hidden = width, .x = x.p,
+                                 .sumsq = sumsq.p, .sumsq_slots = slots}, nullptr).ok());
+    got = sumsq.Get(), x_got = x.Get();
+    for (int r = 0; r < rows; ++r) {
+      double want = 0;
+      for (int i = 0; i < width; ++i) {
+        const float v = __half2float(table_h[size_t(tokens[r]) * width + i]);
+        want += double(v) * v;
+        ASSERT_EQ(x_got[size_t(r) * width + i], v) << "width " << width << " row " << r << " column " << i;
+      }
+      EXPECT_NEAR(got[r], want, 1e-4 * want) << "width " << width << " row " << r << " seed " << seed;
     }
-    EXPECT_NEAR(got[r], want, 1e-4 * want) << "row " << r << " seed " << seed;
+    for (int i = rows; i < slots; ++i) EXPECT_EQ(got[i], 0.0f) << "width " << width << " slot " << i;
   }
-  for (int i = rows; i < slots; ++i) EXPECT_EQ(got[i], 0.0f) << "slot " << i;
+  const int hidden = 200;
+  Dev<__half> dt(table_h);
+  Dev<float> x(size_t(rows) * hidden);
   EXPECT_EQ(cuda::EmbedRows({.table = dt.p, .tokens = dtok.p, .rows = rows, .hidden = hidden, .x = x.p,
                              .sumsq_slots = slots}, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
@@ -227,7 +237,7 @@ TEST(CudaKernelTest, EmbedRowsWritesSumsOfSquaresAndClearsTheRest) {
     ASSERT_TRUE(cuda::CopyBytes(copied.p, *mapped_back, bytes, stream->get()).ok());
     CUDA_OK(cudaStreamSynchronize(stream->get()));
     EXPECT_EQ(std::memcmp(src->get(), back->get(), bytes), 0) << "round " << round;
-    EXPECT_EQ(x2.Get(), x.Get()) << "round " << round;
+    EXPECT_EQ(x2.Get(), x_got) << "round " << round;
     EXPECT_EQ(sumsq2.Get(), got) << "round " << round;
   }
 }

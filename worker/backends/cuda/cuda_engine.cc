@@ -618,7 +618,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   }
   if (logit_rows > 0 && decode) {
     TRY("sample", cuda::SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params,
-                                   io ? io->sampled : b.out_tokens, s));
+                                   io ? io->sampled : b.out_tokens, s, shape.overlap_previous));
   }
   if (io) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, join_.get(), 0));
 #undef TRY

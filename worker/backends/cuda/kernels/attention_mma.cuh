@@ -339,8 +339,11 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
       __syncwarp();
       if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {
         // The tile's copy of pos0 is stale: encode K and V as RopeWriteKv would (scale = amax /
-        // max, clamps counted) into the cache and over this tile's rows from pos0 on (the rows
-        // past it are masked, but their V and scales must be finite), with their scales.
+        // max, clamps counted) into the cache and into this tile's row, with their scales. The
+        // rows past it repeat the stale slot and are masked: their scores are dropped, but P · V
+        // still multiplies their V by 0 and a never-written slot may hold NaN bytes, so those V
+        // rows are zeroed (16-byte stores; rewriting them byte by byte cost the writer warp up
+        // to 128 stores a lane) and their scales set finite.
         using Codec = KvCodec<D>;
         const int key = pos0 - t0;
         const int64_t slot = CacheSlot(blocks, g.block_size, pos0);
@@ -360,9 +363,13 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
           for (int j = 0; j < kPer; ++j) {
             const uint8_t byte = EncodeCounted<Codec>(x[j], inv, &clamped).__x;
             cached[lane + 32 * j] = byte;
-            for (int r = key; r < kKeys; ++r) tile[r * kRow + lane + 32 * j] = byte;
+            tile[key * kRow + lane + 32 * j] = byte;
           }
           if (lane == 0) (which ? layer.v_scale : layer.k_scale)[slot * kvh + kv_head] = sc;
+        }
+        for (int i = lane; i < (kKeys - 1 - key) * (HD / 16); i += 32) {
+          *reinterpret_cast<uint4*>(stages[warp][s].v + (key + 1 + i / (HD / 16)) * kRow + i % (HD / 16) * 16) =
+              make_uint4(0u, 0u, 0u, 0u);
         }
         if ((lane & 15) >= key) scale_cur = lane < 16 ? new_scale[0] : new_scale[1];
         if (clamped) atomicAdd(clamps, static_cast<unsigned long long>(clamped));

@@ -34,9 +34,17 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(const float* logits,
   __shared__ float best_v[32];
   __shared__ int best_i[32];
   __shared__ double scan[kThreads];
+  __shared__ float rank_v[kMaxScanCtas];  // rank 0's: each rank's best
+  __shared__ int rank_i[kMaxScanCtas];
   const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int rank = blockIdx.z, ranks = gridDim.z;  // the row's scan is split over a cluster along z
   const float* l = logits + static_cast<int64_t>(row) * vocab;
+  // A rank writes into rank 0's shared memory only once every CTA of the cluster has started: the
+  // barrier's arrival goes out now and its wait, after the scan, finds it complete.
+  if (ranks > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  // Launched programmatically (SampleRows' overlap_previous) the CTAs take SMs as the LM head
+  // drains and wait here for its logits.
+  GridDependencyWait();
   const SampleParams p = params[row];
 
   // Greedy (and the fallback): the largest logit, lowest index on ties. Each thread visits its
@@ -60,53 +68,57 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(const float* logits,
       if (v.z > bv) bv = v.z, bi = 4 * j + 2;
       if (v.w > bv) bv = v.w, bi = 4 * j + 3;
     };
+    // Guarded rather than a batched loop and a one-at-a-time tail: a CTA's share of the 8B's row
+    // at batch 1 is ~4 vectors a thread, which the tail loop fetched one L2 round trip at a time.
     constexpr int kInFlight = 8;
-    int j = lo4 + threadIdx.x;
-    for (; j + (kInFlight - 1) * kThreads < hi4; j += kInFlight * kThreads) {
+    for (int j = lo4 + threadIdx.x; j < hi4; j += kInFlight * kThreads) {
       float4 v[kInFlight];
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) v[u] = l4[j + u * kThreads];
+      for (int u = 0; u < kInFlight; ++u) {
+        if (j + u * kThreads < hi4) v[u] = l4[j + u * kThreads];
+      }
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) take(v[u], j + u * kThreads);
+      for (int u = 0; u < kInFlight; ++u) {
+        if (j + u * kThreads < hi4) take(v[u], j + u * kThreads);
+      }
     }
-    for (; j < hi4; j += kThreads) take(l4[j], j);
   }
   for (int i = scalar_from + threadIdx.x; i < scalar_to; i += kThreads) {
     if (l[i] > bv) bv = l[i], bi = i;
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-  }
+  auto warp_best = [&]() {
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+  };
+  warp_best();
   if (lane == 0) best_v[warp] = bv, best_i[warp] = bi;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) {
-      if (best_v[w] > best_v[0] || (best_v[w] == best_v[0] && best_i[w] < best_i[0])) best_v[0] = best_v[w], best_i[0] = best_i[w];
-    }
+  if (warp == 0) {  // the 32 warps' bests, merged by one warp's shuffles
+    bv = best_v[lane], bi = best_i[lane];
+    warp_best();
   }
   if (ranks > 1) {
-    // Every CTA's best is in its best_v[0] / best_i[0]; the second barrier keeps the other CTAs'
-    // shared memory alive until rank 0 has read it. Only rank 0 goes on (sampling reads the row).
+    // Every rank writes its best into rank 0's slot `rank` (distributed shared memory); one
+    // cluster barrier (release / acquire) publishes them, and rank 0 merges them with a warp.
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    if (rank == 0 && threadIdx.x == 0) {
-      float v = best_v[0];
-      int i = best_i[0];
-      for (int r = 1; r < ranks; ++r) {
-        const float rv = *cluster.map_shared_rank(&best_v[0], r);
-        const int ri = *cluster.map_shared_rank(&best_i[0], r);
-        if (rv > v || (rv == v && ri < i)) v = rv, i = ri;
-      }
-      best_v[0] = v, best_i[0] = i;
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    if (threadIdx.x == 0) {
+      *cluster.map_shared_rank(&rank_v[rank], 0) = bv;
+      *cluster.map_shared_rank(&rank_i[rank], 0) = bi;
     }
     cluster.sync();
     if (rank != 0) return;
-  } else {
-    __syncthreads();
+    if (warp == 0) {
+      bv = lane < ranks ? rank_v[lane] : -INFINITY, bi = lane < ranks ? rank_i[lane] : vocab;
+      warp_best();
+    }
   }
+  if (threadIdx.x == 0) best_v[0] = bv, best_i[0] = bi;
+  __syncthreads();
   const int argmax = best_i[0] < vocab ? best_i[0] : 0;
   if (p.temperature <= 0.0f || p.top_k == 1) {
     if (threadIdx.x == 0) out[row] = argmax;
@@ -193,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(const float* logits,
 }  // namespace
 
 absl::Status SampleRows(const float* logits, int rows, int vocab, const SampleParams* params, int32_t* out,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, bool overlap_previous) {
   if (rows == 0) return absl::OkStatus();
   // A CTA takes a whole SM (1024 threads × 64 registers): split each row's scan over as many CTAs
   // as fit in half the SMs (a cluster must find its CTAs free SMs in one GPC), at most 8.
@@ -201,7 +213,7 @@ absl::Status SampleRows(const float* logits, int rows, int vocab, const SamplePa
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int ctas = std::clamp(sms / (2 * rows), 1, kMaxScanCtas);
-  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlappedInClusters(false, ctas, dim3(rows, 1, ctas), dim3(kThreads), 0,
+  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlappedInClusters(overlap_previous, ctas, dim3(rows, 1, ctas), dim3(kThreads), 0,
                                                                  stream, SampleKernel, logits, vocab, params, out));
   return absl::OkStatus();
 }

@@ -18,7 +18,9 @@ struct SampleParams {
   int64_t position = 0;   // index of the token being chosen within its sequence
 };
 
+// overlap_previous: launched with programmatic stream serialization, waiting for the previous
+// kernel (the LM head) before it reads anything.
 absl::Status SampleRows(const float* logits, int rows, int vocab, const SampleParams* params, int32_t* out,
-                        cudaStream_t stream);
+                        cudaStream_t stream, bool overlap_previous = false);
 
 }  // namespace tailserve::cuda
