@@ -54,19 +54,12 @@ constexpr int kMaxPreloadBytes = 32 << 10;
 // 132 KB 4.02; 228 KB for every Gemv, even with no preload, 4.71. 132 KB holds 3 such CTAs (a
 // CTA also takes 1 KB reserved and its static arrays), so o's 512 CTAs on the 8B are 1.3 waves.
 constexpr int kPreloadConfigBytes = 132 << 10;
-// The other instances' configuration: 8 KB holds 6 of their CTAs (1 KB reserved + ~0.3 KB of
-// static arrays each) and not 7, the occupancy their 40 registers gave before the epilogue's
-// copies (below) took some of them to 32 (8 CTAs an SM: 8B batch 1 +0.02 ms).
-constexpr int kPlainConfigBytes = 8 << 10;
 constexpr int kPreloadStepBytes = kWarps * 2 * 32 * 16;  // one step: every lane's two 16-byte W loads
 
 // The deep instances' W loads in flight a lane: kDeepSteps steps of both columns, in batches.
 constexpr int kDeepSteps = 4;
 // CTAs an SM the deep instances are built for (their registers: ≤ 64 a thread).
 constexpr int kDeepCtasPerSm = 4;
-
-// Slots of a pair's epilogue operands in shared memory (rope_pos as its int's bits).
-enum { kInSumsq, kBias0, kBias1, kY0, kY1, kRopePos, kRopeFreq, kEpilogueOperands };
 
 // A block's 8 warps take 8 / KS column pairs; the KS warps of a pair split its k range
 // (interleaved 16-byte vectors) and meet in shared memory. Both columns of a pair share each load
@@ -81,7 +74,6 @@ __device__ __forceinline__ void GemvBody(const GemvArgs& a, int preload) {
   extern __shared__ uint4 preload_s[];  // [warp][step][column of the pair][lane]
   __shared__ float part_s[kWarps][2];
   __shared__ float sumsq_s[kWarps];
-  __shared__ float epilogue_s[kWarps][kEpilogueOperands];  // a pair's, copied before its loop
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, slice = warp % KS;
   const int pair = blockIdx.x * (kWarps / KS) + warp / KS;
   int c0 = 2 * pair, c1 = c0 + 1;
@@ -107,33 +99,9 @@ __device__ __forceinline__ void GemvBody(const GemvArgs& a, int preload) {
   // the wait did not help (bench/CUDA_NOTES.md); shared memory cannot be evicted.
   GridDependencyWait();
   TriggerDependents();  // a programmatic follower fills SMs as CTAs finish
-  // The epilogue's operands (the previous kernel's sum of squares and residual, the bias, RoPE's
-  // position and frequency) copied to shared memory now: loaded in the epilogue, they put one or
-  // two L2 round trips after the last CTAs' loops, at the end of every Gemv. Shared memory rather
-  // than registers: the 40-register instances have none to hold them across the loop.
-  const bool epilogue_lane = lane == 0 && slice == 0 && has0;
-  if (epilogue_lane) {
-    float* e = epilogue_s[warp];
-    if (a.in_sumsq != nullptr) __pipeline_memcpy_async(&e[kInSumsq], a.in_sumsq, 4);
-    if (a.swiglu_out == nullptr) {
-      if (a.bias != nullptr) {
-        __pipeline_memcpy_async(&e[kBias0], a.bias + c0, 4);
-        if (has1) __pipeline_memcpy_async(&e[kBias1], a.bias + c1, 4);
-      }
-      if (a.beta != 0.0f) {  // this CTA's own output: nothing else writes it
-        __pipeline_memcpy_async(&e[kY0], a.y + c0, 4);
-        if (has1) __pipeline_memcpy_async(&e[kY1], a.y + c1, 4);
-      }
-      if (a.rope_head_dim > 0 && c0 < a.rope_cols) {
-        __pipeline_memcpy_async(&e[kRopePos], a.rope_pos, 4);
-        __pipeline_memcpy_async(&e[kRopeFreq], a.rope_inv_freq + c0 % a.rope_head_dim, 4);
-      }
-    }
-  }
-  __pipeline_commit();  // every thread: the W preload's group stays second to last
   float acc0 = 0.0f, acc1 = 0.0f;
   if (has0) {
-    __pipeline_wait_prior(1);
+    __pipeline_wait_prior(0);
     for (int j = 0; j < preloaded; ++j) {
       float xf[8];
       LoadX(a, first + j * 32 * KS, xf);
@@ -175,22 +143,20 @@ __device__ __forceinline__ void GemvBody(const GemvArgs& a, int preload) {
     }
   }
   float sq = 0.0f;
-  if (epilogue_lane) {
-    __pipeline_wait_prior(0);
-    const float* e = epilogue_s[warp];
+  if (lane == 0 && slice == 0 && has0) {
     float s0 = acc0, s1 = acc1;
     if (a.in_sumsq != nullptr) {
-      const float inv = rsqrtf(e[kInSumsq] / a.k + a.eps);
+      const float inv = rsqrtf(a.in_sumsq[0] / a.k + a.eps);
       s0 *= inv, s1 *= inv;
     }
     if (a.swiglu_out != nullptr) {
       a.swiglu_out[pair] = __float2half(Silu(s0) * s1);
     } else {
-      if (a.bias != nullptr) s0 += e[kBias0], s1 += has1 ? e[kBias1] : 0.0f;
-      if (a.beta != 0.0f) s0 += a.beta * e[kY0], s1 += has1 ? a.beta * e[kY1] : 0.0f;
+      if (a.bias != nullptr) s0 += a.bias[c0], s1 += has1 ? a.bias[c1] : 0.0f;
+      if (a.beta != 0.0f) s0 += a.beta * a.y[c0], s1 += has1 ? a.beta * a.y[c1] : 0.0f;
       if (a.rope_head_dim > 0 && c0 < a.rope_cols) {  // the angle in fp32, as transformers computes it
         float sn, cs;
-        sincosf(static_cast<float>(__float_as_int(e[kRopePos])) * e[kRopeFreq], &sn, &cs);
+        sincosf(static_cast<float>(*a.rope_pos) * a.rope_inv_freq[c0 % a.rope_head_dim], &sn, &cs);
         const float r0 = s0 * cs - s1 * sn, r1 = s1 * cs + s0 * sn;
         s0 = r0, s1 = r1;
       }
@@ -260,10 +226,6 @@ absl::StatusOr<int> GemvWave() {
                         GemvDeepKernel<8, true>}) {
       TAILSERVE_CUDA_RETURN_IF_ERROR(
           cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
-    }
-    const int plain = std::clamp(100 * kPlainConfigBytes / std::max(smem_per_sm, 1), 0, 100);
-    for (auto kernel : {GemvKernel<1, false>, GemvKernel<2, false>, GemvKernel<4, false>, GemvKernel<8, false>}) {
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, plain));
     }
     TAILSERVE_CUDA_RETURN_IF_ERROR(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvKernel<2, false>, kWarps * 32, 0));
