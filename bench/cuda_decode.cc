@@ -95,6 +95,7 @@ int Main(int argc, char** argv) {
   double soak_s = 0;
   int soak_batch = 64;
   int max_splits = CudaEngineOptions{}.attention_splits;
+  int64_t ffn_halves_min_bytes = CudaEngineOptions{}.ffn_halves_min_bytes;
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
@@ -106,6 +107,10 @@ int Main(int argc, char** argv) {
   app.add_option("--soak-batch", soak_batch, "batch of the soak")->capture_default_str();
   app.add_option("--attention-splits", max_splits, "most splits of a row's keys the engine may choose (its split model picks)")
       ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--ffn-halves-min-bytes", ffn_halves_min_bytes,
+                 "smallest FFN (bytes) run as two halves on two graph branches above batch 1")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
@@ -119,7 +124,8 @@ int Main(int argc, char** argv) {
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) return std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str()), 2;
   const double t0 = Now();
-  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits});
+  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
+                                         .ffn_halves_min_bytes = ffn_halves_min_bytes});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

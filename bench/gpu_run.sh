@@ -9,7 +9,7 @@
 # rounds on the 8B and the 1B shape; AB_BATCHES and AB_MODELS (l8b l1b) override the batches and shapes,
 # AB_FLAGS (e.g. --attention-splits 8) makes the A/B this build without those flags against with them,
 # and AB_ARMS lists arms of either binary with flags ("base;new;new:--attention-splits 8");
-# trace: the 8B decode at TRACE_BATCHES (1,16,64), with TRACE_FLAGS (files named by TRACE_TAG), under
+# trace: the 8B (TRACE_MODEL=l1b: the 1B) decode at TRACE_BATCHES (1,16,64), with TRACE_FLAGS (files named by TRACE_TAG), under
 # bench/cupti_trace.cc, then bench/trace_table.py: what each kernel of the replayed step costs it)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -80,10 +80,10 @@ if [ "$MODE" = ab ]; then
 elif [ "$MODE" = trace ]; then
   # TRACE_FLAGS: engine options for the traced process; TRACE_TAG names its files.
   tag=${TRACE_TAG:+_$TRACE_TAG}
-  echo "== kernel timeline of the replayed 8B step (CUPTI), batches ${TRACE_BATCHES:-1,16,64}, 512 tokens ${TRACE_FLAGS:-}"
+  echo "== kernel timeline of the replayed ${TRACE_MODEL:-l8b} step (CUPTI), batches ${TRACE_BATCHES:-1,16,64}, 512 tokens ${TRACE_FLAGS:-}"
   # shellcheck disable=SC2086  # flags: words
   CUDA_INJECTION64_PATH=$PWD/.gpu/lib/libtailserve_cupti_trace.so TAILSERVE_TRACE_OUT=/tmp/trace.tsv \
-    $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches "${TRACE_BATCHES:-1,16,64}" --contexts 512 \
+    $R tailserve-bench-cuda --model "/tmp/ckpt/${TRACE_MODEL:-l8b}" --batches "${TRACE_BATCHES:-1,16,64}" --contexts 512 \
     --prefills 512 ${TRACE_FLAGS:-} > "$OUT/bench_traced$tag.md" 2>&1
   python3 bench/trace_table.py /tmp/trace.tsv --layer | tee "$OUT/trace_table$tag.md"
   xz -T0 -c /tmp/trace.tsv > "$OUT/trace$tag.tsv.xz"
