@@ -15,6 +15,7 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kBisections = 40;
 constexpr int kMaxScanCtas = 8;  // a portable cluster
+static_assert(kThreads == 32 * 32 && kMaxScanCtas <= 32, "one warp merges the CTA's warps and the cluster's ranks");
 
 // Sum over the row of exp(s - max) for scaled logits s >= threshold, and their count.
 __device__ void MassAbove(const float* l, int vocab, float inv_t, float max, float threshold, float* shared,
