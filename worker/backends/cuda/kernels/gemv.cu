@@ -31,6 +31,22 @@ __device__ __forceinline__ void LoadX(const GemvArgs& a, int v, float (&xf)[8]) 
   }
 }
 
+// A load issued where it is written: the compiler sinks a plain one to its use, past the warp sums
+// it should overlap (coherent, as a plain load: what it reads is the previous kernel's).
+__device__ __forceinline__ float LoadHere(const float* p) {
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+
+// static_cast<float>, kept at its use: a plain cast of the position is folded back to where it is
+// loaded, which makes the warp wait for that load before its sums.
+__device__ __forceinline__ float IntToFloat(int i) {
+  float f;
+  asm("cvt.rn.f32.s32 %0, %1;" : "=f"(f) : "r"(i));
+  return f;
+}
+
 __device__ __forceinline__ float Dot8(const uint4& w, const float (&xf)[8]) {
   const __half2* h = reinterpret_cast<const __half2*>(&w);
   float s = 0.0f;
@@ -133,6 +149,24 @@ __device__ __forceinline__ void GemvBody(const GemvArgs& a, int preload) {
       acc1 += Dot8(wv1, xf);
     }
   }
+  // The epilogue's operands, loaded by the lane that uses them as the loop ends and before any of
+  // them is used: one L2 round trip, under the warp sums (it was one after the merge, and in q/k/v
+  // a second for RoPE's position and frequency after the sum of squares).
+  const bool epilogue_lane = lane == 0 && slice == 0 && has0;
+  const bool rope = a.swiglu_out == nullptr && a.rope_head_dim > 0 && c0 < a.rope_cols;
+  float in_sumsq = 0.0f, bias0 = 0.0f, bias1 = 0.0f, y0 = 0.0f, y1 = 0.0f, freq = 0.0f;
+  int rope_pos = 0;
+  if (epilogue_lane) {
+    if (a.in_sumsq != nullptr) in_sumsq = LoadHere(a.in_sumsq);
+    if (a.swiglu_out == nullptr) {
+      if (a.bias != nullptr) bias0 = LoadHere(a.bias + c0), bias1 = has1 ? LoadHere(a.bias + c1) : 0.0f;
+      if (a.beta != 0.0f) y0 = LoadHere(a.y + c0), y1 = has1 ? LoadHere(a.y + c1) : 0.0f;
+    }
+    if (rope) {
+      rope_pos = __float_as_int(LoadHere(reinterpret_cast<const float*>(a.rope_pos)));
+      freq = LoadHere(a.rope_inv_freq + c0 % a.rope_head_dim);
+    }
+  }
   acc0 = WarpSum(acc0), acc1 = WarpSum(acc1);
   if (KS > 1) {
     if (lane == 0) part_s[warp][0] = acc0, part_s[warp][1] = acc1;
@@ -143,20 +177,20 @@ __device__ __forceinline__ void GemvBody(const GemvArgs& a, int preload) {
     }
   }
   float sq = 0.0f;
-  if (lane == 0 && slice == 0 && has0) {
+  if (epilogue_lane) {
     float s0 = acc0, s1 = acc1;
     if (a.in_sumsq != nullptr) {
-      const float inv = rsqrtf(a.in_sumsq[0] / a.k + a.eps);
+      const float inv = rsqrtf(in_sumsq / a.k + a.eps);
       s0 *= inv, s1 *= inv;
     }
     if (a.swiglu_out != nullptr) {
       a.swiglu_out[pair] = __float2half(Silu(s0) * s1);
     } else {
-      if (a.bias != nullptr) s0 += a.bias[c0], s1 += has1 ? a.bias[c1] : 0.0f;
-      if (a.beta != 0.0f) s0 += a.beta * a.y[c0], s1 += has1 ? a.beta * a.y[c1] : 0.0f;
-      if (a.rope_head_dim > 0 && c0 < a.rope_cols) {  // the angle in fp32, as transformers computes it
+      if (a.bias != nullptr) s0 += bias0, s1 += bias1;
+      if (a.beta != 0.0f) s0 += a.beta * y0, s1 += a.beta * y1;
+      if (rope) {  // the angle in fp32, as transformers computes it
         float sn, cs;
-        sincosf(static_cast<float>(*a.rope_pos) * a.rope_inv_freq[c0 % a.rope_head_dim], &sn, &cs);
+        sincosf(IntToFloat(rope_pos) * freq, &sn, &cs);
         const float r0 = s0 * cs - s1 * sn, r1 = s1 * cs + s0 * sn;
         s0 = r0, s1 = r1;
       }
