@@ -255,23 +255,24 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     const int32_t* blocks = BlockTableRow(meta, g, r0);
     // Starts copying tile `t0`'s K and V rows into stage `s`, and loads this lane's scale
     // (lanes 0-15: K scale of key lane, 16-31: V scale of key lane - 16). Keys past `end` read the
-    // last valid key: finite values, masked out of the scores.
+    // last valid key: finite values, masked out of the scores. Each lane looks up one key's slot
+    // (key lane & 15) and the pieces take theirs by shuffles: a lookup per piece put each copy
+    // behind its own block-table load, in the PTX one after the other.
     auto issue = [&](int t0, int s, float* scale_out) {
+      const int64_t my_slot = CacheSlot(blocks, g.block_size, min(t0 + (lane & 15), end - 1));
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
         const int piece = lane + 32 * i;
+        const int key = piece / (HD / 16), part = piece % (HD / 16);
+        const int64_t slot = __shfl_sync(0xffffffffu, my_slot, key);
         if (piece < kPieces) {
-          const int key = piece / (HD / 16), part = piece % (HD / 16);
-          const int64_t slot = CacheSlot(blocks, g.block_size, min(t0 + key, end - 1));
           const int64_t at = slot * kvh * HD + part * 16;
           __pipeline_memcpy_async(stages[warp][s].k + key * kRow + part * 16, kbase + at, 16);
           __pipeline_memcpy_async(stages[warp][s].v + key * kRow + part * 16, vbase + at, 16);
         }
       }
       __pipeline_commit();
-      const int key = lane & 15;
-      const int64_t slot = CacheSlot(blocks, g.block_size, min(t0 + key, end - 1));
-      *scale_out = (lane < 16 ? layer.k_scale : layer.v_scale)[slot * kvh + kv_head];
+      *scale_out = (lane < 16 ? layer.k_scale : layer.v_scale)[my_slot * kvh + kv_head];
     };
 
     float o[kOTiles][4];
