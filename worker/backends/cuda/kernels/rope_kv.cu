@@ -33,23 +33,15 @@ __global__ void RopeWriteKvKernel(float* qkv, Partials in, const float* bias, in
   const bool is_v = head >= heads + kvh;
   const float* b = bias ? bias + head * hd : nullptr;
   // The angles and the bias depend on nothing the previous kernel writes: loaded and computed
-  // before the wait, they leave the projection's loads alone on the chain after it. Every load
-  // first, then the sines: computed as each frequency arrived, the four pairs were four L2 round
-  // trips in a row (as they were after the wait before).
-  float freq[kMaxPairsPerLane], b_lo[kMaxPairsPerLane], b_hi[kMaxPairsPerLane];
+  // before the wait, they leave the projection's loads alone on the chain after it.
+  float sn[kMaxPairsPerLane], cs[kMaxPairsPerLane], b_lo[kMaxPairsPerLane], b_hi[kMaxPairsPerLane];
 #pragma unroll
   for (int j = 0; j < kMaxPairsPerLane; ++j) {
     const int i = lane + 32 * j;
-    freq[j] = b_lo[j] = b_hi[j] = 0.0f;
+    sn[j] = 0.0f, cs[j] = 1.0f, b_lo[j] = b_hi[j] = 0.0f;
     if (i >= half) continue;
-    if (!is_v) freq[j] = inv_freq[i];
+    if (!is_v) sincosf(pos * inv_freq[i], &sn[j], &cs[j]);  // in fp32, as transformers computes it
     if (b) b_lo[j] = b[i], b_hi[j] = b[i + half];
-  }
-  float sn[kMaxPairsPerLane], cs[kMaxPairsPerLane];
-#pragma unroll
-  for (int j = 0; j < kMaxPairsPerLane; ++j) {
-    sn[j] = 0.0f, cs[j] = 1.0f;
-    if (!is_v && lane + 32 * j < half) sincosf(pos * freq[j], &sn[j], &cs[j]);  // in fp32, as transformers computes it
   }
   GridDependencyWait();  // qkv is the previous kernel's (the step's inputs above were written before it)
   int clamped = 0;
