@@ -30,26 +30,15 @@ __global__ void RopeWriteKvKernel(float* qkv, Partials in, const float* bias, in
   const int pos_i = meta.pos[row];
   const float pos = static_cast<float>(pos_i);
   const int64_t slot = head < heads ? 0 : CacheSlot(BlockTableRow(meta, g, row), g.block_size, pos_i);
-  const bool is_v = head >= heads + kvh;
-  const float* b = bias ? bias + head * hd : nullptr;
-  // The angles and the bias depend on nothing the previous kernel writes: loaded and computed
-  // before the wait, they leave the projection's loads alone on the chain after it.
-  float sn[kMaxPairsPerLane], cs[kMaxPairsPerLane], b_lo[kMaxPairsPerLane], b_hi[kMaxPairsPerLane];
-#pragma unroll
-  for (int j = 0; j < kMaxPairsPerLane; ++j) {
-    const int i = lane + 32 * j;
-    sn[j] = 0.0f, cs[j] = 1.0f, b_lo[j] = b_hi[j] = 0.0f;
-    if (i >= half) continue;
-    if (!is_v) sincosf(pos * inv_freq[i], &sn[j], &cs[j]);  // in fp32, as transformers computes it
-    if (b) b_lo[j] = b[i], b_hi[j] = b[i + half];
-  }
   GridDependencyWait();  // qkv is the previous kernel's (the step's inputs above were written before it)
   int clamped = 0;
+  const bool is_v = head >= heads + kvh;
   float* v = x + head * hd;
   // The projection: in place, or the sum of the partials (x's layout, in.stride floats apart).
   const float* src = in.count > 0 ? in.data + static_cast<int64_t>(row) * width + head * hd : v;
   const int parts = in.count > 0 ? in.count : 1;
   const int64_t part_stride = in.stride;
+  const float* b = bias ? bias + head * hd : nullptr;
   float lo[kMaxPairsPerLane], hi[kMaxPairsPerLane];
 #pragma unroll
   for (int j = 0; j < kMaxPairsPerLane; ++j) {  // all loads first: one round trip
@@ -66,9 +55,11 @@ __global__ void RopeWriteKvKernel(float* qkv, Partials in, const float* bias, in
     const int i = lane + 32 * j;
     if (i >= half) continue;
     float a = lo[j], c = hi[j];
-    if (b) a += b_lo[j], c += b_hi[j];
-    if (!is_v) {  // rotate-half RoPE
-      const float ra = a * cs[j] - c * sn[j], rc = c * cs[j] + a * sn[j];
+    if (b) a += b[i], c += b[i + half];
+    if (!is_v) {  // rotate-half RoPE; the angle in fp32 as transformers computes it
+      float s, co;
+      sincosf(pos * inv_freq[i], &s, &co);
+      const float ra = a * co - c * s, rc = c * co + a * s;
       a = ra, c = rc;
     }
     lo[j] = a, hi[j] = c;
