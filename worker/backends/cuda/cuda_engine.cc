@@ -338,7 +338,6 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   absl::StatusOr<void*> mapped_in = MappedDevicePointer(b.host_inputs);
   if (!mapped_in.ok()) return mapped_in.status();
   b.mapped_inputs = *mapped_in;
-  b.graph_io.tokens = reinterpret_cast<const int32_t*>(static_cast<const char*>(b.mapped_inputs) + o_tokens);
   auto* hbase = static_cast<char*>(b.host_inputs.get());
   b.h_tokens = reinterpret_cast<int32_t*>(hbase + o_tokens);
   b.h_pos = reinterpret_cast<int32_t*>(hbase + o_pos);
@@ -501,12 +500,11 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // At batch 1 the embedding writes sumsq(0) and zeroes the slots the Gemvs accumulate into (no
   // memset node in the graph).
   const int sumsq_slots = fused ? static_cast<int>(2 * layers_.size() + 1) : 0;
-  // In a graph the embedding reads the token ids from the host mirror itself, so it runs beside
-  // the kernel copying the other inputs (launched programmatically, it waits for that copy only
-  // before it exits).
-  TRY("embed", cuda::EmbedRows({.table = embed_, .tokens = io ? io->tokens : b.tokens, .rows = rows, .hidden = h,
-                                .x = b.x, .sumsq = fused ? sumsq(0) : nullptr, .sumsq_slots = sumsq_slots,
-                                .beside_previous = io != nullptr && shape.overlap_previous}, s));
+  // In a graph, after the kernel that copies the inputs. Reading the token ids from the host
+  // mirror beside that copy ended later, not earlier (H200 CUPTI trace: the copy's end gated it
+  // anyway, and its mapped read added a PCIe round trip).
+  TRY("embed", cuda::EmbedRows({.table = embed_, .tokens = b.tokens, .rows = rows, .hidden = h, .x = b.x,
+                                .sumsq = fused ? sumsq(0) : nullptr, .sumsq_slots = sumsq_slots}, s));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     cuda::Partials qkv_in;  // none: RoPE reads b.qkv
@@ -771,8 +769,8 @@ absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* prof
   cudaGraph_t graph;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   // The step's inputs and outputs travel inside the graph through the host mirrors' mapped
-  // addresses: a kernel copies the inputs, the embedding reads the token ids and the sampler
-  // writes the sampled ids there directly, a side branch copies the clamp count. No copies for the
+  // addresses: a kernel copies the inputs in, the sampler writes the sampled ids there directly,
+  // a side branch copies the clamp count. No copies for the
   // host to enqueue around each replay (the block table's changed rows still go before it), and
   // no copy-engine nodes in the graph (~10 us each).
   Buffers& b = *buf_;

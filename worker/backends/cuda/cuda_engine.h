@@ -108,15 +108,13 @@ class CudaEngine final : public Engine {
   struct Profile;
   // Captures a decode Forward(rows, rows, true) as a graph; with `profile`, an event after every op.
   absl::StatusOr<CudaGraphExec> CaptureForward(int rows, Profile* profile);
-  // Where a decode graph's Forward takes the token ids and leaves the sampled ids and the clamp
-  // count: the host mirrors' mapped addresses, so no copy sits at either end of the step's chain.
+  // Where a decode graph's Forward leaves the sampled ids and the clamp count: the host mirrors'
+  // mapped addresses, so no copy sits at the end of the step's chain.
   struct GraphIo {
-    const int32_t* tokens;
     int32_t* sampled;
     unsigned long long* clamps;
   };
-  // Runs the layers over `rows` token rows whose inputs are already on the device (except the
-  // token ids, with `io`); with `logit_rows` > 0 also the final norm and LM head of that many rows.
+  // Runs the layers over `rows` token rows whose inputs are already on the device; with `logit_rows` > 0 also the final norm and LM head of that many rows.
   // `decode`: one row per sequence, and the logits are sampled; otherwise prefill rows, runs of
   // consecutive positions.
   absl::Status Forward(int rows, int logit_rows, bool decode, const GraphIo* io = nullptr);

@@ -68,14 +68,6 @@ __global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidd
   EmbedOneRow<kVec>(table, tokens, hidden, x, sumsq, sumsq_slots);
 }
 
-// The same, launched beside the previous kernel (EmbedArgs::beside_previous).
-template <bool kVec>
-__global__ void EmbedBesideKernel(const __half* table, const int32_t* tokens, int hidden, float* x, float* sumsq,
-                                  int sumsq_slots) {
-  EmbedOneRow<kVec>(table, tokens, hidden, x, sumsq, sumsq_slots);
-  GridDependencyWait();
-}
-
 // One block per row. kVec (hidden % 4 == 0, at most kMax float4 a thread: see RmsNormRows): each
 // thread loads its float4s (and the arrays it adds) once and keeps them for the scaled write, where
 // the scalar path reads the row twice. kMax 2 keeps those loads in 64 registers for 1024 threads;
@@ -241,11 +233,8 @@ absl::Status EmbedRows(const EmbedArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError("EmbedRows: sumsq_slots needs sumsq and at least one slot a row");
   }
   const bool vec = a.hidden % 8 == 0 && Aligned16(a.table) && Aligned16(a.x);
-  void (*kernel)(const __half*, const int32_t*, int, float*, float*, int) =
-      a.beside_previous ? (vec ? EmbedBesideKernel<true> : EmbedBesideKernel<false>)
-                        : (vec ? EmbedKernel<true> : EmbedKernel<false>);
-  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(a.beside_previous, dim3(a.rows), dim3(256), 0, stream, kernel,
-                                                       a.table, a.tokens, a.hidden, a.x, a.sumsq, a.sumsq_slots));
+  (vec ? EmbedKernel<true> : EmbedKernel<false>)<<<a.rows, 256, 0, stream>>>(a.table, a.tokens, a.hidden, a.x, a.sumsq,
+                                                                              a.sumsq_slots);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -14,14 +14,11 @@ namespace tailserve::cuda {
 
 struct EmbedArgs {
   const __half* table = nullptr;  // [vocab, hidden]
-  const int32_t* tokens = nullptr;  // [rows]: device memory or a mapped host address
+  const int32_t* tokens = nullptr;  // [rows]
   int rows = 0, hidden = 0;
   float* x = nullptr;  // [rows, hidden]
   float* sumsq = nullptr;
   int sumsq_slots = 0;
-  // Launched programmatically beside the previous kernel, whose outputs it must not read: it
-  // waits for that kernel only before it exits, so what follows still sees both complete.
-  bool beside_previous = false;
 };
 
 // x[r, :] = float(table[tokens[r], :]); with sumsq, also sumsq[r] = Σ x[r, :]² (what the first
