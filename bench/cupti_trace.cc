@@ -1,9 +1,11 @@
 // A CUPTI injection library that records when every kernel ran, inside replayed graphs too:
 //   CUDA_INJECTION64_PATH=libtailserve_cupti_trace.so TAILSERVE_TRACE_OUT=trace.tsv <program>
-// writes one line per kernel (start and end in ns, graph id, graph node id, grid, name) at exit;
-// bench/trace_table.py turns it into where a replayed step's time goes. Kernels launched
-// programmatically start early (their CTAs wait inside), so what a kernel costs the step is the
-// distance between its end and its predecessor's, not its own start-to-end span.
+// writes one line per kernel at exit: start and end in ns, graph id, graph node id, grid, name,
+// then when the driver queued it and submitted it to the GPU (ns, 0 if unknown), its hardware
+// channel and stream, and its cluster size; bench/trace_table.py turns it into where a replayed
+// step's time goes. Kernels launched programmatically start early (their CTAs wait inside), so
+// what a kernel costs the step is the distance between its end and its predecessor's, not its
+// own start-to-end span.
 #include <cupti.h>
 
 #include <cstdio>
@@ -15,8 +17,8 @@
 namespace {
 
 struct Record {
-  unsigned long long start, end, node;
-  unsigned graph, grid;
+  unsigned long long start, end, node, queued, submitted;
+  unsigned graph, grid, channel, stream, cluster;
   std::string name;
 };
 
@@ -35,8 +37,9 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-    records->push_back({k->start, k->end, k->graphNodeId, k->graphId,
-                        static_cast<unsigned>(k->gridX) * k->gridY * k->gridZ, k->name ? k->name : "?"});
+    records->push_back({k->start, k->end, k->graphNodeId, k->queued, k->submitted, k->graphId,
+                        static_cast<unsigned>(k->gridX) * k->gridY * k->gridZ, k->channelID, k->streamId,
+                        k->clusterX * k->clusterY * k->clusterZ, k->name ? k->name : "?"});
   }
   free(buffer);
 }
@@ -48,7 +51,8 @@ void Flush() {
   if (!f) return;
   std::lock_guard<std::mutex> lock(mu);
   for (const Record& r : *records) {
-    fprintf(f, "%llu\t%llu\t%u\t%llu\t%u\t%s\n", r.start, r.end, r.graph, r.node, r.grid, r.name.c_str());
+    fprintf(f, "%llu\t%llu\t%u\t%llu\t%u\t%s\t%llu\t%llu\t%u\t%u\t%u\n", r.start, r.end, r.graph, r.node, r.grid,
+            r.name.c_str(), r.queued, r.submitted, r.channel, r.stream, r.cluster);
   }
   fclose(f);
   fprintf(stderr, "cupti_trace: %zu kernels written to %s\n", records->size(), path ? path : "trace.tsv");
@@ -59,6 +63,7 @@ void Flush() {
 extern "C" int InitializeInjection(void) {
   if (cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted) != CUPTI_SUCCESS) return 0;
   if (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) return 0;
+  cuptiActivityEnableLatencyTimestamps(1);  // `queued` and `submitted`; the trace is still useful without them
   atexit(Flush);
   return 1;
 }

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Where a replayed decode step's time goes, from bench/cupti_trace.cc's trace.
 
-Usage: trace_table.py trace.tsv [--layer]
+Usage: trace_table.py trace.tsv [--layer] [--head N]
 For every graph replayed at least 5 times, takes each replay's kernels in order of their end, and
 charges each kernel the time from the previous kernel's end to its own (its cost to the step: a
 kernel launched programmatically starts early and waits inside, so its span overstates it). Prints
 the median over replays, summed by kernel name, beside the median span. Where two graph branches
 run at once (the FFN halves) the kernels of one are charged time the other spent: read them as a
 block. --layer also prints one layer of one replay (from the 21st RMSNorm to the 23rd), kernel by
-kernel in order of start.
+kernel in order of start. --head N prints each graph's first N kernels: when each was submitted,
+started and ended, on which channel and stream.
 """
 import collections
 import statistics
@@ -30,8 +31,10 @@ def main():
     rows = []
     with open(sys.argv[1]) as f:
         for line in f:
-            start, end, graph, node, grid, name = line.rstrip("\n").split("\t", 5)
-            rows.append((int(start), int(end), int(graph), int(node), int(grid), name))
+            cols = line.rstrip("\n").split("\t")
+            # Traces before the extra columns (queued, submitted, channel, stream, cluster) lack them.
+            extra = tuple(int(c) for c in cols[6:11]) if len(cols) >= 11 else (0, 0, 0, 0, 0)
+            rows.append((int(cols[0]), int(cols[1]), int(cols[2]), int(cols[3]), int(cols[4]), cols[5]) + extra)
     by_graph = collections.defaultdict(list)
     for r in rows:
         if r[2]:
@@ -73,6 +76,16 @@ def main():
             c = statistics.median(cost[label])
             print(f"| {label} | {count[label]} | {c / 1e3:.1f} | {c / 1e3 / count[label]:.2f} | {100 * c / total:.0f}% | "
                   f"{statistics.median(span[label]) / 1e3:.1f} | {','.join(str(g) for g in sorted(grids[label])[:4])} |")
+        if "--head" in sys.argv:
+            # The step's first kernels, medians over replays relative to the first kernel's start:
+            # when the driver submitted each (0: unknown), when it started and ended, and where.
+            head = int(sys.argv[sys.argv.index("--head") + 1])
+            runs = [sorted((per_node[n][k] for n in nodes), key=lambda r: r[0]) for k in range(replays)]
+            print(f"\n| kernel | grid | cluster | channel | stream | submitted us | start us | end us |\n"
+                  "|---|---:|---:|---:|---:|---:|---:|---:|")
+            for i, r in enumerate(runs[0][:head]):
+                med = lambda col: statistics.median((k[i][col] - k[0][0]) / 1e3 if k[i][col] else 0.0 for k in runs)
+                print(f"| {short(r[5])} | {r[4]} | {r[10]} | {r[8]} | {r[9]} | {med(7):.2f} | {med(0):.2f} | {med(1):.2f} |")
         if "--layer" in sys.argv:
             ks = sorted((per_node[n][replays // 2] for n in nodes), key=lambda r: r[0])
             norms = [i for i, r in enumerate(ks) if short(r[5]) == "rmsnorm"]
