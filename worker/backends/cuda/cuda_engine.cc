@@ -552,8 +552,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     // The weight folded into gate/up.
     TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
     pending = {};
-    static const int halves_from = getenv("TAILSERVE_HALVES_FROM_LAYER") ? atoi(getenv("TAILSERVE_HALVES_FROM_LAYER")) : 0;
-    if (ffn_halves && static_cast<int>(l) >= halves_from) {
+    if (ffn_halves) {
       // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.
       cudaStream_t side = side_stream_.get();
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_fork_.get(), s));
@@ -790,11 +789,7 @@ absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* prof
   if (!st.ok()) return st;
   TAILSERVE_CUDA_RETURN_IF_ERROR(end);
   cudaGraphExec_t exec;
-  // Experiment (debug knob): instantiate for device launch, a different graph scheduler.
-  static const bool device_launch = getenv("TAILSERVE_GRAPH_DEVICE_LAUNCH") != nullptr;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(
-      cudaGraphInstantiateWithFlags(&exec, graph, device_launch ? cudaGraphInstantiateFlagDeviceLaunch : 0));
-  if (device_launch) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphUpload(exec, s));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
   return CudaGraphExec(exec);
 }
 
