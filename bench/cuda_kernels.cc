@@ -770,8 +770,8 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
   // The StreamGemm chain's: gate/up's two k-chunk partials, and a counter region a projection.
   auto gu_parts = Filled(size_t(2) * max_rows * 2 * f * 4, 0);
   auto chain_counters = Filled(2 * cuda::kStreamGemmWorkspaceBytes, 0);
-  for (auto* b :
-       {&x16, &gu, &act, &y, &y2, &work_a, &work_b, &work_l, &work_c, &counters, &partials, &gu_parts, &chain_counters}) {
+  for (auto* b : {&x16, &gu, &act, &y, &y2, &work_a, &work_b, &work_l, &work_c, &counters, &partials, &gu_parts,
+                  &chain_counters}) {
     if (!b->ok()) return b->status();
   }
   auto gemm_a = cuda::GemmRunner::Create(sa.get(), work_a->get(), 32 << 20);

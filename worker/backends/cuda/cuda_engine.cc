@@ -771,9 +771,9 @@ absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* prof
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   // The step's inputs and outputs travel inside the graph through the host mirrors' mapped
   // addresses: a kernel copies the inputs in, the sampler writes the sampled ids there directly,
-  // a side branch copies the clamp count. No copies for the
-  // host to enqueue around each replay (the block table's changed rows still go before it), and
-  // no copy-engine nodes in the graph (~10 us each).
+  // a side branch copies the clamp count. No copies for the host to enqueue around each replay
+  // (the block table's changed rows still go before it), and no copy-engine nodes in the graph
+  // (~10 us each).
   Buffers& b = *buf_;
   absl::Status st = cuda::CopyBytes(b.mapped_inputs, b.inputs, b.inputs_bytes, s);
   if (profile && st.ok()) {

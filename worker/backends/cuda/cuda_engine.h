@@ -118,9 +118,9 @@ class CudaEngine final : public Engine {
     int32_t* sampled;
     unsigned long long* clamps;
   };
-  // Runs the layers over `rows` token rows whose inputs are already on the device; with `logit_rows` > 0 also the final norm and LM head of that many rows.
-  // `decode`: one row per sequence, and the logits are sampled; otherwise prefill rows, runs of
-  // consecutive positions.
+  // Runs the layers over `rows` token rows whose inputs are already on the device; with
+  // `logit_rows` > 0 also the final norm and LM head of that many rows. `decode`: one row per
+  // sequence, and the logits are sampled; otherwise prefill rows, runs of consecutive positions.
   absl::Status Forward(int rows, int logit_rows, bool decode, const GraphIo* io = nullptr);
   // Attention splits for `tiles` row tiles: enough CTAs to fill the GPU, no more.
   int SplitsFor(int tiles) const;
