@@ -1360,8 +1360,8 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The batch's FFN on one stream, as two halves on two graph branches (a size floor of 0), and so
-// with the second half's GEMMs in 1×1×1 clusters. Together the 19 rows take the split-K projections (partials summed by RoPE and the
-// norms); alone each row takes the batch-1 Gemv path.
+// with the second half's GEMMs in 1×1×1 clusters. Together the 19 rows take the split-K
+// projections (partials summed by RoPE and the norms); alone each row takes the batch-1 Gemv path.
 enum class FfnMode { kOneStream, kHalves, kHalvesClusterFree };
 class CudaEngineBatchTest : public ::testing::TestWithParam<FfnMode> {};
 

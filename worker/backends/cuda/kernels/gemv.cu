@@ -38,6 +38,11 @@ __device__ __forceinline__ float LoadHere(const float* p) {
   asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
   return v;
 }
+__device__ __forceinline__ int LoadHere(const int* p) {
+  int v;
+  asm volatile("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
 
 // static_cast<float>, kept at its use: a plain cast of the position is folded back to where it is
 // loaded, which makes the warp wait for that load before its sums.
@@ -163,7 +168,7 @@ __device__ __forceinline__ void GemvBody(const GemvArgs& a, int preload) {
       if (a.beta != 0.0f) y0 = LoadHere(a.y + c0), y1 = has1 ? LoadHere(a.y + c1) : 0.0f;
     }
     if (rope) {
-      rope_pos = __float_as_int(LoadHere(reinterpret_cast<const float*>(a.rope_pos)));
+      rope_pos = LoadHere(a.rope_pos);
       freq = LoadHere(a.rope_inv_freq + c0 % a.rope_head_dim);
     }
   }

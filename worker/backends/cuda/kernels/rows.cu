@@ -15,8 +15,8 @@ namespace {
 constexpr int kEmbedBatch = 4;
 
 template <bool kVec>
-__device__ __forceinline__ void EmbedOneRow(const __half* table, const int32_t* tokens, int hidden, float* x,
-                                             float* sumsq, int sumsq_slots) {
+__global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidden, float* x, float* sumsq,
+                            int sumsq_slots) {
   __shared__ float shared[32];
   const int r = blockIdx.x;
   if (r == 0) {
@@ -60,12 +60,6 @@ __device__ __forceinline__ void EmbedOneRow(const __half* table, const int32_t* 
   if (sumsq == nullptr) return;
   sum = BlockSum(sum, shared);
   if (threadIdx.x == 0) sumsq[r] = sum;
-}
-
-template <bool kVec>
-__global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidden, float* x, float* sumsq,
-                            int sumsq_slots) {
-  EmbedOneRow<kVec>(table, tokens, hidden, x, sumsq, sumsq_slots);
 }
 
 // One block per row. kVec (hidden % 4 == 0, at most kMax float4 a thread: see RmsNormRows): each

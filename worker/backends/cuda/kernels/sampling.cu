@@ -214,8 +214,9 @@ absl::Status SampleRows(const float* logits, int rows, int vocab, const SamplePa
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int ctas = std::clamp(sms / (2 * rows), 1, kMaxScanCtas);
-  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlappedInClusters(overlap_previous, ctas, dim3(rows, 1, ctas), dim3(kThreads), 0,
-                                                                 stream, SampleKernel, logits, vocab, params, out));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlappedInClusters(overlap_previous, ctas, dim3(rows, 1, ctas),
+                                                                 dim3(kThreads), 0, stream, SampleKernel, logits, vocab,
+                                                                 params, out));
   return absl::OkStatus();
 }
 
