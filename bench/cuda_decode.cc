@@ -112,9 +112,6 @@ int Main(int argc, char** argv) {
                  "smallest FFN (bytes) run as two halves on two graph branches above batch 1")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  bool ffn_side_cluster_free = false;
-  app.add_flag("--ffn-side-cluster-free", ffn_side_cluster_free,
-               "the FFN's second half in 1x1x1 cuBLASLt clusters (CudaEngineOptions::ffn_side_cluster_free)");
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
   for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
@@ -128,8 +125,7 @@ int Main(int argc, char** argv) {
   if (!dtype.ok()) return std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str()), 2;
   const double t0 = Now();
   auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
-                                         .ffn_halves_min_bytes = ffn_halves_min_bytes,
-                                         .ffn_side_cluster_free = ffn_side_cluster_free});
+                                         .ffn_halves_min_bytes = ffn_halves_min_bytes});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

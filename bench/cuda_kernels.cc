@@ -763,15 +763,14 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
   auto x16 = Filled(size_t(max_rows) * h * 2, 0x2c), gu = Filled(size_t(max_rows) * 2 * f * 4, 0);
   auto act = Filled(size_t(max_rows) * f * 2, 0), y = Filled(size_t(max_rows) * h * 4, 0),
        y2 = Filled(size_t(max_rows) * h * 4, 0);
-  auto work_a = DeviceAlloc(32 << 20), work_b = DeviceAlloc(32 << 20), work_l = DeviceAlloc(32 << 20),
-       work_c = DeviceAlloc(32 << 20);
+  auto work_a = DeviceAlloc(32 << 20), work_b = DeviceAlloc(32 << 20), work_l = DeviceAlloc(32 << 20);
   // StreamFfn's: its counters and down's k-chunk partials.
   auto counters = Filled(cuda::kStreamGemmWorkspaceBytes, 0), partials = Filled(size_t(8) * max_rows * h * 4, 0);
   // The StreamGemm chain's: gate/up's two k-chunk partials, and a counter region a projection.
   auto gu_parts = Filled(size_t(2) * max_rows * 2 * f * 4, 0);
   auto chain_counters = Filled(2 * cuda::kStreamGemmWorkspaceBytes, 0);
-  for (auto* b : {&x16, &gu, &act, &y, &y2, &work_a, &work_b, &work_l, &work_c, &counters, &partials, &gu_parts,
-                  &chain_counters}) {
+  for (auto* b :
+       {&x16, &gu, &act, &y, &y2, &work_a, &work_b, &work_l, &counters, &partials, &gu_parts, &chain_counters}) {
     if (!b->ok()) return b->status();
   }
   auto gemm_a = cuda::GemmRunner::Create(sa.get(), work_a->get(), 32 << 20);
@@ -780,10 +779,6 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
   if (!gemm_a.ok()) return gemm_a.status();
   if (!gemm_b.ok()) return gemm_b.status();
   if (!gemm_l.ok()) return gemm_l.status();
-  // B's GEMMs in 1×1×1 clusters: they can start on the SMs A's cluster grid leaves free.
-  auto gemm_c = cuda::GemmRunner::Create(sb.get(), work_c->get(), 32 << 20);
-  if (!gemm_c.ok()) return gemm_c.status();
-  (*gemm_c)->set_cluster_free(true);
   // Weight copies of the whole MLP (gate/up then down, 352 MB at the 8B shape): each timed MLP
   // reads its own from DRAM. A half's weights are the first or second half of a copy's bytes.
   const size_t gu_elems = size_t(2) * f * h, down_elems = size_t(h) * f;
@@ -819,12 +814,11 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       if (absl::Status e = cuda::SwiGlu(gu_out, rows, f, act_out, sa.get()); !e.ok()) return e;
       return (*gemm_a)->Run(act_out, rows, f, wc + gu_elems, h, 1.0f, static_cast<float*>(y->get()));
     };
-    // mode 0: both halves at once; 1: B's gate/up after A's; 2: both at once, B at low priority;
-    // 3: both at once, B in 1×1×1 clusters.
+    // mode 0: both halves at once; 1: B's gate/up after A's; 2: both at once, B at low priority.
     auto branches = [&](int mode) {
       return [&, mode]() -> absl::Status {
         const __half* wc = weights();
-        cuda::GemmRunner& gb = mode == 2 ? **gemm_l : mode == 3 ? **gemm_c : **gemm_b;
+        cuda::GemmRunner& gb = mode == 2 ? **gemm_l : **gemm_b;
         cudaStream_t b = mode == 2 ? sl.get() : sb.get();
         TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork->get(), sa.get()));
         TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(b, fork->get(), 0));
@@ -841,18 +835,17 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       };
     };
     // cuBLASLt's timing for every shape on every runner first, as the engine does at start.
-    for (auto* g : {&gemm_a, &gemm_b, &gemm_l, &gemm_c}) (**g)->set_tuning(true);
+    for (auto* g : {&gemm_a, &gemm_b, &gemm_l}) (**g)->set_tuning(true);
     if (absl::Status e = serial(); !e.ok()) return e;
-    for (int mode = 0; mode < 4; ++mode) {
+    for (int mode = 0; mode < 3; ++mode) {
       if (absl::Status e = branches(mode)(); !e.ok()) return e;
     }
-    for (auto* g : {&gemm_a, &gemm_b, &gemm_l, &gemm_c}) (**g)->set_tuning(false);
+    for (auto* g : {&gemm_a, &gemm_b, &gemm_l}) (**g)->set_tuning(false);
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
     const double bytes = 2.0 * (gu_elems + down_elems);
-    const char* names[] = {"two halves at once", "B's gate/up after A's", "two halves at once, B at low priority",
-                           "two halves at once, B in 1x1x1 clusters"};
+    const char* names[] = {"two halves at once", "B's gate/up after A's", "two halves at once, B at low priority"};
     std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
-    for (int mode = 0; mode < 4; ++mode) variants.push_back({names[mode], branches(mode)});
+    for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
     for (auto [chunks, lag] : kStreamFfnShapes) {  // the whole block in one persistent launch
       if (rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
       variants.push_back({"StreamFfn, down in " + std::to_string(chunks) + " k chunks, lag " + std::to_string(lag),

@@ -485,51 +485,44 @@ TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
   REQUIRE_GPU();
   const unsigned seed = 78;
   std::mt19937 rng(seed);
-  // cluster_free: the candidates forced to 1×1×1 clusters, as the FFN's second half may run.
-  for (bool cluster_free : {false, true}) {
-    absl::StatusOr<TestGemm> gemm = MakeTestGemm();
-    ASSERT_TRUE(gemm.ok()) << gemm.status();
-    cuda::GemmRunner& runner = *gemm->runner;
-    runner.set_cluster_free(cluster_free);
-    for (bool tuning : {false, true}) {
-      runner.set_tuning(tuning);
-      for (int rows : {1, 3, 19, 64}) {  // 1: the Gemv
-        for (float beta : {0.0f, 1.0f}) {
-          for (int ldw : {0, 256}) {  // 256: columns [40, 240) of a 256-wide W
-            const int k = 200, n = 77, stride = ldw ? ldw : k, first = ldw ? 40 : 0;
-            auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * stride, rng, 0.05f),
-                 y0 = Random(size_t(rows) * n, rng);
-            Dev<__half> dx(RoundToHalf(xf)), dw(RoundToHalf(wf));
-            Dev<float> dy(y0);
+  absl::StatusOr<TestGemm> gemm = MakeTestGemm();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  cuda::GemmRunner& runner = *gemm->runner;
+  for (bool tuning : {false, true}) {
+    runner.set_tuning(tuning);
+    for (int rows : {1, 3, 19, 64}) {  // 1: the Gemv
+      for (float beta : {0.0f, 1.0f}) {
+        for (int ldw : {0, 256}) {  // 256: columns [40, 240) of a 256-wide W
+          const int k = 200, n = 77, stride = ldw ? ldw : k, first = ldw ? 40 : 0;
+          auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * stride, rng, 0.05f),
+               y0 = Random(size_t(rows) * n, rng);
+          Dev<__half> dx(RoundToHalf(xf)), dw(RoundToHalf(wf));
+          Dev<float> dy(y0);
+          ASSERT_TRUE(runner.Run(dx.p, rows, k, dw.p + first, n, beta, dy.p, ldw).ok());
+          if (tuning && beta != 0.0f) {  // timed runs accumulated: run again on a fresh y
+            dy.Put(y0);
             ASSERT_TRUE(runner.Run(dx.p, rows, k, dw.p + first, n, beta, dy.p, ldw).ok());
-            if (tuning && beta != 0.0f) {  // timed runs accumulated: run again on a fresh y
-              dy.Put(y0);
-              ASSERT_TRUE(runner.Run(dx.p, rows, k, dw.p + first, n, beta, dy.p, ldw).ok());
-            }
-            std::vector<float> want(y0.size());
-            for (int r = 0; r < rows; ++r) {
-              for (int c = 0; c < n; ++c) {
-                double d = 0;
-                for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[size_t(c) * stride + first + i];
-                want[size_t(r) * n + c] = float(d + beta * y0[size_t(r) * n + c]);
-              }
-            }
-            EXPECT_LE(RelL2(dy.Get(), want), 1e-5)
-                << "rows " << rows << " beta " << beta << " ldw " << ldw << " tuning " << tuning << " cluster_free "
-                << cluster_free << " seed " << seed;
           }
+          std::vector<float> want(y0.size());
+          for (int r = 0; r < rows; ++r) {
+            for (int c = 0; c < n; ++c) {
+              double d = 0;
+              for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[size_t(c) * stride + first + i];
+              want[size_t(r) * n + c] = float(d + beta * y0[size_t(r) * n + c]);
+            }
+          }
+          EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "rows " << rows << " beta " << beta << " ldw " << ldw << " tuning "
+                                                  << tuning << " seed " << seed;
         }
       }
     }
-    // Rows 3, 19, 64 × beta 0, 1 × both ldw, and one row with ldw 256 × beta 0, 1: one row with
-    // ldw = k takes the Gemv, untuned.
-    EXPECT_EQ(runner.tuned_shapes(), 14);
   }
-  absl::StatusOr<TestGemm> gemm = MakeTestGemm();
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  // Rows 3, 19, 64 × beta 0, 1 × both ldw, and one row with ldw 256 × beta 0, 1: one row with
+  // ldw = k takes the Gemv, untuned.
+  EXPECT_EQ(runner.tuned_shapes(), 14);
   Dev<__half> dx(size_t(8)), dw(size_t(8));
   Dev<float> dy(size_t(8));
-  EXPECT_EQ(gemm->runner->Run(dx.p, 2, 8, dw.p, 1, 0.0f, dy.p, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(runner.Run(dx.p, 2, 8, dw.p, 1, 0.0f, dy.p, 4).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // RunSplitK: k in chunks, each chunk's product an array `stride` floats apart whose sum is X·Wᵀ;
@@ -1359,20 +1352,18 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
-// The batch's FFN on one stream, as two halves on two graph branches (a size floor of 0), and so
-// with the second half's GEMMs in 1×1×1 clusters. Together the 19 rows take the split-K
-// projections (partials summed by RoPE and the norms); alone each row takes the batch-1 Gemv path.
-enum class FfnMode { kOneStream, kHalves, kHalvesClusterFree };
-class CudaEngineBatchTest : public ::testing::TestWithParam<FfnMode> {};
+// The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
+// branches. Together the 19 rows take the split-K projections (partials summed by RoPE and the
+// norms); alone each row takes the batch-1 Gemv path.
+class CudaEngineBatchTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   REQUIRE_GPU();
   TAILSERVE_REQUIRE_SHARED();
-  const bool halves = GetParam() != FfnMode::kOneStream;
+  const bool halves = GetParam();
   auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
                                  {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05,
-                                  .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max(),
-                                  .ffn_side_cluster_free = GetParam() == FfnMode::kHalvesClusterFree});
+                                  .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max()});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;
@@ -1443,16 +1434,8 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   EXPECT_EQ((*engine)->stats()->kv_blocks_free, total);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
-                         ::testing::Values(FfnMode::kOneStream, FfnMode::kHalves, FfnMode::kHalvesClusterFree),
-                         [](const auto& info) {
-                           switch (info.param) {
-                             case FfnMode::kOneStream: return "OneStream";
-                             case FfnMode::kHalves: return "Halves";
-                             case FfnMode::kHalvesClusterFree: return "HalvesClusterFree";
-                           }
-                           return "?";
-                         });
+INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Halves" : "OneStream"; });
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current
 // CUDA device is per thread: an engine on device 1 must make it current itself.

@@ -387,7 +387,6 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   gemm = cuda::GemmRunner::Create(side_stream_.get(), b.side_cublas_workspace, b.cublas_workspace_bytes);
   if (!gemm.ok()) return gemm.status();
   side_gemm_ = *std::move(gemm);
-  side_gemm_->set_cluster_free(options_.ffn_side_cluster_free);
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.clamps, 0, 8));
   // Inputs start valid (token 0 at position 0 of the trash row) so padded graph rows are harmless.
   std::memset(b.host_inputs.get(), 0, inputs_bytes);

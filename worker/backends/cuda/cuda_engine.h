@@ -38,10 +38,6 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
-  // The second half's GEMMs in 1×1×1 clusters (GemmRunner::set_cluster_free), so that they can
-  // start on the SMs the first half's grid leaves free. Under measurement (CUDA_NOTES 12-04 (31)):
-  // becomes the default or goes.
-  bool ffn_side_cluster_free = false;
 };
 
 class CudaEngine final : public Engine {

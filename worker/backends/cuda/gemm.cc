@@ -46,23 +46,6 @@ absl::Status GemmRunner::Candidates(const Plan& plan, int wanted, cublasLtMatmul
   }
   cublasLtMatmulPreferenceDestroy(pref);
   TAILSERVE_CUDA_RETURN_IF_ERROR(st);
-  if (!cluster_free_) return absl::OkStatus();
-  int kept = 0;
-  for (int i = 0; i < *found; ++i) {
-    cublasLtMatmulAlgo_t algo = results[i].algo;
-    const uint16_t one = CUBLASLT_CLUSTER_SHAPE_1x1x1;
-    cublasLtMatmulHeuristicResult_t checked{};
-    if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &one, sizeof(one)) !=
-            CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulAlgoCheck(lt_.get(), plan.op, plan.a, plan.b, plan.c, plan.c, &algo, &checked) !=
-            CUBLAS_STATUS_SUCCESS ||
-        checked.workspaceSize > workspace_bytes_) {
-      continue;
-    }
-    checked.algo = algo;
-    results[kept++] = checked;
-  }
-  if (kept > 0) *found = kept;
   return absl::OkStatus();
 }
 

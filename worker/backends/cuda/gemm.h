@@ -52,11 +52,6 @@ class GemmRunner {
     first_layer_ = static_cast<const char*>(first_layer), layer_bytes_ = layer_bytes, layers_ = layers;
   }
   int tuned_shapes() const { return tuned_; }
-  // Candidates forced to 1×1×1 thread-block clusters where cuBLASLt accepts that (the heuristic's
-  // own where it accepts none). For a GEMM on a graph branch beside another: clusters of 4 need 4
-  // free SMs in one GPC, which the other's grid leaves nowhere (H200 trace, CUDA_NOTES 12-04 (31)).
-  // Set before the first Run: plans keep their algorithm.
-  void set_cluster_free(bool on) { cluster_free_ = on; }
 
  private:
   struct Plan;
@@ -79,7 +74,6 @@ class GemmRunner {
   size_t workspace_bytes_ = 0;
   CublasLtHandle lt_;
   bool tuning_ = false;
-  bool cluster_free_ = false;
   int tuned_ = 0;
   const char* first_layer_ = nullptr;
   int64_t layer_bytes_ = 0;
