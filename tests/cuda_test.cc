@@ -1071,6 +1071,101 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
   EXPECT_EQ(clamps.Get()[0], 0u);
 }
 
+// Decode above batch 1 (shape.rope): each sequence's new position arrives as the q/k/v projection,
+// unrotated and split into two partials plus a bias (or whole, without partials), while the cache
+// holds poison at its slots. The attention must equal RopeWriteKv followed by the attention over
+// the cache, and leave in the cache what RopeWriteKv writes.
+TEST_P(CudaKvTest, DecodeWithRopeMatchesRopeWriteKv) {
+  REQUIRE_GPU();
+  const KvCase kc = GetParam();
+  const int kv_heads = 2, heads = kc.group * kv_heads, hd = kc.head_dim;
+  const std::vector<int> lens = {1, 17, 40, 200};
+  PagedFixture f(int(lens.size()), 200, kv_heads, hd, kc.dtype);
+  if (!cuda::AttentionTakesNewKv(f.g)) GTEST_SKIP() << "RoPE in the attention runs on the tensor-core (FP8) kernel only";
+  const unsigned seed = 263 + kc.head_dim;
+  std::mt19937 rng(seed);
+  const int width = (heads + 2 * kv_heads) * hd, seqs = int(lens.size());
+  // The cache: every position but each sequence's last.
+  std::vector<int32_t> row_seq, row_pos;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    for (int p = 0; p + 1 < lens[s]; ++p) row_seq.push_back(int32_t(s)), row_pos.push_back(p);
+  }
+  std::vector<float> inv(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(500000.0f, 2.0f * i / hd);
+  Dev<int32_t> dtable(f.table);
+  Dev<unsigned long long> clamps(1);
+  CUDA_OK(cudaMemset(clamps.p, 0, 8));
+  CacheRows(f, dtable.p, Random(row_seq.size() * width, rng, 2.0f), row_seq, row_pos, heads, inv, clamps.p);
+  // The last positions: the projection, its two partials, the bias.
+  const auto whole = Random(size_t(seqs) * width, rng, 2.0f), bias = Random(size_t(width), rng, 0.5f);
+  auto parts = Random(size_t(2) * seqs * width, rng, 2.0f);
+  for (size_t i = 0; i < whole.size(); ++i) parts[whole.size() + i] = whole[i] - parts[i];
+  std::vector<int32_t> last_seq(seqs), last_pos(seqs), slots(seqs);
+  for (int s = 0; s < seqs; ++s) {
+    last_seq[s] = s, last_pos[s] = lens[s] - 1;
+    slots[s] = f.table[size_t(s) * f.g.max_blocks_per_seq + last_pos[s] / 16] * 16 + last_pos[s] % 16;
+  }
+  Dev<float> dparts(parts), dbias(bias), dinv(inv), head(hd);
+  Dev<int32_t> dlast_seq(last_seq), dlast_pos(last_pos);
+  const RowMeta meta{dlast_seq.p, dlast_pos.p, dtable.p};
+  auto slot_values = [&]() {  // the last positions' cached K and V, as floats
+    std::vector<float> out;
+    for (int s = 0; s < seqs; ++s) {
+      for (int kh = 0; kh < kv_heads; ++kh) {
+        for (int value = 0; value < 2; ++value) {
+          EXPECT_TRUE(cuda::ReadKvForTest(f.g, f.view(), value, slots[s] / 16, slots[s] % 16, kh, head.p, nullptr).ok());
+          const auto h = head.Get();
+          out.insert(out.end(), h.begin(), h.end());
+        }
+      }
+    }
+    return out;
+  };
+  auto poison = [&]() {  // NaN in both FP8 formats, NaN scales
+    for (int s = 0; s < seqs; ++s) {
+      CUDA_OK(cudaMemset(f.k.p + size_t(slots[s]) * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
+      CUDA_OK(cudaMemset(f.v.p + size_t(slots[s]) * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
+      CUDA_OK(cudaMemset(f.ks.p + size_t(slots[s]) * kv_heads, 0xff, size_t(kv_heads) * 4));
+      CUDA_OK(cudaMemset(f.vs.p + size_t(slots[s]) * kv_heads, 0xff, size_t(kv_heads) * 4));
+    }
+  };
+  struct Run {
+    int splits, window, warps, partials;
+  };
+  for (auto [splits, window, warps, partials] : {Run{1, 0, 4, 2}, Run{1, 0, 16, 2}, Run{1, 37, 8, 2}, Run{3, 0, 4, 2},
+                                                 Run{32, 0, 4, 2}, Run{1, 0, 16, 0}, Run{2, 37, 8, 0}}) {
+    // The projection as the kernels read it: the partials, or the whole in q's place.
+    const cuda::Partials in = partials ? cuda::Partials{dparts.p, 2, int64_t(seqs) * width} : cuda::Partials{};
+    Dev<float> dq(whole);
+    cuda::AttentionShape shape{.rows = seqs, .heads = heads, .q_stride = width, .sliding_window = window,
+                               .splits = splits, .scale = 1.0f / std::sqrt(float(hd)),
+                               .cluster_merge = splits > 1 && splits <= cuda::kMaxClusterSplits, .warps = warps};
+    Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
+    Dev<__half> want(size_t(seqs) * heads * hd), got(want.n);
+    poison();
+    ASSERT_TRUE(cuda::RopeWriteKv(dq.p, in, dbias.p, seqs, heads, meta, f.g, f.view(), dinv.p, clamps.p, nullptr).ok());
+    ASSERT_TRUE(cuda::PagedAttention(dq.p, shape, meta, f.g, f.view(), ws.p, want.p, nullptr).ok());
+    const auto want_kv = slot_values();
+    poison();
+    dq.Put(whole);
+    shape.new_kv = true, shape.rope = {.inv_freq = dinv.p, .parts = in, .bias = dbias.p};
+    ASSERT_TRUE(cuda::PagedAttention(dq.p, shape, meta, f.g, f.view(), ws.p, got.p, nullptr, clamps.p).ok());
+    const std::string what = std::string(KvDtypeName(kc.dtype)) + " splits " + std::to_string(splits) + " window " +
+                             std::to_string(window) + " warps " + std::to_string(warps) + " partials " +
+                             std::to_string(partials) + " seed " + std::to_string(seed);
+    EXPECT_LE(RelL2(ToFloats(got.Get()), ToFloats(want.Get())), 1e-3) << what;
+    // The same fp32 sums and angles, so the same bytes up to a contraction's rounding.
+    EXPECT_LE(RelL2(slot_values(), want_kv), 1e-3) << what;
+  }
+  EXPECT_EQ(clamps.Get()[0], 0u);
+  // RoPE in the attention needs new_kv.
+  cuda::AttentionShape bad{.rows = seqs, .heads = heads, .q_stride = width, .scale = 1.0f,
+                           .rope = {.inv_freq = dinv.p}};
+  Dev<__half> out(size_t(seqs) * heads * hd);
+  EXPECT_EQ(cuda::PagedAttention(dparts.p, bad, meta, f.g, f.view(), nullptr, out.p, nullptr, clamps.p).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // What f's cache holds for positions [0, len) of sequence row 0: [len][kv_heads][head_dim] floats
 // (fp16, or E4M3 times its scale), K or V.
 std::vector<float> CachedRows(PagedFixture& f, bool value, int len) {

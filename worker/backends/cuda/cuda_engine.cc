@@ -456,11 +456,12 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // Gemv epilogues (see gemv.h), 7 kernels a layer instead of 10; a norm's input sum of squares is
   // accumulated by the Gemv that writes the residual. Larger batches go through cuBLAS.
   const bool fused = rows == 1 && c.num_experts == 0 && h % 8 == 0 && qd % 8 == 0 && f % 8 == 0;
-  // Batch-1 decode on the tensor-core attention: RoPE rides in the q/k/v Gemv's epilogue and the
-  // attention CTA holding the new position writes its K/V to the cache, so there is no RoPE kernel
-  // (3.4 us a layer on the 8B shape, for one token).
+  // Decode on the tensor-core attention: the attention CTA holding the new position writes its K/V
+  // to the cache, so there is no RoPE kernel (3.4 us a layer on the 8B shape). At batch 1 RoPE
+  // rides in the q/k/v Gemv's epilogue; above it each attention CTA sums its row's q/k/v partials
+  // and rotates its q heads and K itself (shape.rope, set a layer).
   const bool mma_decode = decode && cuda::AttentionTakesNewKv(kv_);  // the tensor-core kernel's decode
-  shape.new_kv = fused && mma_decode;
+  shape.new_kv = mma_decode;
   // The attention after RoPE or the q/k/v Gemv, and at batch 1 every Gemv after its predecessor,
   // start programmatically on the engine's own stream (common.cuh); not when profiling, where an
   // event sits between two ops and each is timed alone.
@@ -526,7 +527,9 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
         TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
       }
     }
-    if (!shape.new_kv) {
+    if (shape.new_kv && !fused) {
+      shape.rope = {.inv_freq = inv_freq_, .parts = qkv_in, .bias = L.b_qkv};
+    } else if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
                                              inv_freq_, b.clamps, s, shape.overlap_previous));
     }

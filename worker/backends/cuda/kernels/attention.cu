@@ -345,6 +345,9 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
   if (shape.new_kv && (!UsesMma(g) || shape.runs || clamps == nullptr)) {
     return absl::InvalidArgumentError("PagedAttention: new_kv needs the tensor-core kernel, decode rows and a clamp counter");
   }
+  if (shape.rope.inv_freq && (!shape.new_kv || shape.rope.parts.OrNone().count > kMaxPartials)) {
+    return absl::InvalidArgumentError("PagedAttention: RoPE in the attention needs new_kv and at most 4 partials");
+  }
   const bool cluster_merge = shape.cluster_merge;
   if (cluster_merge && (!UsesMma(g) || shape.runs || shape.splits < 2 || shape.splits > kMaxClusterSplits)) {
     return absl::InvalidArgumentError("PagedAttention: cluster_merge needs the tensor-core kernel, decode rows and 2-16 splits");
@@ -355,6 +358,8 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
     // With cluster_merge a row's splits form one cluster (more than 8 CTAs is a non-portable size).
     const unsigned cluster_z = cluster_merge ? static_cast<unsigned>(shape.splits) : 1;
     const int smem = mma_attention::DynamicSmemBytes(g.head_dim, shape.warps);
+    AttentionRope rope = shape.rope;
+    rope.parts = rope.parts.OrNone();
     cudaError_t launched = cudaSuccess;
     WithMmaKernel(shape, g, [&](auto kernel) {
       if (cluster_z > 8) launched = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
@@ -365,7 +370,7 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
       launched = LaunchMaybeOverlappedInClusters(shape.overlap_previous, cluster_z, grid, dim3(shape.warps * 32),
                                                  smem, stream, kernel, q, shape.rows, shape.heads, shape.q_stride,
                                                  shape.sliding_window, shape.splits, shape.scale, meta, g, layer,
-                                                 workspace, out, shape.new_kv, clamps, cluster_merge);
+                                                 workspace, out, shape.new_kv, clamps, cluster_merge, rope);
     });
     TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   } else {

@@ -14,8 +14,18 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "worker/backends/cuda/kernels/kv_cache.h"
+#include "worker/backends/cuda/kernels/partials.h"
 
 namespace tailserve::cuda {
+
+// Decode with new_kv above batch 1: the attention CTA applies the bias and RoPE to its row's q
+// heads and new K itself (the sum of a split-K projection's partials, then as RopeWriteKv
+// computes them), so no RoPE kernel sits between q/k/v and the attention.
+struct AttentionRope {
+  const float* inv_freq = nullptr;  // [head_dim / 2]; null: q, K and V arrive rotated (the batch-1 Gemv)
+  Partials parts = {};              // the projection's chunk outputs, q's layout; none: q holds the projection
+  const float* bias = nullptr;      // [heads + 2 kv_heads] * head_dim, or null
+};
 
 struct AttentionShape {
   int rows = 0;
@@ -53,6 +63,7 @@ struct AttentionShape {
   // partials and the combine kernel (which cluster_merge avoids only where the grid fits one CTA
   // an SM). Prefill takes 4.
   int warps = 4;
+  AttentionRope rope = {};  // with new_kv only
 };
 
 inline constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster on sm_90

@@ -127,6 +127,38 @@ __device__ __forceinline__ void ClusterMerge(float* acc_s, float* ml_s, int rows
   cluster.sync();
 }
 
+// rope.inv_freq (decode): the row's projection at `row` (or the sum of rope.parts at row_offset)
+// plus the bias, its q heads kv_head·group.. rotated into q_s[group][HD] and its K (rotated) and V
+// into fresh[2][HD]. A thread a rotation pair, as RopeWriteKv computes it (same sums, same angle),
+// so the cache bytes match the RoPE kernel's. The caller syncs the CTA before reading them.
+template <int HD>
+__device__ __forceinline__ void RopeIntoShared(const float* row, const AttentionRope& rope, int64_t row_offset,
+                                               float pos, int heads, int kvh, int group, int kv_head, float* q_s,
+                                               float* fresh) {
+  constexpr int kHalf = HD / 2;
+  const float* src = rope.parts.count > 0 ? rope.parts.data + row_offset : row;
+  const int parts = rope.parts.count > 0 ? rope.parts.count : 1;
+  for (int it = threadIdx.x; it < (group + 2) * kHalf; it += blockDim.x) {
+    const int j = it / kHalf, i = it % kHalf;  // j < group: a q head; group: K; group + 1: V
+    const int head = j < group ? kv_head * group + j : heads + (j - group) * kvh + kv_head;
+    const int col = head * HD + i;
+    float a = 0.0f, c = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kMaxPartials; ++p) {
+      if (p < parts) a += src[p * rope.parts.stride + col], c += src[p * rope.parts.stride + col + kHalf];
+    }
+    if (rope.bias) a += rope.bias[col], c += rope.bias[col + kHalf];
+    if (j <= group) {
+      float sn, cs;
+      sincosf(pos * rope.inv_freq[i], &sn, &cs);
+      const float ra = a * cs - c * sn, rc = c * cs + a * sn;
+      a = ra, c = rc;
+    }
+    float* dst = j < group ? q_s + j * HD : fresh + (j - group) * HD;
+    dst[i] = a, dst[i + kHalf] = c;
+  }
+}
+
 template <int HD>
 struct Stage {
   alignas(16) uint8_t k[kKeys * RowBytes<HD>()];
@@ -166,7 +198,7 @@ template <KvDtype D, int HD, bool kTiled, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     AttentionMmaKernel(const float* q, int rows, int heads, int q_stride, int sliding_window, int splits, float scale,
                        RowMeta meta, KvGeometry g, KvLayerView layer, float* partial, __half* out, bool new_kv,
-                       unsigned long long* clamps, bool cluster_merge) {
+                       unsigned long long* clamps, bool cluster_merge, AttentionRope rope) {
   static_assert(HD == 32 || HD == 64 || HD == 128, "head_dim 32, 64 or 128 (the decode Vᵀ loads take HD / 8 bytes)");
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();
@@ -181,6 +213,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
   __shared__ Stage<HD> static_stages[kWarps == kDefaultWarps ? kWarps : 1][2];
   Stage<HD>(*const stages)[2] = kWarps == kDefaultWarps ? static_stages : DynamicStages<HD, kWarps>();
   __shared__ alignas(16) float fresh_s[2][kTiled ? 4 : HD];  // new_kv: the row's own K, V
+  __shared__ alignas(16) float q_s[kTiled ? 4 : 8 * HD];     // rope.inv_freq: the row's q heads, rotated
 
   const int kv_head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -297,7 +330,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     // new_kv: the warp whose tile holds pos0 copies its K and V after the wait (they are the
     // previous kernel's) and, at that tile, encodes them (see below).
     const bool writer = !kTiled && new_kv && begin <= pos0 && pos0 < end && warp == (pos0 - begin) / kKeys % kWarps;
-    if (writer) {
+    const bool rope_here = !kTiled && rope.inv_freq != nullptr;
+    if (writer && !rope_here) {
       const float* fresh = q + static_cast<int64_t>(r0) * q_stride + (heads + kv_head) * HD;
       for (int piece = lane; piece < HD / 2; piece += 32) {  // 16-byte pieces: HD / 4 of K, then of V
         const int which = piece / (HD / 4), at = piece % (HD / 4) * 4;
@@ -306,6 +340,11 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
       __pipeline_commit();  // a group of its own: the loop's first wait covers it, early tile or not
     }
     if (!early && t0 < end) issue(t0, 0, &scale_cur);  // before q, so its DRAM latency overlaps q's loads
+    if (rope_here) {  // CTA-uniform
+      RopeIntoShared<HD>(q + static_cast<int64_t>(r0) * q_stride, rope, static_cast<int64_t>(r0) * q_stride,
+                         static_cast<float>(pos0), heads, kvh, group, kv_head, q_s, &fresh_s[0][0]);
+      __syncthreads();
+    }
 
     // Q fragments (scaled into the exp2 domain); rows past the run are zero. a0/a2: row qg, dims
     // 2qc.. and 2qc + 8..; a1/a3: the same for row qg + 8 (always zero when decoding).
@@ -315,7 +354,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
 #pragma unroll
       for (int h = 0; h < kHalves; ++h) {
         const int r = qg + 8 * h;
-        const float* qrow = q + static_cast<int64_t>(r0 + r / group) * q_stride + (kv_head * group + r % group) * HD;
+        const float* qrow = rope_here ? q_s + (r % group) * HD
+                                      : q + static_cast<int64_t>(r0 + r / group) * q_stride + (kv_head * group + r % group) * HD;
 #pragma unroll
         for (int kc = 0; kc < kChunks; ++kc) {
           if (row_ok[h]) {
