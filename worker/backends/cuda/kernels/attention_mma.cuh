@@ -213,7 +213,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
   __shared__ Stage<HD> static_stages[kWarps == kDefaultWarps ? kWarps : 1][2];
   Stage<HD>(*const stages)[2] = kWarps == kDefaultWarps ? static_stages : DynamicStages<HD, kWarps>();
   __shared__ alignas(16) float fresh_s[2][kTiled ? 4 : HD];  // new_kv: the row's own K, V
-  __shared__ alignas(16) float q_s[kTiled ? 4 : 8 * HD];     // rope.inv_freq: the row's q heads, rotated
 
   const int kv_head = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -340,6 +339,11 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
       __pipeline_commit();  // a group of its own: the loop's first wait covers it, early tile or not
     }
     if (!early && t0 < end) issue(t0, 0, &scale_cur);  // before q, so its DRAM latency overlaps q's loads
+    // rope_here: the row's q heads, rotated, in warp 0's second stage until every warp has its
+    // fragments (the loop's first copy into that stage comes after the barrier below); a static
+    // array would cost the batch-1 kernel the shared memory its o Gemv neighbours preload into.
+    static_assert(sizeof(Stage<HD>) >= 8 * HD * sizeof(float), "G <= 8 q heads fit a stage");
+    float* q_s = reinterpret_cast<float*>(&stages[0][1]);
     if (rope_here) {  // CTA-uniform
       RopeIntoShared<HD>(q + static_cast<int64_t>(r0) * q_stride, rope, static_cast<int64_t>(r0) * q_stride,
                          static_cast<float>(pos0), heads, kvh, group, kv_head, q_s, &fresh_s[0][0]);
@@ -368,6 +372,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
         }
       }
     }
+    if (rope_here) __syncthreads();  // q_s is warp 0's stage 1 again
 
     for (int it = 0; t0 < end; ++it, t0 += kWarps * kKeys) {
       const int s = it & 1, t_next = t0 + kWarps * kKeys;
