@@ -462,7 +462,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // and rotates its q heads and K itself (shape.rope, set a layer).
   const bool mma_decode = decode && cuda::AttentionTakesNewKv(kv_);  // the tensor-core kernel's decode
   shape.new_kv = mma_decode;
-  // The attention after RoPE or the q/k/v Gemv, and at batch 1 every Gemv after its predecessor,
+  // The attention after RoPE or q/k/v, and at batch 1 every Gemv after its predecessor,
   // start programmatically on the engine's own stream (common.cuh); not when profiling, where an
   // event sits between two ops and each is timed alone.
   shape.overlap_previous = profile_ == nullptr;

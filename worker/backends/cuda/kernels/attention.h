@@ -38,14 +38,15 @@ struct AttentionShape {
   // gives a CTA 16 / G rows that share each K/V tile (correct for any layout, fast for runs).
   bool runs = false;
   // Decode only (AttentionTakesNewKv), rows of distinct sequences: each row's own position is not
-  // in the cache yet. Its K and V, rotated, follow the row's q heads (k heads, then v heads, fp32:
-  // the batch-1 q/k/v Gemv with RoPE leaves them so), and the CTA whose split holds that position
-  // encodes them into the cache as RopeWriteKv would, counting clamps in PagedAttention's `clamps`.
+  // in the cache yet. Its K and V follow the row's q heads (k heads, then v heads, fp32: rotated
+  // as the batch-1 q/k/v Gemv with RoPE leaves them, or as `rope` computes them), and the CTA whose
+  // split holds that position encodes them into the cache as RopeWriteKv would, counting clamps in
+  // PagedAttention's `clamps`.
   bool new_kv = false;
   // Launch the tensor-core kernel with programmatic stream serialization: its prologue and, when
   // decoding, its first tile of previously cached keys (with new_kv, also the tile holding the new
-  // position, whose rows the writer overwrites) overlap the kernel before it (RoPE or the
-  // batch-1 q/k/v Gemv, which trigger their dependents early). The previous kernel must not read
+  // position, whose rows the writer overwrites) overlap the kernel before it (RoPE, the q/k/v
+  // GEMM or the batch-1 q/k/v Gemv). The previous kernel must not read
   // `out` or the workspace (a CTA with no keys writes them before it waits). The split combine
   // (more than one split) follows it the same way and lets its own follower start at once; with
   // cluster_merge the attention's own CTAs let it start (an empty split triggers at once, the
@@ -80,7 +81,8 @@ absl::StatusOr<int> AttentionCtasPerSm(const AttentionShape& shape, const KvGeom
 // Floats of workspace the partial results need.
 size_t AttentionWorkspaceFloats(const AttentionShape& shape, int head_dim);
 
-// q: fp32 rows (q heads first in each row, as RopeWriteKv leaves them); out: fp16 [rows, heads * head_dim].
+// q: fp32 rows (q heads first in each row, as RopeWriteKv leaves them, or the projection with rope);
+// out: fp16 [rows, heads * head_dim].
 // clamps: the clamp counter, needed with shape.new_kv only.
 absl::Status PagedAttention(const float* q, const AttentionShape& shape, const RowMeta& meta, const KvGeometry& geometry,
                             const KvLayerView& layer, float* workspace, __half* out, cudaStream_t stream,

@@ -359,7 +359,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
       for (int h = 0; h < kHalves; ++h) {
         const int r = qg + 8 * h;
         const float* qrow = rope_here ? q_s + (r % group) * HD
-                                      : q + static_cast<int64_t>(r0 + r / group) * q_stride + (kv_head * group + r % group) * HD;
+                                      : q + static_cast<int64_t>(r0 + r / group) * q_stride +
+                                            (kv_head * group + r % group) * HD;
 #pragma unroll
         for (int kc = 0; kc < kChunks; ++kc) {
           if (row_ok[h]) {
