@@ -73,8 +73,8 @@ struct CudaEngine::Buffers {
   float* sumsq = nullptr;            // [2 layers + 1]: Σ x² of the residual before each norm (batch 1)
   __half* final_xn = nullptr;  // [logit_rows, h]
   float* logits = nullptr;          // [logit_rows, vocab]
-  // Decode above batch 1: the split-K projections' chunk outputs (kDecodeKSplits), which RoPE
-  // and the norms add.
+  // Decode above batch 1: the split-K projections' chunk outputs (kDecodeKSplits), which the
+  // attention (RoPE with an FP16 cache) and the norms add.
   float* qkv_partials = nullptr;       // [kDecodeKSplits][max_bucket, q + 2 kv]
   float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN halves' down
   void* cublas_workspace = nullptr;
@@ -475,7 +475,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     shape.warps = 4 * shape.splits, shape.splits = 1;
   }
   // Decode above batch 1: q/k/v, o and down split along k (kDecodeKSplits), each chunk's output
-  // an fp32 array that RoPE or the next norm adds; the residual's stay pending until a norm.
+  // an fp32 array that the attention (or RoPE) or the next norm adds; the residual's stay pending
+  // until a norm.
   const bool split_k = decode && !fused && rows <= max_bucket_;
   const int64_t qkv_stride = int64_t{max_bucket_} * qkvw, residual_stride = int64_t{max_bucket_} * h;
   cuda::Partials pending;
