@@ -700,6 +700,18 @@ std::vector<float> CacheRows(PagedFixture& f, const int32_t* dtable, const std::
   return dqkv.Get();
 }
 
+// Poisons the FP8 cache at `slots` (every KV head): NaN bytes in both FP8 formats, NaN scales. A
+// kernel that reads a poisoned slot instead of writing it first leaves NaN in its output.
+void PoisonSlots(PagedFixture& f, const std::vector<int32_t>& slots) {
+  const int kvh = f.g.kv_heads, hd = f.g.head_dim;
+  for (int32_t slot : slots) {
+    CUDA_OK(cudaMemset(f.k.p + size_t(slot) * kvh * hd, 0x7f, size_t(kvh) * hd));
+    CUDA_OK(cudaMemset(f.v.p + size_t(slot) * kvh * hd, 0x7f, size_t(kvh) * hd));
+    CUDA_OK(cudaMemset(f.ks.p + size_t(slot) * kvh, 0xff, size_t(kvh) * 4));
+    CUDA_OK(cudaMemset(f.vs.p + size_t(slot) * kvh, 0xff, size_t(kvh) * 4));
+  }
+}
+
 struct KvCase {
   int head_dim;
   KvDtype dtype;
@@ -1046,12 +1058,7 @@ TEST_P(CudaKvTest, DecodeWithNewKvMatchesCachedAttention) {
     Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
     Dev<__half> cached(size_t(seqs) * heads * hd), fresh(cached.n);
     ASSERT_TRUE(cuda::PagedAttention(dlast.p, shape, meta, f.g, f.view(), ws.p, cached.p, nullptr).ok());
-    for (int s = 0; s < seqs; ++s) {  // poison: NaN in both FP8 formats, NaN scales
-      CUDA_OK(cudaMemset(f.k.p + size_t(slots[s]) * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
-      CUDA_OK(cudaMemset(f.v.p + size_t(slots[s]) * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
-      CUDA_OK(cudaMemset(f.ks.p + size_t(slots[s]) * kv_heads, 0xff, size_t(kv_heads) * 4));
-      CUDA_OK(cudaMemset(f.vs.p + size_t(slots[s]) * kv_heads, 0xff, size_t(kv_heads) * 4));
-    }
+    PoisonSlots(f, slots);
     shape.new_kv = true;
     ASSERT_TRUE(cuda::PagedAttention(dlast.p, shape, meta, f.g, f.view(), ws.p, fresh.p, nullptr, clamps.p).ok());
     const std::string what = std::string(KvDtypeName(kc.dtype)) + " splits " + std::to_string(splits) + " window " +
@@ -1121,14 +1128,6 @@ TEST_P(CudaKvTest, DecodeWithRopeMatchesRopeWriteKv) {
     }
     return out;
   };
-  auto poison = [&]() {  // NaN in both FP8 formats, NaN scales
-    for (int s = 0; s < seqs; ++s) {
-      CUDA_OK(cudaMemset(f.k.p + size_t(slots[s]) * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
-      CUDA_OK(cudaMemset(f.v.p + size_t(slots[s]) * kv_heads * hd, 0x7f, size_t(kv_heads) * hd));
-      CUDA_OK(cudaMemset(f.ks.p + size_t(slots[s]) * kv_heads, 0xff, size_t(kv_heads) * 4));
-      CUDA_OK(cudaMemset(f.vs.p + size_t(slots[s]) * kv_heads, 0xff, size_t(kv_heads) * 4));
-    }
-  };
   struct Run {
     int splits, window, warps, partials;
   };
@@ -1142,11 +1141,11 @@ TEST_P(CudaKvTest, DecodeWithRopeMatchesRopeWriteKv) {
                                .cluster_merge = splits > 1 && splits <= cuda::kMaxClusterSplits, .warps = warps};
     Dev<float> ws(cuda::AttentionWorkspaceFloats(shape, hd));
     Dev<__half> want(size_t(seqs) * heads * hd), got(want.n);
-    poison();
+    PoisonSlots(f, slots);
     ASSERT_TRUE(cuda::RopeWriteKv(dq.p, in, dbias.p, seqs, heads, meta, f.g, f.view(), dinv.p, clamps.p, nullptr).ok());
     ASSERT_TRUE(cuda::PagedAttention(dq.p, shape, meta, f.g, f.view(), ws.p, want.p, nullptr).ok());
     const auto want_kv = slot_values();
-    poison();
+    PoisonSlots(f, slots);
     dq.Put(whole);
     shape.new_kv = true, shape.rope = {.inv_freq = dinv.p, .parts = in, .bias = dbias.p};
     ASSERT_TRUE(cuda::PagedAttention(dq.p, shape, meta, f.g, f.view(), ws.p, got.p, nullptr, clamps.p).ok());
@@ -1448,8 +1447,8 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
-// branches. Together the 19 rows take the split-K projections (partials summed by RoPE and the
-// norms); alone each row takes the batch-1 Gemv path.
+// branches. Together the 19 rows take the split-K projections (partials summed by the attention
+// and the norms); alone each row takes the batch-1 Gemv path.
 class CudaEngineBatchTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {

@@ -528,11 +528,11 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
         TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
       }
     }
-    if (shape.new_kv && !fused) {
-      shape.rope = {.inv_freq = inv_freq_, .parts = qkv_in, .bias = L.b_qkv};
-    } else if (!shape.new_kv) {
+    if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
                                              inv_freq_, b.clamps, s, shape.overlap_previous));
+    } else if (!fused) {
+      shape.rope = {.inv_freq = inv_freq_, .parts = qkv_in, .bias = L.b_qkv};
     }
     TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
     if (fused) {
