@@ -96,7 +96,6 @@ int Main(int argc, char** argv) {
   int soak_batch = 64;
   int max_splits = CudaEngineOptions{}.attention_splits;
   int64_t ffn_halves_min_bytes = CudaEngineOptions{}.ffn_halves_min_bytes;
-  int o_l2_prefetch_bytes = CudaEngineOptions{}.o_l2_prefetch_bytes;
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
@@ -113,10 +112,6 @@ int Main(int argc, char** argv) {
                  "smallest FFN (bytes) run as two halves on two graph branches above batch 1")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--o-l2-prefetch", o_l2_prefetch_bytes,
-                 "bytes of each k chunk's rows of W_o the attention asks L2 for above batch 1")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
   for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
@@ -130,8 +125,7 @@ int Main(int argc, char** argv) {
   if (!dtype.ok()) return std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str()), 2;
   const double t0 = Now();
   auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
-                                         .ffn_halves_min_bytes = ffn_halves_min_bytes,
-                                         .o_l2_prefetch_bytes = o_l2_prefetch_bytes});
+                                         .ffn_halves_min_bytes = ffn_halves_min_bytes});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

@@ -534,12 +534,6 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     } else if (!fused) {
       shape.rope = {.inv_freq = inv_freq_, .parts = qkv_in, .bias = L.b_qkv};
     }
-    if (split_k && mma_decode && options_.o_l2_prefetch_bytes > 0) {
-      // Each of o's k chunks reads its rows' bytes from the first: their prefixes, in that order.
-      const int64_t pitch = int64_t{qd} * 2 / kDecodeKSplits;
-      shape.l2_prefetch = {.base = L.w_o, .ranges = h * kDecodeKSplits, .pitch = pitch,
-                           .bytes = static_cast<int>(std::min<int64_t>(pitch, options_.o_l2_prefetch_bytes))};
-    }
     TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
     if (fused) {
       // o's CTAs start while the attention runs (its CTAs, or its combine, trigger before the end)

@@ -38,9 +38,6 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
-  // Decode above batch 1: bytes of each k chunk's rows of W_o the attention asks L2 for once its
-  // keys have arrived (0: none).
-  int o_l2_prefetch_bytes = 0;
 };
 
 class CudaEngine final : public Engine {

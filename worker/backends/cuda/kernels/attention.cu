@@ -348,12 +348,6 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
   if (shape.rope.inv_freq && (!shape.new_kv || shape.rope.parts.OrNone().count > kMaxPartials)) {
     return absl::InvalidArgumentError("PagedAttention: RoPE in the attention needs new_kv and at most 4 partials");
   }
-  if (const L2Prefetch& pf = shape.l2_prefetch;
-      pf.ranges > 0 && (!UsesMma(g) || shape.runs || pf.bytes <= 0 || pf.bytes % 16 || pf.pitch % 16 ||
-                        reinterpret_cast<uintptr_t>(pf.base) % 16)) {
-    return absl::InvalidArgumentError(
-        "PagedAttention: the L2 prefetch needs the tensor-core kernel, decode rows and 16-byte alignment");
-  }
   const bool cluster_merge = shape.cluster_merge;
   if (cluster_merge && (!UsesMma(g) || shape.runs || shape.splits < 2 || shape.splits > kMaxClusterSplits)) {
     return absl::InvalidArgumentError("PagedAttention: cluster_merge needs the tensor-core kernel, decode rows and 2-16 splits");
@@ -376,8 +370,7 @@ absl::Status PagedAttention(const float* q, const AttentionShape& shape, const R
       launched = LaunchMaybeOverlappedInClusters(shape.overlap_previous, cluster_z, grid, dim3(shape.warps * 32),
                                                  smem, stream, kernel, q, shape.rows, shape.heads, shape.q_stride,
                                                  shape.sliding_window, shape.splits, shape.scale, meta, g, layer,
-                                                 workspace, out, shape.new_kv, clamps, cluster_merge, rope,
-                                                 shape.l2_prefetch);
+                                                 workspace, out, shape.new_kv, clamps, cluster_merge, rope);
     });
     TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   } else {

@@ -27,16 +27,6 @@ struct AttentionRope {
   const float* bias = nullptr;      // [heads + 2 kv_heads] * head_dim, or null
 };
 
-// Decode on the tensor cores in CTAs of more than 4 warps, a hint (results never depend on it):
-// ranges of the next projection's weights that each warp asks L2 for once its last tile of keys
-// has arrived, so that the DRAM, idle through the merge and the next GEMM's launch, streams them.
-struct L2Prefetch {
-  const void* base = nullptr;  // 16-byte aligned
-  int ranges = 0;              // range i starts at base + i · pitch
-  int64_t pitch = 0;           // bytes, a multiple of 16
-  int bytes = 0;               // a range's, a multiple of 16
-};
-
 struct AttentionShape {
   int rows = 0;
   int heads = 0;
@@ -75,7 +65,6 @@ struct AttentionShape {
   // an SM). Prefill takes 4.
   int warps = 4;
   AttentionRope rope = {};  // with new_kv only
-  L2Prefetch l2_prefetch = {};  // decode on the tensor cores only
 };
 
 inline constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster on sm_90

@@ -198,8 +198,7 @@ template <KvDtype D, int HD, bool kTiled, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     AttentionMmaKernel(const float* q, int rows, int heads, int q_stride, int sliding_window, int splits, float scale,
                        RowMeta meta, KvGeometry g, KvLayerView layer, float* partial, __half* out, bool new_kv,
-                       unsigned long long* clamps, bool cluster_merge, AttentionRope rope,
-                       L2Prefetch prefetch) {
+                       unsigned long long* clamps, bool cluster_merge, AttentionRope rope) {
   static_assert(HD == 32 || HD == 64 || HD == 128, "head_dim 32, 64 or 128 (the decode Vᵀ loads take HD / 8 bytes)");
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();
@@ -385,18 +384,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
       }
       __pipeline_wait_prior(1);
       __syncwarp();
-      if (kWarps > kDefaultWarps && t_next >= end && prefetch.ranges > 0) {
-        // This warp's keys have all arrived: its share of the ranges, spread over every CTA first
-        // (range cta + ctas · (warp + kWarps · lane)), so no CTA issues more than a few. Only the
-        // wide CTAs (batch 16 and 32, one wave): the 4-warp instances keep their registers.
-        const int64_t ctas = static_cast<int64_t>(gridDim.x) * gridDim.y * gridDim.z;
-        const int64_t cta = blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
-        for (int64_t i = cta + ctas * (warp + kWarps * lane); i < prefetch.ranges; i += ctas * kWarps * 32) {
-          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
-                       :: "l"(static_cast<const uint8_t*>(prefetch.base) + i * prefetch.pitch), "r"(prefetch.bytes)
-                       : "memory");
-        }
-      }
       if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {
         // The tile's copy of pos0 is stale: encode K and V as RopeWriteKv would (scale = amax /
         // max, clamps counted) into the cache and into this tile's row, with their scales. The
