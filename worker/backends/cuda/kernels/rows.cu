@@ -130,43 +130,27 @@ __global__ void __launch_bounds__(1024)
 
 // Gate and up interleave, so a float4 holds two outputs' inputs: one 16-byte load and one 4-byte
 // store per two outputs (each thread took one output with 4-byte loads: 3.9 us at batch 64).
-// A thread takes kSwiGluPairs float4s a grid-width apart, their loads issued together: at batch 16
-// the FFN halves' first SwiGLU runs on the ~12 SMs the other half's gate/up leaves free, where
-// 224 CTAs of one float4 a thread ended 11.9 us after its gate/up (CUPTI, 8B), in several waves.
 // With `in`, the input is the sum of its arrays (a split-K projection's chunks), gate_up unread.
 // It triggers after its wait, so a programmatic follower (StreamGemm) copies its W meanwhile.
-constexpr int kSwiGluPairs = 4;
-
-// Five CTAs an SM (at most 48 registers): 60 on the 12 free SMs, which the batch-16 half needs (56).
-__global__ void __launch_bounds__(256, 5) SwiGluKernel(const float* gate_up, int64_t total, __half* out, Partials in) {
+__global__ void SwiGluKernel(const float* gate_up, int64_t total, __half* out, Partials in) {
   GridDependencyWait();
   TriggerDependents();
-  const int64_t pairs = total / 2, threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t pairs = total / 2;
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int parts = in.count > 0 ? in.count : 1;
   const float* src = in.count > 0 ? in.data : gate_up;
-  for (int64_t p0 = first; p0 < pairs; p0 += kSwiGluPairs * threads) {
-    // Each array's loads first: one round trip an array.
-    float4 v[kSwiGluPairs];
+  for (int64_t p = first; p < pairs; p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float4 c[kMaxPartials];
 #pragma unroll
-    for (int j = 0; j < kSwiGluPairs; ++j) {
-      v[j] = p0 + j * threads < pairs ? reinterpret_cast<const float4*>(src)[p0 + j * threads] : float4{};
+    for (int i = 0; i < kMaxPartials; ++i) {  // all loads first: one round trip
+      if (i < parts) c[i] = reinterpret_cast<const float4*>(src + i * in.stride)[p];
     }
-    for (int i = 1; i < parts; ++i) {
-      float4 c[kSwiGluPairs];
+    float4 v = c[0];
 #pragma unroll
-      for (int j = 0; j < kSwiGluPairs; ++j) {
-        c[j] = p0 + j * threads < pairs ? reinterpret_cast<const float4*>(src + i * in.stride)[p0 + j * threads] : float4{};
-      }
-#pragma unroll
-      for (int j = 0; j < kSwiGluPairs; ++j) v[j].x += c[j].x, v[j].y += c[j].y, v[j].z += c[j].z, v[j].w += c[j].w;
+    for (int i = 1; i < kMaxPartials; ++i) {
+      if (i < parts) v.x += c[i].x, v.y += c[i].y, v.z += c[i].z, v.w += c[i].w;
     }
-#pragma unroll
-    for (int j = 0; j < kSwiGluPairs; ++j) {
-      if (p0 + j * threads < pairs) {
-        reinterpret_cast<__half2*>(out)[p0 + j * threads] = __floats2half2_rn(Silu(v[j].x) * v[j].y, Silu(v[j].z) * v[j].w);
-      }
-    }
+    reinterpret_cast<__half2*>(out)[p] = __floats2half2_rn(Silu(v.x) * v.y, Silu(v.z) * v.w);
   }
   if (first == 0 && total % 2) {
     float g = 0.0f, u = 0.0f;
@@ -283,7 +267,7 @@ absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaSt
   if (!Aligned16(parts.count > 0 ? parts.data : gate_up) || !Aligned16(out) || parts.stride % 4 != 0) {
     return absl::InvalidArgumentError("SwiGlu: buffers 16-byte aligned");
   }
-  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(GridFor(std::max<int64_t>((total / 2 + kSwiGluPairs - 1) / kSwiGluPairs, 1), 256)),
+  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(GridFor(std::max<int64_t>(total / 2, 1), 256)),
                                                        dim3(256), 0, stream, SwiGluKernel, gate_up, total, out, parts));
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
