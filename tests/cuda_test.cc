@@ -525,6 +525,44 @@ TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
   EXPECT_EQ(runner.Run(dx.p, 2, 8, dw.p, 1, 0.0f, dy.p, 4).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// In-situ tuning's handles: every candidate PrepareCandidates lists computes the same product, and
+// the shapes listed are those of the rows asked for.
+TEST(CudaKernelTest, GemmRunnerEveryCandidateMatchesCpu) {
+  REQUIRE_GPU();
+  const unsigned seed = 91;
+  std::mt19937 rng(seed);
+  absl::StatusOr<TestGemm> gemm = MakeTestGemm();
+  ASSERT_TRUE(gemm.ok()) << gemm.status();
+  cuda::GemmRunner& runner = *gemm->runner;
+  const int rows = 19, k = 200, n = 77;
+  auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * k, rng, 0.05f);
+  Dev<__half> dx(RoundToHalf(xf)), dw(RoundToHalf(wf));
+  Dev<float> dy(size_t(rows) * n), other(size_t(3) * n);
+  ASSERT_TRUE(runner.Run(dx.p, rows, k, dw.p, n, 0.0f, dy.p).ok());
+  ASSERT_TRUE(runner.Run(dx.p, 3, k, dw.p, n, 0.0f, other.p).ok());
+  std::vector<float> want(size_t(rows) * n);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < n; ++c) {
+      double d = 0;
+      for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[size_t(c) * k + i];
+      want[size_t(r) * n + c] = float(d);
+    }
+  }
+  const std::vector<void*> shapes = runner.PlannedShapes(rows);
+  ASSERT_EQ(shapes.size(), 1u);
+  EXPECT_EQ(runner.PlannedShapes(5).size(), 0u);
+  absl::StatusOr<int> count = runner.PrepareCandidates(shapes[0], 4);
+  ASSERT_TRUE(count.ok()) << count.status();
+  ASSERT_GE(*count, 1);
+  EXPECT_LE(*count, 4);
+  for (int i = 0; i < *count; ++i) {
+    runner.UseCandidate(shapes[0], i);
+    dy.Put(std::vector<float>(dy.n, std::nanf("")));
+    ASSERT_TRUE(runner.Run(dx.p, rows, k, dw.p, n, 0.0f, dy.p).ok());
+    EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "candidate " << i << " of " << *count << " seed " << seed;
+  }
+}
+
 // RunSplitK: k in chunks, each chunk's product an array `stride` floats apart whose sum is X·Wᵀ;
 // a k the chunks would not split into whole 16-byte vectors falls back to one chunk.
 TEST(CudaKernelTest, GemmRunnerSplitKPartialsSumToTheProduct) {

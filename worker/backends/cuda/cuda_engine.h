@@ -38,6 +38,9 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
+  // After timing each cuBLASLt shape alone, time its candidates inside the captured step and keep
+  // the fastest (CudaEngine::TuneInSitu).
+  bool tune_in_situ = true;
 };
 
 class CudaEngine final : public Engine {
@@ -102,6 +105,11 @@ class CudaEngine final : public Engine {
   absl::Status LoadWeights(const Checkpoint& ckpt);
   absl::Status AllocateWorkspaces();
   absl::Status CaptureGraphs();
+  // Times each cuBLASLt shape of a bucket's step with its other candidates, in the replayed graph
+  // itself, and keeps the fastest (gemm.h says why).
+  absl::Status TuneInSitu(int rows);
+  // Median ms of `replays` replays of a freshly captured graph of the bucket.
+  absl::StatusOr<float> TimeStepGraph(int rows, int replays);
   // Bytes between one layer's weight matrices and the next's when every dense layer's are that
   // far apart (they are loaded in one arena, layer by layer); else 0.
   int64_t LayerStrideBytes() const;

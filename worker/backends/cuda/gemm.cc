@@ -1,6 +1,7 @@
 #include "worker/backends/cuda/gemm.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "worker/backends/cuda/cuda_check.h"
@@ -14,6 +15,7 @@ struct GemmRunner::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
   bool tuned = false;
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // PrepareCandidates'
   ~Plan() {
     if (c) cublasLtMatrixLayoutDestroy(c);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -117,6 +119,34 @@ absl::Status GemmRunner::Tune(Plan& plan, const __half* x, const __half* w, floa
   plan.tuned = true;
   ++tuned_;
   return absl::OkStatus();
+}
+
+std::vector<void*> GemmRunner::PlannedShapes(int rows) const {
+  std::vector<void*> out;
+  for (const auto& [key, plan] : plans_) {
+    if (std::get<0>(key) == rows) out.push_back(plan.get());
+  }
+  return out;
+}
+
+absl::StatusOr<int> GemmRunner::PrepareCandidates(void* shape, int wanted) {
+  Plan& plan = *static_cast<Plan*>(shape);
+  std::vector<cublasLtMatmulHeuristicResult_t> results(std::max(wanted, 1));
+  int found = 0;
+  if (absl::Status st = Candidates(plan, static_cast<int>(results.size()), results.data(), &found); !st.ok()) return st;
+  plan.candidates = {plan.algo};
+  for (int i = 0; i < found && static_cast<int>(plan.candidates.size()) < wanted; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS && std::memcmp(&results[i].algo, &plan.algo, sizeof(plan.algo)) != 0) {
+      plan.candidates.push_back(results[i].algo);
+    }
+  }
+  return static_cast<int>(plan.candidates.size());
+}
+
+void GemmRunner::UseCandidate(void* shape, int i) {
+  Plan& plan = *static_cast<Plan*>(shape);
+  plan.algo = plan.candidates.at(i);
+  plan.tuned = true;
 }
 
 absl::Status GemmRunner::Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y, int ldw) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <cstdint>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/backends/cuda/cuda_resources.h"
@@ -52,6 +53,16 @@ class GemmRunner {
     first_layer_ = static_cast<const char*>(first_layer), layer_bytes_ = layer_bytes, layers_ = layers;
   }
   int tuned_shapes() const { return tuned_; }
+
+  // In-situ tuning (CudaEngine::TuneInSitu): a shape's algorithm timed alone is not always the
+  // best inside the step, where its kernels' footprint decides what runs beside them (the FFN
+  // halves share the SMs). So the caller may time a planned shape's candidates in its own launch
+  // sequence: PlannedShapes lists the shapes of `rows` rows planned so far (opaque handles, valid
+  // for the runner's life); PrepareCandidates collects up to `wanted` candidates, the shape's
+  // current algorithm first, and returns their count; UseCandidate makes later Runs use one.
+  std::vector<void*> PlannedShapes(int rows) const;
+  absl::StatusOr<int> PrepareCandidates(void* shape, int wanted);
+  void UseCandidate(void* shape, int i);
 
  private:
   struct Plan;
