@@ -96,7 +96,7 @@ int Main(int argc, char** argv) {
   int soak_batch = 64;
   int max_splits = CudaEngineOptions{}.attention_splits;
   int64_t ffn_halves_min_bytes = CudaEngineOptions{}.ffn_halves_min_bytes;
-  bool tune_in_situ = CudaEngineOptions{}.tune_in_situ;
+  int in_situ_candidates = CudaEngineOptions{}.in_situ_candidates;
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
@@ -113,7 +113,9 @@ int Main(int argc, char** argv) {
                  "smallest FFN (bytes) run as two halves on two graph branches above batch 1")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--tune-in-situ", tune_in_situ, "time each cuBLASLt shape's candidates inside the captured step (0/1)")
+  app.add_option("--in-situ-candidates", in_situ_candidates,
+                 "cuBLASLt candidates a shape tries inside the captured step (1: the pick timed alone)")
+      ->check(CLI::Range(1, 16))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
@@ -129,7 +131,7 @@ int Main(int argc, char** argv) {
   const double t0 = Now();
   auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
                                          .ffn_halves_min_bytes = ffn_halves_min_bytes,
-                                         .tune_in_situ = tune_in_situ});
+                                         .in_situ_candidates = in_situ_candidates});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

@@ -758,7 +758,7 @@ absl::Status CudaEngine::CaptureGraphs() {
   }
   gemm_->set_tuning(false);
   side_gemm_->set_tuning(false);
-  if (options_.tune_in_situ) {
+  if (options_.in_situ_candidates > 1) {
     for (int bucket : options_.buckets) {
       if (bucket == 1 && max_bucket_ > 1) continue;
       if (absl::Status st = TuneInSitu(bucket); !st.ok()) return st;
@@ -796,14 +796,14 @@ absl::StatusOr<float> CudaEngine::TimeStepGraph(int rows, int replays) {
 
 absl::Status CudaEngine::TuneInSitu(int rows) {
   // Coordinate descent, one shape at a time over its candidates with the others fixed. Few
-  // candidates: each costs a capture and a few replays (8B: +8 to +15 s of load). Measured on the
+  // candidates: each costs a capture and a few replays (8B, 6 candidates: +8 to +15 s of load). Measured on the
   // H200 (8B, 512 tokens, two rounds against the picks timed alone): batch 16 4.659 / 4.659 →
   // 4.604 / 4.615 ms, batch 64 5.366 / 5.378 → 5.349 / 5.371. The FFN halves are where it moves:
   // a gate/up timed alone may fill every SM, so the other half's waits for its CTAs to leave.
-  constexpr int kCandidates = 6, kReplays = 5;
+  constexpr int kReplays = 5;
   for (cuda::GemmRunner* g : {gemm_.get(), side_gemm_.get()}) {
     for (void* shape : g->PlannedShapes(rows)) {
-      absl::StatusOr<int> n = g->PrepareCandidates(shape, kCandidates);
+      absl::StatusOr<int> n = g->PrepareCandidates(shape, options_.in_situ_candidates);
       if (!n.ok()) return n.status();
       int best = 0;
       absl::StatusOr<float> best_ms = TimeStepGraph(rows, kReplays);
