@@ -86,7 +86,7 @@ elif [ "$MODE" = trace ]; then
   CUDA_INJECTION64_PATH=$PWD/.gpu/lib/libtailserve_cupti_trace.so TAILSERVE_TRACE_OUT=/tmp/trace.tsv \
     $R tailserve-bench-cuda --model "/tmp/ckpt/${TRACE_MODEL:-l8b}" --batches "${TRACE_BATCHES:-1,16,64}" --contexts 512 \
     --prefills 512 ${TRACE_FLAGS:-} > "$OUT/bench_traced$tag.md" 2>&1
-  python3 bench/trace_table.py /tmp/trace.tsv --layer --head 12 | tee "$OUT/trace_table$tag.md"
+  python3 bench/trace_table.py /tmp/trace.tsv --layer --head 12 --ffn | tee "$OUT/trace_table$tag.md"
   xz -T0 -c /tmp/trace.tsv > "$OUT/trace$tag.tsv.xz"
 elif [ "$MODE" = bench8b ]; then
   echo "== bench 8B (decode only)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a replayed decode step's time goes, from bench/cupti_trace.cc's trace.
 
-Usage: trace_table.py trace.tsv [--layer] [--head N]
+Usage: trace_table.py trace.tsv [--layer] [--head N] [--ffn]
 For every graph replayed at least 5 times, takes each replay's kernels in order of their end, and
 charges each kernel the time from the previous kernel's end to its own (its cost to the step: a
 kernel launched programmatically starts early and waits inside, so its span overstates it). Prints
@@ -9,7 +9,9 @@ the median over replays, summed by kernel name, beside the median span. Where tw
 run at once (the FFN halves) the kernels of one are charged time the other spent: read them as a
 block. --layer also prints one layer of one replay (from the 21st RMSNorm to the 23rd), kernel by
 kernel in order of start. --head N prints each graph's first N kernels: when each was submitted,
-started and ended, on which channel and stream.
+started and ended, on which channel and stream. --ffn prints, for graphs whose FFN runs as two
+halves, when each half's GEMMs start and end after the norm before the FFN (medians over layers 1-30
+of every replay), and how long each SwiGLU ends after its gate/up.
 """
 import collections
 import statistics
@@ -86,6 +88,8 @@ def main():
             for i, r in enumerate(runs[0][:head]):
                 med = lambda col: statistics.median((k[i][col] - k[0][0]) / 1e3 if k[i][col] else 0.0 for k in runs)
                 print(f"| {short(r[5])} | {r[4]} | {r[10]} | {r[8]} | {r[9]} | {med(7):.2f} | {med(0):.2f} | {med(1):.2f} |")
+        if "--ffn" in sys.argv:
+            ffn_phases([sorted((per_node[n][k] for n in nodes), key=lambda r: r[0]) for k in range(replays)])
         if "--layer" in sys.argv:
             ks = sorted((per_node[n][replays // 2] for n in nodes), key=lambda r: r[0])
             norms = [i for i, r in enumerate(ks) if short(r[5]) == "rmsnorm"]
@@ -97,6 +101,31 @@ def main():
                 print(f"| {short(r[5])} | {r[4]} | {(r[0] - t0) / 1e3:.2f} | {(r[1] - t0) / 1e3:.2f} | "
                       f"{(r[1] - r[0]) / 1e3:.2f} | {(r[1] - prev_end) / 1e3:.2f} |")
                 prev_end = max(prev_end, r[1])
+
+
+def ffn_phases(runs):
+    """The FFN halves' timeline: gate/up A and B, down A and B, relative to the norm before them."""
+    phases = collections.defaultdict(list)
+    for ks in runs:
+        norms = [r for r in ks if short(r[5]) == "rmsnorm"]
+        for layer in range(1, (len(norms) - 1) // 2 - 1):
+            before, after = norms[2 * layer + 1], norms[2 * layer + 2]
+            block = [r for r in ks if before[1] <= r[0] < after[0] and r is not after]
+            gemms = [r for r in block if short(r[5]) == "cublas gemm"]
+            swiglu = [r for r in block if short(r[5]) == "swiglu"]
+            if len(gemms) != 4 or len(swiglu) != 2:
+                continue
+            for name, r in zip(("gate/up A", "gate/up B", "down A", "down B"), gemms):
+                phases[name + " start"].append(r[0] - before[1])
+                phases[name + " end"].append(r[1] - before[1])
+            phases["SwiGLU A end after gate/up A"].append(swiglu[0][1] - gemms[0][1])
+            phases["SwiGLU B end after gate/up B"].append(swiglu[1][1] - gemms[1][1])
+            phases["FFN (norm end to last end)"].append(max(r[1] for r in block) - before[1])
+    if not phases:
+        return
+    print("\n| FFN halves, us after the norm | median | min | max |\n|---|---:|---:|---:|")
+    for name, v in phases.items():
+        print(f"| {name} | {statistics.median(v) / 1e3:.2f} | {min(v) / 1e3:.2f} | {max(v) / 1e3:.2f} |")
 
 
 if __name__ == "__main__":
