@@ -758,7 +758,7 @@ absl::Status CudaEngine::CaptureGraphs() {
   }
   gemm_->set_tuning(false);
   side_gemm_->set_tuning(false);
-  if (options_.in_situ_candidates > 1) {
+  for (int pass = 0; options_.in_situ_candidates > 1 && pass < options_.in_situ_passes; ++pass) {
     for (int bucket : options_.buckets) {
       if (bucket == 1 && max_bucket_ > 1) continue;
       if (absl::Status st = TuneInSitu(bucket); !st.ok()) return st;
