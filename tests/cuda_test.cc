@@ -548,15 +548,16 @@ TEST(CudaKernelTest, GemmRunnerEveryCandidateMatchesCpu) {
       want[size_t(r) * n + c] = float(d);
     }
   }
-  const std::vector<void*> shapes = runner.PlannedShapes(rows);
+  const std::vector<cuda::GemmRunner::Plan*> shapes = runner.PlannedShapes(rows);
   ASSERT_EQ(shapes.size(), 1u);
   EXPECT_EQ(runner.PlannedShapes(5).size(), 0u);
   absl::StatusOr<int> count = runner.PrepareCandidates(shapes[0], 4);
   ASSERT_TRUE(count.ok()) << count.status();
   ASSERT_GE(*count, 1);
   EXPECT_LE(*count, 4);
+  EXPECT_EQ(runner.UseCandidate(shapes[0], *count).code(), absl::StatusCode::kInvalidArgument);
   for (int i = 0; i < *count; ++i) {
-    runner.UseCandidate(shapes[0], i);
+    ASSERT_TRUE(runner.UseCandidate(shapes[0], i).ok());
     dy.Put(std::vector<float>(dy.n, std::nanf("")));
     ASSERT_TRUE(runner.Run(dx.p, rows, k, dw.p, n, 0.0f, dy.p).ok());
     EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "candidate " << i << " of " << *count << " seed " << seed;

@@ -802,14 +802,14 @@ absl::Status CudaEngine::TuneInSitu(int rows) {
   // a gate/up timed alone may fill every SM, so the other half's waits for its CTAs to leave.
   constexpr int kReplays = 5;
   for (cuda::GemmRunner* g : {gemm_.get(), side_gemm_.get()}) {
-    for (void* shape : g->PlannedShapes(rows)) {
+    for (cuda::GemmRunner::Plan* shape : g->PlannedShapes(rows)) {
       absl::StatusOr<int> n = g->PrepareCandidates(shape, options_.in_situ_candidates);
       if (!n.ok()) return n.status();
       int best = 0;
       absl::StatusOr<float> best_ms = TimeStepGraph(rows, kReplays);
       if (!best_ms.ok()) return best_ms.status();
       for (int i = 1; i < *n; ++i) {
-        g->UseCandidate(shape, i);
+        if (absl::Status st = g->UseCandidate(shape, i); !st.ok()) return st;
         absl::StatusOr<float> ms = TimeStepGraph(rows, kReplays);
         if (!ms.ok()) {  // a candidate that cannot run inside a graph: skip it
           (void)cudaGetLastError();
@@ -817,7 +817,7 @@ absl::Status CudaEngine::TuneInSitu(int rows) {
         }
         if (*ms < *best_ms) best = i, best_ms = ms;
       }
-      g->UseCandidate(shape, best);
+      if (absl::Status st = g->UseCandidate(shape, best); !st.ok()) return st;
     }
   }
   return absl::OkStatus();

@@ -121,16 +121,16 @@ absl::Status GemmRunner::Tune(Plan& plan, const __half* x, const __half* w, floa
   return absl::OkStatus();
 }
 
-std::vector<void*> GemmRunner::PlannedShapes(int rows) const {
-  std::vector<void*> out;
+std::vector<GemmRunner::Plan*> GemmRunner::PlannedShapes(int rows) const {
+  std::vector<Plan*> out;
   for (const auto& [key, plan] : plans_) {
     if (std::get<0>(key) == rows) out.push_back(plan.get());
   }
   return out;
 }
 
-absl::StatusOr<int> GemmRunner::PrepareCandidates(void* shape, int wanted) {
-  Plan& plan = *static_cast<Plan*>(shape);
+absl::StatusOr<int> GemmRunner::PrepareCandidates(Plan* shape, int wanted) {
+  Plan& plan = *shape;
   std::vector<cublasLtMatmulHeuristicResult_t> results(std::max(wanted, 1));
   int found = 0;
   if (absl::Status st = Candidates(plan, static_cast<int>(results.size()), results.data(), &found); !st.ok()) return st;
@@ -143,10 +143,14 @@ absl::StatusOr<int> GemmRunner::PrepareCandidates(void* shape, int wanted) {
   return static_cast<int>(plan.candidates.size());
 }
 
-void GemmRunner::UseCandidate(void* shape, int i) {
-  Plan& plan = *static_cast<Plan*>(shape);
-  plan.algo = plan.candidates.at(i);
-  plan.tuned = true;
+absl::Status GemmRunner::UseCandidate(Plan* shape, int i) {
+  if (i < 0 || i >= static_cast<int>(shape->candidates.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GemmRunner: candidate ", i, " of ", shape->candidates.size(), " prepared"));
+  }
+  shape->algo = shape->candidates[i];
+  shape->tuned = true;
+  return absl::OkStatus();
 }
 
 absl::Status GemmRunner::Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y, int ldw) {

@@ -54,18 +54,19 @@ class GemmRunner {
   }
   int tuned_shapes() const { return tuned_; }
 
+  // One planned shape (defined in gemm.cc; a handle outside it, valid for the runner's life).
+  struct Plan;
   // In-situ tuning (CudaEngine::TuneInSitu): a shape's algorithm timed alone is not always the
   // best inside the step, where its kernels' footprint decides what runs beside them (the FFN
   // halves share the SMs). So the caller may time a planned shape's candidates in its own launch
-  // sequence: PlannedShapes lists the shapes of `rows` rows planned so far (opaque handles, valid
-  // for the runner's life); PrepareCandidates collects up to `wanted` candidates, the shape's
-  // current algorithm first, and returns their count; UseCandidate makes later Runs use one.
-  std::vector<void*> PlannedShapes(int rows) const;
-  absl::StatusOr<int> PrepareCandidates(void* shape, int wanted);
-  void UseCandidate(void* shape, int i);
+  // sequence: PlannedShapes lists the shapes of `rows` rows planned so far; PrepareCandidates
+  // collects up to `wanted` candidates, the shape's current algorithm first, and returns their
+  // count; UseCandidate makes later Runs use one (InvalidArgument past that count).
+  std::vector<Plan*> PlannedShapes(int rows) const;
+  absl::StatusOr<int> PrepareCandidates(Plan* shape, int wanted);
+  absl::Status UseCandidate(Plan* shape, int i);
 
  private:
-  struct Plan;
   GemmRunner() = default;
   // splits > 1: a strided batch over k chunks of k / splits (`k` is the chunk), outputs
   // partial_stride apart.
