@@ -758,7 +758,7 @@ absl::Status CudaEngine::CaptureGraphs() {
   }
   gemm_->set_tuning(false);
   side_gemm_->set_tuning(false);
-  for (int pass = 0; options_.in_situ_candidates > 1 && pass < options_.in_situ_passes; ++pass) {
+  if (options_.in_situ_candidates > 1) {
     for (int bucket : options_.buckets) {
       if (bucket == 1 && max_bucket_ > 1) continue;
       if (absl::Status st = TuneInSitu(bucket); !st.ok()) return st;
@@ -801,6 +801,33 @@ absl::Status CudaEngine::TuneInSitu(int rows) {
   // 4.604 / 4.615 ms, batch 64 5.366 / 5.378 → 5.349 / 5.371. The FFN halves are where it moves:
   // a gate/up timed alone may fill every SM, so the other half's waits for its CTAs to leave.
   constexpr int kReplays = 5;
+  if (options_.in_situ_pairs) {
+    // The shapes both runners plan (the FFN halves') with each candidate in both at once: one
+    // at a time, a candidate whose CTAs would sit beside the other half's cannot show it while
+    // the other half keeps an algorithm that fills every SM.
+    for (cuda::GemmRunner::Plan* shape : gemm_->PlannedShapes(rows)) {
+      cuda::GemmRunner::Plan* twin = side_gemm_->SameShape(*gemm_, shape);
+      if (twin == nullptr) continue;
+      absl::StatusOr<int> n = gemm_->PrepareCandidates(shape, options_.in_situ_candidates);
+      if (!n.ok()) return n.status();
+      if (absl::Status st = side_gemm_->ShareCandidates(shape, twin); !st.ok()) return st;
+      int best = -1;  // -1: each keeps its own (its candidate 0; the twin's 0 is its own too)
+      absl::StatusOr<float> best_ms = TimeStepGraph(rows, kReplays);
+      if (!best_ms.ok()) return best_ms.status();
+      for (int i = 0; i < *n; ++i) {
+        if (absl::Status st = gemm_->UseCandidate(shape, i); !st.ok()) return st;
+        if (absl::Status st = side_gemm_->UseCandidate(twin, i + 1); !st.ok()) return st;
+        absl::StatusOr<float> ms = TimeStepGraph(rows, kReplays);
+        if (!ms.ok()) {
+          (void)cudaGetLastError();
+          continue;
+        }
+        if (*ms < *best_ms) best = i, best_ms = ms;
+      }
+      if (absl::Status st = gemm_->UseCandidate(shape, std::max(best, 0)); !st.ok()) return st;
+      if (absl::Status st = side_gemm_->UseCandidate(twin, best + 1); !st.ok()) return st;
+    }
+  }
   for (cuda::GemmRunner* g : {gemm_.get(), side_gemm_.get()}) {
     for (cuda::GemmRunner::Plan* shape : g->PlannedShapes(rows)) {
       absl::StatusOr<int> n = g->PrepareCandidates(shape, options_.in_situ_candidates);

@@ -42,9 +42,9 @@ struct CudaEngineOptions {
   // captured step and keep the fastest (CudaEngine::TuneInSitu; 1: the pick timed alone). 12 took
   // longer to load and gave the 8B step nothing more than 6 (b16 4.600 / 4.600 against 4.607 / 4.620).
   int in_situ_candidates = 6;
-  // Passes of that descent: a second re-times each shape beside the others' in-situ picks (the FFN
-  // halves' gate/up picks depend on each other). Not yet measured against one.
-  int in_situ_passes = 1;
+  // Before that descent, the FFN halves' shared shapes try each candidate in both halves at once
+  // (CudaEngine::TuneInSitu says why). Not yet measured: off until an A/B says otherwise.
+  bool in_situ_pairs = false;
 };
 
 class CudaEngine final : public Engine {

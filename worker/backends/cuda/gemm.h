@@ -65,6 +65,11 @@ class GemmRunner {
   std::vector<Plan*> PlannedShapes(int rows) const;
   absl::StatusOr<int> PrepareCandidates(Plan* shape, int wanted);
   absl::Status UseCandidate(Plan* shape, int i);
+  // This runner's plan of the shape `other` planned as `shape`, or null (the FFN halves' runners
+  // plan the same shapes). ShareCandidates gives it `shape`'s prepared candidates after its own
+  // current algorithm: its candidate i + 1 is `shape`'s i.
+  Plan* SameShape(const GemmRunner& other, const Plan* shape) const;
+  absl::Status ShareCandidates(const Plan* from, Plan* to);
 
  private:
   GemmRunner() = default;
@@ -90,7 +95,8 @@ class GemmRunner {
   const char* first_layer_ = nullptr;
   int64_t layer_bytes_ = 0;
   int layers_ = 1;
-  std::map<std::tuple<int, int, int, int, bool, int, int64_t>, std::unique_ptr<Plan>> plans_;
+  using Key = std::tuple<int, int, int, int, bool, int, int64_t>;  // PlanFor's arguments
+  std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 
 }  // namespace tailserve::cuda
