@@ -796,10 +796,11 @@ absl::StatusOr<float> CudaEngine::TimeStepGraph(int rows, int replays) {
 
 absl::Status CudaEngine::TuneInSitu(int rows) {
   // Coordinate descent, one shape at a time over its candidates with the others fixed. Few
-  // candidates: each costs a capture and a few replays (8B, 6 candidates: +8 to +15 s of load). Measured on the
-  // H200 (8B, 512 tokens, two rounds against the picks timed alone): batch 16 4.659 / 4.659 →
-  // 4.604 / 4.615 ms, batch 64 5.366 / 5.378 → 5.349 / 5.371. The FFN halves are where it moves:
-  // a gate/up timed alone may fill every SM, so the other half's waits for its CTAs to leave.
+  // candidates: each costs a capture and a few replays (8B, 6 candidates: +8 to +15 s of load).
+  // Measured on the H200 (8B, 512 tokens, two rounds against the picks timed alone): batch 16
+  // 4.659 / 4.659 → 4.604 / 4.615 ms, batch 64 5.366 / 5.378 → 5.349 / 5.371. The FFN halves are
+  // where it moves: a gate/up timed alone may fill every SM, so the other half's waits for its
+  // CTAs to leave.
   constexpr int kReplays = 5;
   if (options_.in_situ_pairs) {
     // The shapes both runners plan (the FFN halves') with each candidate in both at once: one
