@@ -40,7 +40,8 @@ struct CudaEngineOptions {
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
   // After timing each cuBLASLt shape alone, time up to this many of its candidates inside the
   // captured step and keep the fastest (CudaEngine::TuneInSitu; 1: the pick timed alone). 12 took
-  // longer to load and gave the 8B step nothing more than 6 (b16 4.600 / 4.600 against 4.607 / 4.620).
+  // longer to load and gave the 8B step nothing more than 6 (b16 4.607 / 4.620 against 4.600 /
+  // 4.600).
   int in_situ_candidates = 6;
   // Before that descent, the FFN halves' shared shapes try each candidate in both halves at once
   // (CudaEngine::TuneInSitu says why). Not yet measured: off until an A/B says otherwise.
