@@ -478,6 +478,19 @@ absl::StatusOr<TestGemm> MakeTestGemm() {
   return TestGemm{*std::move(workspace), *std::move(runner)};
 }
 
+// X·Wᵀ in double, rounded to float: x [rows, k], W's rows `ldw` elements apart from `w`.
+std::vector<float> XWt(const std::vector<float>& x, const float* w, int rows, int k, int n, size_t ldw) {
+  std::vector<float> out(size_t(rows) * n);
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < n; ++c) {
+      double d = 0;
+      for (int i = 0; i < k; ++i) d += double(x[size_t(r) * k + i]) * w[c * ldw + i];
+      out[size_t(r) * n + c] = float(d);
+    }
+  }
+  return out;
+}
+
 // Past one row, projections go through cuBLASLt: with the heuristic's algorithm, and
 // with the one timing picked (the timing runs accumulate into y when beta = 1, so y is reset).
 // W also as a column slice of a wider matrix (ldw > k: one row goes to cuBLASLt then too).
@@ -540,14 +553,7 @@ TEST(CudaKernelTest, GemmRunnerEveryCandidateMatchesCpu) {
   Dev<float> dy(size_t(rows) * n), other(size_t(3) * n);
   ASSERT_TRUE(runner.Run(dx.p, rows, k, dw.p, n, 0.0f, dy.p).ok());
   ASSERT_TRUE(runner.Run(dx.p, 3, k, dw.p, n, 0.0f, other.p).ok());
-  std::vector<float> want(size_t(rows) * n);
-  for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < n; ++c) {
-      double d = 0;
-      for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[size_t(c) * k + i];
-      want[size_t(r) * n + c] = float(d);
-    }
-  }
+  const std::vector<float> want = XWt(xf, wf.data(), rows, k, n, k);
   const std::vector<cuda::GemmRunner::Plan*> shapes = runner.PlannedShapes(rows);
   ASSERT_EQ(shapes.size(), 1u);
   EXPECT_EQ(runner.PlannedShapes(5).size(), 0u);
@@ -604,17 +610,11 @@ TEST(CudaKernelTest, GemmRunnerSplitKPartialsSumToTheProduct) {
             const bool whole = k % splits == 0 && (k / splits) % 8 == 0;
             EXPECT_EQ(*chunks, whole ? splits : 1) << "k " << k << " splits " << splits;
             const auto got = dy.Get();
-            std::vector<float> sum(size_t(rows) * n, 0.0f), want(sum.size());
+            std::vector<float> sum(size_t(rows) * n, 0.0f);
             for (int c = 0; c < *chunks; ++c) {
               for (size_t i = 0; i < sum.size(); ++i) sum[i] += got[c * stride + i];
             }
-            for (int r = 0; r < rows; ++r) {
-              for (int c = 0; c < n; ++c) {
-                double d = 0;
-                for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[size_t(c) * wstride + first + i];
-                want[size_t(r) * n + c] = float(d);
-              }
-            }
+            const std::vector<float> want = XWt(xf, wf.data() + first, rows, k, n, wstride);
             EXPECT_LE(RelL2(sum, want), 1e-5) << "rows " << rows << " k " << k << " splits " << splits << " ldw " << ldw
                                               << " tuning " << tuning << " seed " << seed;
           }
@@ -648,14 +648,7 @@ TEST(CudaKernelTest, GemmRunnerTunedOverLayersUsesTheGivenW) {
     Dev<float> dy(std::vector<float>(size_t(rows) * n, std::nanf("")));
     ASSERT_TRUE(runner.Run(dx.p, rows, k, dw.p + layer * layer_elems, n, 0.0f, dy.p).ok());
     runner.set_tuning(false);
-    std::vector<float> want(size_t(rows) * n);
-    for (int r = 0; r < rows; ++r) {
-      for (int c = 0; c < n; ++c) {
-        double d = 0;
-        for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[layer * layer_elems + size_t(c) * k + i];
-        want[size_t(r) * n + c] = float(d);
-      }
-    }
+    const std::vector<float> want = XWt(xf, wf.data() + layer * layer_elems, rows, k, n, k);
     EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "layer " << layer << " seed " << seed;
   }
   EXPECT_EQ(runner.tuned_shapes(), 1);
@@ -1501,8 +1494,9 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
-// branches, whose shared shapes in-situ tuning then also tries in both halves at once. Together the 19 rows take the split-K projections (partials summed by the attention
-// and the norms); alone each row takes the batch-1 Gemv path.
+// branches, whose shared shapes in-situ tuning then also tries in both halves at once. Together
+// the 19 rows take the split-K projections (partials summed by the attention and the norms);
+// alone each row takes the batch-1 Gemv path.
 class CudaEngineBatchTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
