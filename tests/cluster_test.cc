@@ -148,7 +148,14 @@ TEST(ClusterTest, FullQueueAnswersResourceExhausted) {
     ASSERT_TRUE(running.back()->WaitTokens(1));
   }
   for (int i = 0; i < 2; ++i) running.push_back(std::make_unique<Stream>(stub.get(), Request(4000, 10 + i)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Until both wait in the router's queue (a fixed 300 ms sleep lost the race once on a loaded
+  // 2-core machine).
+  std::string queued;
+  for (int tries = 0; tries < 200; ++tries) {
+    ASSERT_EQ(HttpGet(cluster.router_http(), "/metrics", &queued), 200);
+    if (MetricValue(queued, "tailserve_router_queue_length") == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   Stream refused(stub.get(), Request(10, 99));
   const grpc::Status s = refused.Wait();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
