@@ -165,16 +165,20 @@ struct Stage {
   alignas(16) uint8_t v[kKeys * RowBytes<HD>()];
 };
 
+constexpr int StageBytes(int hd, int warps) { return warps * 2 * 2 * kKeys * (hd + 16); }
+
 // Dynamic shared memory a CTA of `warps` takes: the 4-warp kernel keeps its two stages a warp in
-// static shared memory (37 KB at head_dim 128); 16 warps need 147 KB, past the 48 KB static limit.
+// static shared memory (37 KB at head_dim 128); 16 warps need 147 KB, past the 48 KB static limit,
+// and their CTA keeps the rotated q heads (8 · hd floats) after the stages, so that both of a
+// warp's stages can be filled before the wait.
 constexpr int DynamicSmemBytes(int hd, int warps) {
-  return warps == kDefaultWarps ? 0 : warps * 2 * 2 * kKeys * (hd + 16);
+  return warps == kDefaultWarps ? 0 : StageBytes(hd, warps) + 8 * hd * static_cast<int>(sizeof(float));
 }
 
 // The CTA's stage buffers, [warp][2], in dynamic shared memory (W > kDefaultWarps).
 template <int HD, int W>
 __device__ __forceinline__ Stage<HD> (*DynamicStages())[2] {
-  static_assert(W == kDefaultWarps || DynamicSmemBytes(HD, W) == sizeof(Stage<HD>) * W * 2, "stage size");
+  static_assert(W == kDefaultWarps || StageBytes(HD, W) == sizeof(Stage<HD>) * W * 2, "stage size");
   extern __shared__ __align__(16) uint8_t dynamic_smem[];
   return reinterpret_cast<Stage<HD>(*)[2]>(dynamic_smem);
 }
@@ -324,13 +328,21 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     // scales in the stage before use). Prefill tiles hold this step's keys: they wait.
     const bool early = !kTiled && t0 < end && (new_kv || t0 + kKeys <= pos0);
     if (early) issue(t0, 0, &scale_cur);
+    // Wider CTAs keep q apart from the stages, so the warp's second tile goes early too: at 512
+    // keys and 16 warps that is all of a CTA's keys in flight from its start, where it used to
+    // wait for q's loads and the RoPE below.
+    constexpr bool kQApart = kWarps != kDefaultWarps;
+    const int t1 = t0 + kWarps * kKeys;
+    const bool early1 = kQApart && early && t1 < end && (new_kv || t1 + kKeys <= pos0);
+    if (early1) issue(t1, 1, &scale_next);
     GridDependencyWait();
     TriggerDependents();  // the batch-1 o Gemv after it may launch (common.cuh)
     // new_kv: the warp whose tile holds pos0 copies its K and V after the wait (they are the
     // previous kernel's) and, at that tile, encodes them (see below).
     const bool writer = !kTiled && new_kv && begin <= pos0 && pos0 < end && warp == (pos0 - begin) / kKeys % kWarps;
     const bool rope_here = !kTiled && rope.inv_freq != nullptr;
-    if (writer && !rope_here) {
+    const bool fresh_group = writer && !rope_here;
+    if (fresh_group) {
       const float* fresh = q + static_cast<int64_t>(r0) * q_stride + (heads + kv_head) * HD;
       for (int piece = lane; piece < HD / 2; piece += 32) {  // 16-byte pieces: HD / 4 of K, then of V
         const int which = piece / (HD / 4), at = piece % (HD / 4) * 4;
@@ -339,11 +351,12 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
       __pipeline_commit();  // a group of its own: the loop's first wait covers it, early tile or not
     }
     if (!early && t0 < end) issue(t0, 0, &scale_cur);  // before q, so its DRAM latency overlaps q's loads
-    // rope_here: the row's q heads, rotated, in warp 0's second stage until every warp has its
-    // fragments (the loop's first copy into that stage comes after the barrier below); a static
-    // array would cost the batch-1 kernel the shared memory its o Gemv neighbours preload into.
+    // rope_here: the row's q heads, rotated, after the stages (kQApart) or in warp 0's second stage
+    // until every warp has its fragments (the loop's first copy into that stage comes after the
+    // barrier below); a static array would cost the batch-1 kernel the shared memory its o Gemv
+    // neighbours preload into.
     static_assert(sizeof(Stage<HD>) >= 8 * HD * sizeof(float), "G <= 8 q heads fit a stage");
-    float* q_s = reinterpret_cast<float*>(&stages[0][1]);
+    float* q_s = kQApart ? reinterpret_cast<float*>(&stages[kWarps][0]) : reinterpret_cast<float*>(&stages[0][1]);
     if (rope_here) {  // CTA-uniform
       RopeIntoShared<HD>(q + static_cast<int64_t>(r0) * q_stride, rope, static_cast<int64_t>(r0) * q_stride,
                          static_cast<float>(pos0), heads, kvh, group, kv_head, q_s, &fresh_s[0][0]);
@@ -373,16 +386,25 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
         }
       }
     }
-    if (rope_here) __syncthreads();  // q_s is warp 0's stage 1 again
+    if (rope_here && !kQApart) __syncthreads();  // q_s is warp 0's stage 1 again
 
     for (int it = 0; t0 < end; ++it, t0 += kWarps * kKeys) {
       const int s = it & 1, t_next = t0 + kWarps * kKeys;
-      if (t_next < end) {
-        issue(t_next, s ^ 1, &scale_next);
+      if (it == 0 && early1) {
+        // t_next is in flight already; the fresh K/V, committed after it, must have landed.
+        if (fresh_group) {
+          __pipeline_wait_prior(0);
+        } else {
+          __pipeline_wait_prior(1);
+        }
       } else {
-        __pipeline_commit();  // an empty group keeps the wait count uniform
+        if (t_next < end) {
+          issue(t_next, s ^ 1, &scale_next);
+        } else {
+          __pipeline_commit();  // an empty group keeps the wait count uniform
+        }
+        __pipeline_wait_prior(1);
       }
-      __pipeline_wait_prior(1);
       __syncwarp();
       if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {
         // The tile's copy of pos0 is stale: encode K and V as RopeWriteKv would (scale = amax /
