@@ -97,7 +97,6 @@ int Main(int argc, char** argv) {
   int max_splits = CudaEngineOptions{}.attention_splits;
   int64_t ffn_halves_min_bytes = CudaEngineOptions{}.ffn_halves_min_bytes;
   int in_situ_candidates = CudaEngineOptions{}.in_situ_candidates;
-  bool in_situ_pairs = CudaEngineOptions{}.in_situ_pairs;
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
@@ -118,9 +117,6 @@ int Main(int argc, char** argv) {
                  "cuBLASLt candidates a shape tries inside the captured step (1: the pick timed alone)")
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
-  app.add_option("--in-situ-pairs", in_situ_pairs,
-                 "in-situ tuning first tries each candidate in both FFN halves at once (0/1)")
-      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
   for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
@@ -135,8 +131,7 @@ int Main(int argc, char** argv) {
   const double t0 = Now();
   auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
                                          .ffn_halves_min_bytes = ffn_halves_min_bytes,
-                                         .in_situ_candidates = in_situ_candidates,
-                                         .in_situ_pairs = in_situ_pairs});
+                                         .in_situ_candidates = in_situ_candidates});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

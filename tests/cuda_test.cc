@@ -562,21 +562,6 @@ TEST(CudaKernelTest, GemmRunnerEveryCandidateMatchesCpu) {
   ASSERT_GE(*count, 1);
   EXPECT_LE(*count, 4);
   EXPECT_EQ(runner.UseCandidate(shapes[0], *count).code(), absl::StatusCode::kInvalidArgument);
-  // A second runner planning the same shape finds it and takes the candidates after its own.
-  absl::StatusOr<TestGemm> twin_gemm = MakeTestGemm();
-  ASSERT_TRUE(twin_gemm.ok()) << twin_gemm.status();
-  cuda::GemmRunner& twin = *twin_gemm->runner;
-  EXPECT_EQ(twin.SameShape(runner, shapes[0]), nullptr);
-  ASSERT_TRUE(twin.Run(dx.p, rows, k, dw.p, n, 0.0f, dy.p).ok());
-  cuda::GemmRunner::Plan* twin_shape = twin.SameShape(runner, shapes[0]);
-  ASSERT_NE(twin_shape, nullptr);
-  EXPECT_EQ(twin.SameShape(runner, runner.PlannedShapes(3)[0]), nullptr);
-  ASSERT_TRUE(twin.ShareCandidates(shapes[0], twin_shape).ok());
-  ASSERT_TRUE(twin.UseCandidate(twin_shape, *count).ok());  // the shared list's last
-  EXPECT_EQ(twin.UseCandidate(twin_shape, *count + 1).code(), absl::StatusCode::kInvalidArgument);
-  dy.Put(std::vector<float>(dy.n, std::nanf("")));
-  ASSERT_TRUE(twin.Run(dx.p, rows, k, dw.p, n, 0.0f, dy.p).ok());
-  EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "the twin's last candidate, seed " << seed;
   for (int i = 0; i < *count; ++i) {
     ASSERT_TRUE(runner.UseCandidate(shapes[0], i).ok());
     dy.Put(std::vector<float>(dy.n, std::nanf("")));
@@ -1494,7 +1479,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
-// branches, whose shared shapes in-situ tuning then also tries in both halves at once. Together
+// branches. Together
 // the 19 rows take the split-K projections (partials summed by the attention and the norms);
 // alone each row takes the batch-1 Gemv path.
 class CudaEngineBatchTest : public ::testing::TestWithParam<bool> {};
@@ -1505,8 +1490,7 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   const bool halves = GetParam();
   auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
                                  {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05,
-                                  .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max(),
-                                  .in_situ_pairs = halves});
+                                  .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max()});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;

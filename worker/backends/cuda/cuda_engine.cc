@@ -801,42 +801,25 @@ absl::Status CudaEngine::TuneInSitu(int rows) {
   // Measured on the H200 (8B, 512 tokens, two rounds against the picks timed alone): batch 16
   // 4.659 / 4.659 → 4.604 / 4.615 ms, batch 64 5.366 / 5.378 → 5.349 / 5.371. The FFN halves are
   // where it moves: a gate/up timed alone may fill every SM, so the other half's waits for its
-  // CTAs to leave.
-  if (options_.in_situ_pairs) {
-    // The shapes both runners plan (the FFN halves') with each candidate in both at once: one
-    // at a time, a candidate whose CTAs would sit beside the other half's cannot show it while
-    // the other half keeps an algorithm that fills every SM.
-    for (cuda::GemmRunner::Plan* shape : gemm_->PlannedShapes(rows)) {
-      cuda::GemmRunner::Plan* twin = side_gemm_->SameShape(*gemm_, shape);
-      if (twin == nullptr) continue;
-      absl::StatusOr<int> n = gemm_->PrepareCandidates(shape, options_.in_situ_candidates);
-      if (!n.ok()) return n.status();
-      if (absl::Status st = side_gemm_->ShareCandidates(shape, twin); !st.ok()) return st;
-      // Choice -1: each keeps its own algorithm (its candidate 0; the twin's 0 is its own too).
-      absl::Status st = KeepFastest(rows, 0, *n, [&](int i) -> absl::Status {
-        if (absl::Status used = gemm_->UseCandidate(shape, std::max(i, 0)); !used.ok()) return used;
-        return side_gemm_->UseCandidate(twin, i + 1);
-      });
-      if (!st.ok()) return st;
-    }
-  }
+  // CTAs to leave. Trying each candidate in both halves at once first did not help (b16 4.619 /
+  // 4.636 against 4.620 / 4.618, thirty-fourth session).
   for (cuda::GemmRunner* g : {gemm_.get(), side_gemm_.get()}) {
     for (cuda::GemmRunner::Plan* shape : g->PlannedShapes(rows)) {
       absl::StatusOr<int> n = g->PrepareCandidates(shape, options_.in_situ_candidates);
       if (!n.ok()) return n.status();
-      absl::Status st = KeepFastest(rows, 1, *n, [&](int i) { return g->UseCandidate(shape, i); });
+      absl::Status st = KeepFastest(rows, *n, [&](int i) { return g->UseCandidate(shape, i); });
       if (!st.ok()) return st;
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CudaEngine::KeepFastest(int rows, int first, int end, const std::function<absl::Status(int)>& use) {
+absl::Status CudaEngine::KeepFastest(int rows, int end, const std::function<absl::Status(int)>& use) {
   constexpr int kReplays = 5;
-  int best = first - 1;
+  int best = 0;
   absl::StatusOr<float> best_ms = TimeStepGraph(rows, kReplays);
   if (!best_ms.ok()) return best_ms.status();
-  for (int i = first; i < end; ++i) {
+  for (int i = 1; i < end; ++i) {
     if (absl::Status st = use(i); !st.ok()) return st;
     absl::StatusOr<float> ms = TimeStepGraph(rows, kReplays);
     if (!ms.ok()) {  // a candidate that cannot run inside a graph: skip it

@@ -44,9 +44,6 @@ struct CudaEngineOptions {
   // longer to load and gave the 8B step nothing more than 6 (b16 4.607 / 4.620 against 4.600 /
   // 4.600).
   int in_situ_candidates = 6;
-  // Before that descent, the FFN halves' shared shapes try each candidate in both halves at once
-  // (CudaEngine::TuneInSitu says why). Not yet measured: off until an A/B says otherwise.
-  bool in_situ_pairs = false;
 };
 
 class CudaEngine final : public Engine {
@@ -114,10 +111,9 @@ class CudaEngine final : public Engine {
   // Times each cuBLASLt shape of a bucket's step with its other candidates, in the replayed graph
   // itself, and keeps the fastest (gemm.h says why).
   absl::Status TuneInSitu(int rows);
-  // Times the bucket's step with each choice in [first, end) applied by `use`, against the state
-  // it starts in (choice first - 1, which `use` must also be able to restore), and leaves the
-  // fastest applied.
-  absl::Status KeepFastest(int rows, int first, int end, const std::function<absl::Status(int)>& use);
+  // Times the bucket's step with each choice in [1, end) applied by `use`, against the state it
+  // starts in (choice 0, which `use` must also be able to restore), and leaves the fastest applied.
+  absl::Status KeepFastest(int rows, int end, const std::function<absl::Status(int)>& use);
   // Median ms of `replays` replays of a freshly captured graph of the bucket.
   absl::StatusOr<float> TimeStepGraph(int rows, int replays);
   // Bytes between one layer's weight matrices and the next's when every dense layer's are that

@@ -153,22 +153,6 @@ absl::Status GemmRunner::UseCandidate(Plan* shape, int i) {
   return absl::OkStatus();
 }
 
-GemmRunner::Plan* GemmRunner::SameShape(const GemmRunner& other, const Plan* shape) const {
-  for (const auto& [key, plan] : other.plans_) {
-    if (plan.get() != shape) continue;
-    auto it = plans_.find(key);
-    return it == plans_.end() ? nullptr : it->second.get();
-  }
-  return nullptr;
-}
-
-absl::Status GemmRunner::ShareCandidates(const Plan* from, Plan* to) {
-  if (from->candidates.empty()) return absl::InvalidArgumentError("GemmRunner: no candidates prepared to share");
-  to->candidates = {to->algo};
-  to->candidates.insert(to->candidates.end(), from->candidates.begin(), from->candidates.end());
-  return absl::OkStatus();
-}
-
 absl::Status GemmRunner::Run(const __half* x, int rows, int k, const __half* w, int n, float beta, float* y, int ldw) {
   if (ldw == 0) ldw = k;
   if (ldw < k) return absl::InvalidArgumentError(absl::StrCat("GemmRunner: ldw ", ldw, " below k ", k));

@@ -65,11 +65,6 @@ class GemmRunner {
   std::vector<Plan*> PlannedShapes(int rows) const;
   absl::StatusOr<int> PrepareCandidates(Plan* shape, int wanted);
   absl::Status UseCandidate(Plan* shape, int i);
-  // This runner's plan of the shape `other` planned as `shape`, or null (the FFN halves' runners
-  // plan the same shapes). ShareCandidates gives it `shape`'s prepared candidates after its own
-  // current algorithm: its candidate i + 1 is `shape`'s i.
-  Plan* SameShape(const GemmRunner& other, const Plan* shape) const;
-  absl::Status ShareCandidates(const Plan* from, Plan* to);
 
  private:
   GemmRunner() = default;
