@@ -924,7 +924,10 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
 // StreamGemm (a persistent CTA an SM taking (64-column tile, k chunk) items from a counter) against
 // the engine's path for the same partials: GemmRunner::RunSplitK's two chunks, tuned over the
 // weight copies as the engine tunes over its layers. Both over rotating copies of W (past L2).
-absl::Status BenchStreamGemm(const Shape& m, const std::vector<int>& rows_list, int reps, cudaStream_t s) {
+// Each variant runs with each ring size of rings_kb (0: the whole 227 KB): a smaller ring leaves
+// room on the SM for another kernel's CTA (bench/CUDA_NOTES.md, the attention beside q/k/v).
+absl::Status BenchStreamGemm(const Shape& m, const std::vector<int>& rows_list, const std::vector<int>& rings_kb,
+                             int reps, cudaStream_t s) {
   const std::vector<Projection> projections = Projections(m);
   const auto [max_k, max_n] = MaxKN(projections);
   constexpr size_t kWork = 32 << 20;
@@ -951,22 +954,25 @@ absl::Status BenchStreamGemm(const Shape& m, const std::vector<int>& rows_list, 
       if (!lt.ok()) return lt.status();
       std::printf("| %s | %d | cuBLASLt | %.1f | | | |\n", p.name, rows, *lt);
       for (int variant = 0; variant < 5; ++variant) {
-        std::printf("| %s | %d | variant %d |", p.name, rows, variant);
-        for (int chunks : {2, 4, 8}) {
-          if (p.k % (cuda::StreamGemmKStep(variant) * chunks) != 0) {
-            std::printf(" – |");
-            continue;
+        for (int ring_kb : rings_kb) {
+          std::printf("| %s | %d | variant %d, ring %s |", p.name, rows, variant,
+                      ring_kb > 0 ? absl::StrCat(ring_kb, " KB").c_str() : "all");
+          for (int chunks : {2, 4, 8}) {
+            if (p.k % (cuda::StreamGemmKStep(variant) * chunks) != 0) {
+              std::printf(" – |");
+              continue;
+            }
+            absl::StatusOr<double> us = TimeGraph(s, reps, [&]() -> absl::Status {
+              return cuda::StreamGemm({.x = x, .rows = rows, .k = p.k, .w = w->Next(), .n = p.n, .chunks = chunks,
+                                       .partials = yp, .partial_stride = stride, .workspace = counters->get(),
+                                       .max_ring_bytes = ring_kb * 1024, .variant = variant},
+                                      s);
+            });
+            if (!us.ok()) return us.status();
+            std::printf(" %.1f |", *us);
           }
-          absl::StatusOr<double> us = TimeGraph(s, reps, [&]() -> absl::Status {
-            return cuda::StreamGemm({.x = x, .rows = rows, .k = p.k, .w = w->Next(), .n = p.n, .chunks = chunks,
-                                     .partials = yp, .partial_stride = stride, .workspace = counters->get(),
-                                     .variant = variant},
-                                    s);
-          });
-          if (!us.ok()) return us.status();
-          std::printf(" %.1f |", *us);
+          std::printf("\n");
         }
-        std::printf("\n");
       }
     }
   }
@@ -1219,6 +1225,9 @@ int main(int argc, char** argv) {
   app.add_flag("--lm-head", lm_head, "only: the LM head at 1-16 rows, cuBLASLt against StreamGemm");
   app.add_option("--vocab", vocab, "the LM head's rows (--lm-head)");
   app.add_flag("--stream-gemm", stream_gemm, "only: StreamGemm's k-chunk partials against cuBLASLt's RunSplitK, 2-16 rows");
+  std::string rings_kb = "0";
+  app.add_option("--stream-gemm-rings", rings_kb, "--stream-gemm: ring sizes in KB, 0 the whole shared memory")
+      ->capture_default_str();
   app.add_flag("--ksplit", ksplit, "only: each projection as a strided-batched GEMM over k chunks into fp32 partials");
   bool overlap = false;
   app.add_flag("--overlap", overlap,
@@ -1252,7 +1261,7 @@ int main(int argc, char** argv) {
     return st.ok() ? 0 : 1;
   }
   if (stream_gemm) {
-    absl::Status st = BenchStreamGemm(m, Ints(rows), reps, stream->get());
+    absl::Status st = BenchStreamGemm(m, Ints(rows), Ints(rings_kb), reps, stream->get());
     if (st.ok()) st = BenchStreamGemmChain(m, 16, reps, stream->get());
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;

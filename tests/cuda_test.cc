@@ -299,13 +299,15 @@ TEST(CudaKernelTest, StreamGemmMatchesCpuOnOddSizes) {
     Dev<__half> dx(xh), dw(wh);
     for (int chunks : {1, 2, 3, 6}) {
       if (k % (64 * chunks) != 0) continue;
-      for (auto [ctas, variant] : {std::pair{0, 0}, {7, 0}, {0, 1}, {0, 2}, {7, 3}, {0, 4}}) {
+      // ring: the ring's bytes (0: all that fit); 1 asks for fewer than two stages and gets two.
+      for (auto [ctas, variant, ring] : {std::tuple{0, 0, 0}, {7, 0, 0}, {0, 1, 0}, {0, 2, 0}, {7, 3, 0}, {0, 4, 0},
+                                         {0, 1, 80 << 10}, {5, 0, 1}}) {
         if (k % (cuda::StreamGemmKStep(variant) * chunks) != 0) continue;
         const int64_t stride = int64_t(rows) * n + 4;  // not rows · n: the stride is what places a chunk
         Dev<float> dp(std::vector<float>(size_t(stride) * chunks, std::nanf("")));
         ASSERT_TRUE(cuda::StreamGemm({.x = dx.p, .rows = rows, .k = k, .w = dw.p, .n = n, .chunks = chunks,
                                       .partials = dp.p, .partial_stride = stride, .workspace = work.p, .ctas = ctas,
-                                      .variant = variant},
+                                      .max_ring_bytes = ring, .variant = variant},
                                      nullptr)
                         .ok());
         const std::vector<float> got = dp.Get();
@@ -315,7 +317,7 @@ TEST(CudaKernelTest, StreamGemmMatchesCpuOnOddSizes) {
           const ChunkCheck cc = ChunkOfProduct(xf, wh, rows, n, k, c * kc, (c + 1) * kc, got.data() + c * stride);
           EXPECT_LE(RelL2(cc.mine, cc.want), 1e-5) << "rows " << rows << " n " << n << " k " << k << " chunk " << c
                                                    << " of " << chunks << " ctas " << ctas << " variant " << variant
-                                                   << " seed " << seed;
+                                                   << " ring " << ring << " seed " << seed;
         }
       }
     }

@@ -45,6 +45,7 @@ struct Params {
   int64_t stride;
   int* counters;  // [0]: the next item, [1]: CTAs finished, [2 + g]: the FFN's gate/up tiles of group g done
   bool overlap;   // launched programmatically: copy the first W before the wait
+  int stages;     // of the ring: Config::kStages (0 asks for them), or fewer (StreamGemmArgs::max_ring_bytes)
   // The FFN (ffn > 0): items in segments of one kind and group, in this order, so that a down
   // segment comes `lag` gate/up groups after its own (its features long written when it is taken).
   int ffn, hidden, gate_up_tiles, down_tiles, gate_up_k_blocks;  // tiles: a group's
@@ -149,7 +150,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                      const __grid_constant__ CUtensorMap w2_map, const __grid_constant__ CUtensorMap x2_map,
                      const __grid_constant__ Params p) {
   using C = Config<TN, KB>;
-  constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes, kTileN = C::kTileN;
+  constexpr int kStageBytes = C::kStageBytes, kTileN = C::kTileN;
+  const int kStages = p.stages;
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_s[kMaxStages], empty_s[kMaxStages];
   __shared__ int item_s[kMaxStages];  // the item a filled stage belongs to; -1: no more
@@ -207,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // delayed the first stage by the TMA's issue of the whole ring (kernel bench, 12-03).
       // Launched programmatically, the whole ring's W goes out before the wait (W is constant), so
       // the ring fills while the predecessor's last CTAs finish.
-      constexpr int kEarlyStages = kStages;
+      const int kEarlyStages = kStages;
       if (!p.overlap) wait_once();
       for (int slot = 0;;) {
         const int item = atomicAdd(p.counters, 1);
@@ -397,10 +399,12 @@ absl::Status Attributes() {
 }
 
 template <int TN, int KB>
-absl::Status Launch(const CUtensorMap (&maps)[4], const Params& p, int ctas, cudaStream_t stream) {
+absl::Status Launch(const CUtensorMap (&maps)[4], Params p, int ctas, cudaStream_t stream) {
   using C = Config<TN, KB>;
+  if (p.stages == 0) p.stages = C::kStages;
   if (absl::Status st = Attributes<TN, KB>(); !st.ok()) return st;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(p.overlap, dim3(std::min(ctas, p.items)), dim3(kThreads), C::kSmem,
+  const int smem = p.stages * C::kStageBytes + 1024;  // + alignment slack
+  TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(p.overlap, dim3(std::min(ctas, p.items)), dim3(kThreads), smem,
                                                        stream, StreamGemmKernel<TN, KB>, maps[0], maps[1], maps[2],
                                                        maps[3], p));
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
@@ -420,6 +424,7 @@ absl::Status LaunchGemm(const StreamGemmArgs& a, int ctas, cudaStream_t stream) 
   p.items = (a.n + C::kTileN - 1) / C::kTileN * a.chunks;
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
+  p.stages = a.max_ring_bytes > 0 ? std::clamp(a.max_ring_bytes / C::kStageBytes, 2, C::kStages) : C::kStages;
   return Launch<TN, KB>(maps, p, ctas, stream);
 }
 

@@ -48,6 +48,10 @@ struct StreamGemmArgs {
   void* workspace = nullptr;
   int ctas = 0;  // 0: one an SM
   bool overlap_previous = false;
+  // Shared memory for the ring of stages (at least two stages); 0: as many stages as fit in 227 KB.
+  // A smaller ring leaves room on each SM for a CTA of another kernel (the kernel bench measures
+  // what it costs the stream).
+  int max_ring_bytes = 0;
   // The item and stage shape, swept by the kernel bench (bench/RESULTS.md): 0 64 columns an item,
   // one 64-wide k box a stage; 1 two k boxes (the fastest at 16 rows); 2 128 columns; 3 both; 4 four k boxes.
   int variant = 0;
