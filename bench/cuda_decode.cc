@@ -97,7 +97,6 @@ int Main(int argc, char** argv) {
   int max_splits = CudaEngineOptions{}.attention_splits;
   int64_t ffn_halves_min_bytes = CudaEngineOptions{}.ffn_halves_min_bytes;
   int in_situ_candidates = CudaEngineOptions{}.in_situ_candidates;
-  int qkv_stream_ring_kb = CudaEngineOptions{}.qkv_stream_ring_kb;
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
@@ -118,10 +117,6 @@ int Main(int argc, char** argv) {
                  "cuBLASLt candidates a shape tries inside the captured step (1: the pick timed alone)")
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
-  app.add_option("--qkv-stream-ring-kb", qkv_stream_ring_kb,
-                 "q/k/v at 2-16 rows by StreamGemm with a ring of this many KB (0: cuBLASLt)")
-      ->check(CLI::Range(0, 227))
-      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
   for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
@@ -136,8 +131,7 @@ int Main(int argc, char** argv) {
   const double t0 = Now();
   auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
                                          .ffn_halves_min_bytes = ffn_halves_min_bytes,
-                                         .in_situ_candidates = in_situ_candidates,
-                                         .qkv_stream_ring_kb = qkv_stream_ring_kb});
+                                         .in_situ_candidates = in_situ_candidates});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

@@ -17,7 +17,6 @@
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
-#include "worker/backends/cuda/kernels/stream_gemm.h"
 
 namespace tailserve {
 namespace {
@@ -28,9 +27,6 @@ namespace {
 // 15.3 / 15.7, o (with its split-K reduce) 12.9 / 13.7 / 11.6 → 10.6 / 10.7 / 11.1, down 32.8 /
 // 33.4 / 34.9 → 30.3 / 30.3 / 31.2; 4 and 8 chunks were slower than 2, gate/up gains nothing.
 constexpr int kDecodeKSplits = 2;
-// StreamGemm's q/k/v (CudaEngineOptions::qkv_stream_ring_kb) in 4 chunks: its fastest at 16 rows
-// on the 8B shape (kernel bench, 17.0 against 18.6 µs in 2).
-constexpr int kQkvStreamChunks = 4;
 
 }  // namespace
 
@@ -80,8 +76,7 @@ struct CudaEngine::Buffers {
   float* logits = nullptr;          // [logit_rows, vocab]
   // Decode above batch 1: the split-K projections' chunk outputs (kDecodeKSplits), which the
   // attention (RoPE with an FP16 cache) and the norms add.
-  float* qkv_partials = nullptr;       // [kDecodeKSplits or kQkvStreamChunks][max_bucket, q + 2 kv]
-  void* stream_gemm_workspace = nullptr;  // StreamGemm's counters (zeroed once; each launch leaves them so)
+  float* qkv_partials = nullptr;       // [kDecodeKSplits][max_bucket, q + 2 kv]
   float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN halves' down
   void* cublas_workspace = nullptr;
   void* side_cublas_workspace = nullptr;  // side_gemm_'s, as large
@@ -314,8 +309,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
                             (2 * static_cast<size_t>(c.num_layers) + 1) * 4 +
-                            kDecodeKSplits * max_bucket_ * 2 * h * 4 + kQkvStreamChunks * max_bucket_ * (qd + 2 * kvd) * 4 +
-                            cuda::kStreamGemmWorkspaceBytes + 2 * (32 << 20) + 64 * 256;
+                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) + 64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
   work_memory_ = *std::move(mem);
@@ -382,8 +376,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.sumsq = a.Take<float>(2 * static_cast<size_t>(c.num_layers) + 1);
   b.final_xn = a.Take<__half>(L * h);
   b.logits = a.Take<float>(L * c.vocab_size);
-  b.qkv_partials = a.Take<float>(std::max(kDecodeKSplits, kQkvStreamChunks) * max_bucket_ * (qd + 2 * kvd));
-  b.stream_gemm_workspace = a.Take<char>(cuda::kStreamGemmWorkspaceBytes);
+  b.qkv_partials = a.Take<float>(kDecodeKSplits * max_bucket_ * (qd + 2 * kvd));
   b.residual_partials = a.Take<float>(2 * kDecodeKSplits * max_bucket_ * h);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   b.side_cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
@@ -396,7 +389,6 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   if (!gemm.ok()) return gemm.status();
   side_gemm_ = *std::move(gemm);
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.clamps, 0, 8));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.stream_gemm_workspace, 0, cuda::kStreamGemmWorkspaceBytes));
   // Inputs start valid (token 0 at position 0 of the trash row) so padded graph rows are harmless.
   std::memset(b.host_inputs.get(), 0, inputs_bytes);
 
@@ -507,17 +499,6 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     *written = {out, *chunks, stride};
     return absl::OkStatus();
   };
-  // q/k/v by StreamGemm (options_.qkv_stream_ring_kb): variant 4 (four 64-wide k boxes a stage)
-  // where k allows, else one box a stage; -1: cuBLASLt.
-  int qkv_stream_variant = -1;
-  if (split_k && options_.qkv_stream_ring_kb > 0 && rows <= cuda::kStreamGemmMaxRows) {
-    for (int v : {4, 0}) {
-      if (h % (cuda::StreamGemmKStep(v) * kQkvStreamChunks) == 0) {
-        qkv_stream_variant = v;
-        break;
-      }
-    }
-  }
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
   // At batch 1 the embedding writes sumsq(0) and zeroes the slots the Gemvs accumulate into (no
   // memset node in the graph).
@@ -542,16 +523,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       // The weight folded into w_qkv.
       TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
       pending = {};
-      if (qkv_stream_variant >= 0) {
-        TRY("gemm_qkv", cuda::StreamGemm({.x = b.xn, .rows = rows, .k = h, .w = L.w_qkv, .n = qkvw,
-                                          .chunks = kQkvStreamChunks, .partials = b.qkv_partials,
-                                          .partial_stride = qkv_stride, .workspace = b.stream_gemm_workspace,
-                                          .overlap_previous = shape.overlap_previous,
-                                          .max_ring_bytes = options_.qkv_stream_ring_kb * 1024,
-                                          .variant = qkv_stream_variant},
-                                         s));
-        qkv_in = {b.qkv_partials, kQkvStreamChunks, qkv_stride};
-      } else if (split_k) {
+      if (split_k) {
         TRY("gemm_qkv", gemm_split_k(*gemm_, b.xn, h, L.w_qkv, qkvw, b.qkv_partials, qkv_stride, &qkv_in));
       } else {
         TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));

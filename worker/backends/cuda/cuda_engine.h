@@ -44,11 +44,6 @@ struct CudaEngineOptions {
   // longer to load and gave the 8B step nothing more than 6 (b16 4.607 / 4.620 against 4.600 /
   // 4.600).
   int in_situ_candidates = 6;
-  // Above batch 1 and up to 16 rows, q/k/v by StreamGemm with a ring of this many KB (0: by
-  // cuBLASLt), which triggers its dependents at its start: with a small ring the attention's CTAs
-  // fit beside its CTAs and copy their first KV tiles during it (bench/CUDA_NOTES.md, co-residency).
-  // An experiment: off until an A/B says otherwise.
-  int qkv_stream_ring_kb = 0;
 };
 
 class CudaEngine final : public Engine {
