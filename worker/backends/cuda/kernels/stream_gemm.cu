@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                      const __grid_constant__ Params p) {
   using C = Config<TN, KB>;
   constexpr int kStageBytes = C::kStageBytes, kTileN = C::kTileN;
-  const int kStages = p.stages;
+  const int stages = p.stages;
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_s[kMaxStages], empty_s[kMaxStages];
   __shared__ int item_s[kMaxStages];  // the item a filled stage belongs to; -1: no more
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&w2_map)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&x2_map)) : "memory");
     }
-    for (int s = 0; s < kStages; ++s) BarrierInit(&full_s[s], 1), BarrierInit(&empty_s[s], kConsumerWarps);
+    for (int s = 0; s < stages; ++s) BarrierInit(&full_s[s], 1), BarrierInit(&empty_s[s], kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     if (p.timeline) p.timeline[4 * p.items + 2 * blockIdx.x] = GlobalTimer();
   }
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // delayed the first stage by the TMA's issue of the whole ring (kernel bench, 12-03).
       // Launched programmatically, the whole ring's W goes out before the wait (W is constant), so
       // the ring fills while the predecessor's last CTAs finish.
-      const int kEarlyStages = kStages;
+      const int early_stages = stages;
       if (!p.overlap) wait_once();
       for (int slot = 0;;) {
         const int item = atomicAdd(p.counters, 1);
@@ -218,9 +218,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (p.timeline && more) p.timeline[4 * item] = GlobalTimer(), p.timeline[4 * item + 3] = SmId();
         const CUtensorMap* w = it.kind == kDown ? &w2_map : &w_map;
         for (int kb = 0; kb < (more ? it.k_blocks : 1); ++kb, ++slot) {
-          const int s = slot % kStages;
-          if (slot >= kEarlyStages) wait_once();
-          if (slot >= kStages) BarrierWait(&empty_s[s], ((slot / kStages) - 1) & 1);
+          const int s = slot % stages;
+          if (slot >= early_stages) wait_once();
+          if (slot >= stages) BarrierWait(&empty_s[s], ((slot / stages) - 1) & 1);
           item_s[s] = more ? item : -1;  // published by the arrive's release
           if (!more) {
             wait_once();
@@ -261,8 +261,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     float acc[TN][2][4] = {};
     Item it{};
     for (int slot = 0, kb = 0;; ++slot) {
-      const int s = slot % kStages;
-      BarrierWait(&full_s[s], (slot / kStages) & 1);
+      const int s = slot % stages;
+      BarrierWait(&full_s[s], (slot / stages) & 1);
       const int item = item_s[s];
       if (item < 0) break;
       if (kb == 0) it = Decode(p, item);  // an item's stages arrive in a row
