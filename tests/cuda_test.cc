@@ -518,14 +518,8 @@ TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
             dy.Put(y0);
             ASSERT_TRUE(runner.Run(dx.p, rows, k, dw.p + first, n, beta, dy.p, ldw).ok());
           }
-          std::vector<float> want(y0.size());
-          for (int r = 0; r < rows; ++r) {
-            for (int c = 0; c < n; ++c) {
-              double d = 0;
-              for (int i = 0; i < k; ++i) d += double(xf[size_t(r) * k + i]) * wf[size_t(c) * stride + first + i];
-              want[size_t(r) * n + c] = float(d + beta * y0[size_t(r) * n + c]);
-            }
-          }
+          std::vector<float> want = XWt(xf, wf.data() + first, rows, k, n, stride);
+          for (size_t i = 0; i < want.size(); ++i) want[i] += beta * y0[i];
           EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << "rows " << rows << " beta " << beta << " ldw " << ldw << " tuning "
                                                   << tuning << " seed " << seed;
         }
