@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "worker/backends/cuda/cuda_check.h"
@@ -803,32 +802,28 @@ absl::Status CudaEngine::TuneInSitu(int rows) {
   // where it moves: a gate/up timed alone may fill every SM, so the other half's waits for its
   // CTAs to leave. Trying each candidate in both halves at once first did not help (b16 4.619 /
   // 4.636 against 4.620 / 4.618, thirty-fourth session).
+  constexpr int kReplays = 5;
   for (cuda::GemmRunner* g : {gemm_.get(), side_gemm_.get()}) {
     for (cuda::GemmRunner::Plan* shape : g->PlannedShapes(rows)) {
       absl::StatusOr<int> n = g->PrepareCandidates(shape, options_.in_situ_candidates);
       if (!n.ok()) return n.status();
-      absl::Status st = KeepFastest(rows, *n, [&](int i) { return g->UseCandidate(shape, i); });
-      if (!st.ok()) return st;
+      // Candidate 0 is the shape's current algorithm: the step as it stands.
+      int best = 0;
+      absl::StatusOr<float> best_ms = TimeStepGraph(rows, kReplays);
+      if (!best_ms.ok()) return best_ms.status();
+      for (int i = 1; i < *n; ++i) {
+        if (absl::Status st = g->UseCandidate(shape, i); !st.ok()) return st;
+        absl::StatusOr<float> ms = TimeStepGraph(rows, kReplays);
+        if (!ms.ok()) {  // a candidate that cannot run inside a graph: skip it
+          (void)cudaGetLastError();
+          continue;
+        }
+        if (*ms < *best_ms) best = i, best_ms = ms;
+      }
+      if (absl::Status st = g->UseCandidate(shape, best); !st.ok()) return st;
     }
   }
   return absl::OkStatus();
-}
-
-absl::Status CudaEngine::KeepFastest(int rows, int end, const std::function<absl::Status(int)>& use) {
-  constexpr int kReplays = 5;
-  int best = 0;
-  absl::StatusOr<float> best_ms = TimeStepGraph(rows, kReplays);
-  if (!best_ms.ok()) return best_ms.status();
-  for (int i = 1; i < end; ++i) {
-    if (absl::Status st = use(i); !st.ok()) return st;
-    absl::StatusOr<float> ms = TimeStepGraph(rows, kReplays);
-    if (!ms.ok()) {  // a candidate that cannot run inside a graph: skip it
-      (void)cudaGetLastError();
-      continue;
-    }
-    if (*ms < *best_ms) best = i, best_ms = ms;
-  }
-  return use(best);
 }
 
 absl::StatusOr<CudaGraphExec> CudaEngine::CaptureForward(int rows, Profile* profile) {

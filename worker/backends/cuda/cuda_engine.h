@@ -7,7 +7,6 @@
 // sampling happens on the GPU and only token ids come back.
 #include <cuda_fp16.h>
 
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -111,9 +110,6 @@ class CudaEngine final : public Engine {
   // Times each cuBLASLt shape of a bucket's step with its other candidates, in the replayed graph
   // itself, and keeps the fastest (gemm.h says why).
   absl::Status TuneInSitu(int rows);
-  // Times the bucket's step with each choice in [1, end) applied by `use`, against the state it
-  // starts in (choice 0, which `use` must also be able to restore), and leaves the fastest applied.
-  absl::Status KeepFastest(int rows, int end, const std::function<absl::Status(int)>& use);
   // Median ms of `replays` replays of a freshly captured graph of the bucket.
   absl::StatusOr<float> TimeStepGraph(int rows, int replays);
   // Bytes between one layer's weight matrices and the next's when every dense layer's are that

@@ -424,7 +424,7 @@ absl::Status LaunchGemm(const StreamGemmArgs& a, int ctas, cudaStream_t stream) 
   p.items = (a.n + C::kTileN - 1) / C::kTileN * a.chunks;
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
-  p.stages = a.max_ring_bytes > 0 ? std::clamp(a.max_ring_bytes / C::kStageBytes, 2, C::kStages) : C::kStages;
+  if (a.max_ring_bytes > 0) p.stages = std::clamp(a.max_ring_bytes / C::kStageBytes, 2, C::kStages);
   return Launch<TN, KB>(maps, p, ctas, stream);
 }
 
