@@ -97,6 +97,7 @@ int Main(int argc, char** argv) {
   int max_splits = CudaEngineOptions{}.attention_splits;
   int64_t ffn_halves_min_bytes = CudaEngineOptions{}.ffn_halves_min_bytes;
   int in_situ_candidates = CudaEngineOptions{}.in_situ_candidates;
+  bool fused_attention_block = CudaEngineOptions{}.fused_attention_block;
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
@@ -117,6 +118,9 @@ int Main(int argc, char** argv) {
                  "cuBLASLt candidates a shape tries inside the captured step (1: the pick timed alone)")
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
+  app.add_option("--fused-attention-block", fused_attention_block,
+                 "decode at 2-16 rows: q/k/v, the attention and o in one persistent launch (kernels/attention_block.h)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
   for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
@@ -131,7 +135,8 @@ int Main(int argc, char** argv) {
   const double t0 = Now();
   auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
                                          .ffn_halves_min_bytes = ffn_halves_min_bytes,
-                                         .in_situ_candidates = in_situ_candidates});
+                                         .in_situ_candidates = in_situ_candidates,
+                                         .fused_attention_block = fused_attention_block});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

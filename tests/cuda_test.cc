@@ -24,6 +24,7 @@
 #include "worker/backends/cuda/device_info.h"
 #include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/kernels/attention.h"
+#include "worker/backends/cuda/kernels/attention_block.h"
 #include "worker/backends/cuda/kernels/copy.h"
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
@@ -1193,6 +1194,112 @@ TEST_P(CudaKvTest, DecodeWithRopeMatchesRopeWriteKv) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The attention block in one launch against its parts: q/k/v on the CPU, PagedAttention with
+// new_kv and RoPE, and o on the CPU added into x. At 5 and 16 rows (lengths across block
+// boundaries), each launched twice on one workspace (the second sees the counters the first left).
+TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
+  REQUIRE_GPU();
+  const KvCase kc = GetParam();
+  const int kv_heads = 2, heads = kc.group * kv_heads, hd = kc.head_dim, hidden = 256;
+  const int width = (heads + 2 * kv_heads) * hd, qd = heads * hd;
+  {
+    const KvGeometry g{16, kv_heads, hd, 13, kc.dtype};
+    if (absl::Status takes = cuda::AttentionBlockTakes(5, hidden, heads, g, 0); !takes.ok()) {
+      GTEST_SKIP() << takes.message();
+    }
+  }
+  const unsigned seed = 577 + kc.head_dim + kc.group;
+  std::mt19937 rng(seed);
+  std::vector<float> inv(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv[i] = 1.0f / std::pow(500000.0f, 2.0f * i / hd);
+  auto wqkv = Random(size_t(width) * hidden, rng, 1.0f / std::sqrt(float(hidden)));
+  auto wo = Random(size_t(hidden) * qd, rng, 1.0f / std::sqrt(float(qd)));
+  const auto bias = Random(size_t(width), rng, 0.5f);
+  const auto wqkv_h = RoundToHalf(wqkv), wo_h = RoundToHalf(wo);
+  Dev<__half> dwqkv(wqkv_h), dwo(wo_h);
+  Dev<float> dbias(bias), dinv(inv);
+  Dev<unsigned long long> clamps(1);
+  CUDA_OK(cudaMemset(clamps.p, 0, 8));
+  Dev<char> workspace(cuda::kAttentionBlockWorkspaceBytes);
+  CUDA_OK(cudaMemset(workspace.p, 0, workspace.n));
+  for (int seqs : {5, 16}) {
+    std::vector<int> lens(seqs);
+    for (int i = 0; i < seqs; ++i) lens[i] = 1 + (i * 37 + (i == 3 ? 100 : 0)) % 200;
+    PagedFixture f(seqs, 200, kv_heads, hd, kc.dtype);
+    std::vector<int32_t> row_seq, row_pos;
+    for (int sq = 0; sq < seqs; ++sq) {
+      for (int p = 0; p + 1 < lens[sq]; ++p) row_seq.push_back(sq), row_pos.push_back(p);
+    }
+    Dev<int32_t> dtable(f.table);
+    if (!row_seq.empty()) CacheRows(f, dtable.p, Random(row_seq.size() * width, rng, 2.0f), row_seq, row_pos, heads, inv, clamps.p);
+    std::vector<int32_t> last_seq(seqs), last_pos(seqs), slots(seqs);
+    for (int sq = 0; sq < seqs; ++sq) {
+      last_seq[sq] = sq, last_pos[sq] = lens[sq] - 1;
+      slots[sq] = f.table[size_t(sq) * f.g.max_blocks_per_seq + last_pos[sq] / 16] * 16 + last_pos[sq] % 16;
+    }
+    Dev<int32_t> dseq(last_seq), dpos(last_pos);
+    const RowMeta meta{dseq.p, dpos.p, dtable.p};
+    auto xn = Random(size_t(seqs) * hidden, rng);
+    const auto xn_h = RoundToHalf(xn);
+    const auto x0 = Random(size_t(seqs) * hidden, rng);
+    Dev<__half> dxn(xn_h);
+    Dev<float> head(hd);
+    auto slot_values = [&]() {
+      std::vector<float> out;
+      for (int sq = 0; sq < seqs; ++sq) {
+        for (int kh = 0; kh < kv_heads; ++kh) {
+          for (int value = 0; value < 2; ++value) {
+            EXPECT_TRUE(cuda::ReadKvForTest(f.g, f.view(), value, slots[sq] / 16, slots[sq] % 16, kh, head.p, nullptr).ok());
+            const auto h = head.Get();
+            out.insert(out.end(), h.begin(), h.end());
+          }
+        }
+      }
+      return out;
+    };
+    // The parts.
+    Dev<float> dq(XWt(xn, wqkv.data(), seqs, hidden, width, hidden));
+    cuda::AttentionShape shape{.rows = seqs, .heads = heads, .q_stride = width, .scale = 1.0f / std::sqrt(float(hd)),
+                               .new_kv = true, .warps = 8, .rope = {.inv_freq = dinv.p, .bias = dbias.p}};
+    Dev<float> attn_ws(cuda::AttentionWorkspaceFloats(shape, hd));
+    Dev<__half> want_attn(size_t(seqs) * qd);
+    PoisonSlots(f, slots);
+    ASSERT_TRUE(cuda::PagedAttention(dq.p, shape, meta, f.g, f.view(), attn_ws.p, want_attn.p, nullptr, clamps.p).ok());
+    const auto want_kv = slot_values();
+    const auto want_a = ToFloats(want_attn.Get());
+    auto want_x = XWt(want_a, wo.data(), seqs, qd, hidden, qd);
+    for (size_t i = 0; i < want_x.size(); ++i) want_x[i] += x0[i];
+    // The block, twice.
+    for (int launch = 0; launch < 2; ++launch) {
+      Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
+      Dev<__half> got_attn(size_t(seqs) * qd);
+      PoisonSlots(f, slots);
+      ASSERT_TRUE(cuda::AttentionBlock({.xn = dxn.p, .rows = seqs, .hidden = hidden, .heads = heads, .w_qkv = dwqkv.p,
+                                        .bias = dbias.p, .w_o = dwo.p, .inv_freq = dinv.p,
+                                        .scale = 1.0f / std::sqrt(float(hd)), .meta = meta, .geometry = f.g,
+                                        .layer = f.view(), .qkv = qkv_scratch.p, .attn = got_attn.p, .x = dx.p,
+                                        .clamps = clamps.p, .workspace = workspace.p},
+                                       nullptr)
+                      .ok());
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::string what = std::string(KvDtypeName(kc.dtype)) + " hd " + std::to_string(hd) + " group " +
+                               std::to_string(kc.group) + " rows " + std::to_string(seqs) + " launch " +
+                               std::to_string(launch) + " seed " + std::to_string(seed);
+      // q/k/v sum in another order than the CPU's, so a K or V byte can round the other way.
+      EXPECT_LE(RelL2(ToFloats(got_attn.Get()), want_a), 5e-3) << what;
+      EXPECT_LE(RelL2(slot_values(), want_kv), 1e-2) << what;
+      EXPECT_LE(RelL2(dx.Get(), want_x), 5e-3) << what;
+    }
+    EXPECT_EQ(std::vector<char>(workspace.Get()), std::vector<char>(workspace.n, 0)) << "counters left zeroed";
+  }
+  EXPECT_EQ(clamps.Get()[0], 0u);
+  // More rows than a group has CTAs, or an fp16 cache: not taken.
+  const KvGeometry g{16, kv_heads, hd, 13, kc.dtype};
+  EXPECT_EQ(cuda::AttentionBlockTakes(17, hidden, heads, g, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda::AttentionBlockTakes(4, hidden, heads, {16, kv_heads, hd, 13, KvDtype::kFp16}, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // What f's cache holds for positions [0, len) of sequence row 0: [len][kv_heads][head_dim] floats
 // (fp16, or E4M3 times its scale), K or V.
 std::vector<float> CachedRows(PagedFixture& f, bool value, int len) {
@@ -1475,18 +1582,21 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
-// branches. Together
-// the 19 rows take the split-K projections (partials summed by the attention and the norms);
-// alone each row takes the batch-1 Gemv path.
-class CudaEngineBatchTest : public ::testing::TestWithParam<bool> {};
+// branches. Together the 19 rows take the split-K projections (partials summed by the attention and
+// the norms); alone each row takes the batch-1 Gemv path. FusedBlock: an FP8 cache, and the first 7
+// rows (a bucket of 8) run q/k/v, the attention and o as one AttentionBlock launch.
+enum BatchCase { kOneStream, kHalves, kFusedBlock };
+class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   REQUIRE_GPU();
   TAILSERVE_REQUIRE_SHARED();
-  const bool halves = GetParam();
+  const BatchCase mode = GetParam();
   auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
-                                 {.kv_dtype = KvDtype::kFp16, .kv_memory_fraction = 0.05,
-                                  .ffn_halves_min_bytes = halves ? 0 : std::numeric_limits<int64_t>::max()});
+                                 {.kv_dtype = mode == kFusedBlock ? KvDtype::kFp8E4M3 : KvDtype::kFp16,
+                                  .kv_memory_fraction = 0.05,
+                                  .ffn_halves_min_bytes = mode == kHalves ? 0 : std::numeric_limits<int64_t>::max(),
+                                  .fused_attention_block = mode == kFusedBlock});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;
@@ -1557,8 +1667,10 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   EXPECT_EQ((*engine)->stats()->kv_blocks_free, total);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Halves" : "OneStream"; });
+INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest, ::testing::Values(kOneStream, kHalves, kFusedBlock),
+                         [](const auto& info) {
+                           return info.param == kOneStream ? "OneStream" : info.param == kHalves ? "Halves" : "FusedBlock";
+                         });
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current
 // CUDA device is per thread: an engine on device 1 must make it current itself.

@@ -12,6 +12,7 @@
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/kernels/attention.h"
+#include "worker/backends/cuda/kernels/attention_block.h"
 #include "worker/backends/cuda/kernels/copy.h"
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
@@ -76,6 +77,7 @@ struct CudaEngine::Buffers {
   // Decode above batch 1: the split-K projections' chunk outputs (kDecodeKSplits), which the
   // attention (RoPE with an FP16 cache) and the norms add.
   float* qkv_partials = nullptr;       // [kDecodeKSplits][max_bucket, q + 2 kv]
+  void* attention_block_workspace = nullptr;  // AttentionBlock's counters (zeroed once; each launch leaves them so)
   float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN halves' down
   void* cublas_workspace = nullptr;
   void* side_cublas_workspace = nullptr;  // side_gemm_'s, as large
@@ -308,7 +310,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
                             (2 * static_cast<size_t>(c.num_layers) + 1) * 4 +
-                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) + 64 * 256;
+                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) + cuda::kAttentionBlockWorkspaceBytes + 64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
   work_memory_ = *std::move(mem);
@@ -376,6 +378,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.final_xn = a.Take<__half>(L * h);
   b.logits = a.Take<float>(L * c.vocab_size);
   b.qkv_partials = a.Take<float>(kDecodeKSplits * max_bucket_ * (qd + 2 * kvd));
+  b.attention_block_workspace = a.Take<char>(cuda::kAttentionBlockWorkspaceBytes);
   b.residual_partials = a.Take<float>(2 * kDecodeKSplits * max_bucket_ * h);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   b.side_cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
@@ -388,6 +391,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   if (!gemm.ok()) return gemm.status();
   side_gemm_ = *std::move(gemm);
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.clamps, 0, 8));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.attention_block_workspace, 0, cuda::kAttentionBlockWorkspaceBytes));
   // Inputs start valid (token 0 at position 0 of the trash row) so padded graph rows are harmless.
   std::memset(b.host_inputs.get(), 0, inputs_bytes);
 
@@ -479,6 +483,11 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // until a norm.
   const bool split_k = decode && !fused && rows <= max_bucket_;
   const int64_t qkv_stride = int64_t{max_bucket_} * qkvw, residual_stride = int64_t{max_bucket_} * h;
+  // Decode at 2-16 rows on an FP8 cache (options_.fused_attention_block): q/k/v, the attention
+  // and o in one launch, o added into the residual.
+  const bool attention_block =
+      split_k && mma_decode && options_.fused_attention_block &&
+      cuda::AttentionBlockTakes(rows, h, static_cast<int>(c.num_heads), kv_, shape.sliding_window).ok();
   cuda::Partials pending;
   // Decode through cuBLASLt (above batch 1, or a model the batch-1 Gemv does not take; dense, large
   // FFN): the FFN in two halves along its width, each gate/up → SwiGLU → down over its f / 2
@@ -522,19 +531,32 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       // The weight folded into w_qkv.
       TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
       pending = {};
-      if (split_k) {
+      if (attention_block) {
+        TRY("attention_block",
+            cuda::AttentionBlock({.xn = b.xn, .rows = rows, .hidden = h, .heads = static_cast<int>(c.num_heads),
+                                  .w_qkv = L.w_qkv, .bias = L.b_qkv, .w_o = L.w_o, .inv_freq = inv_freq_,
+                                  .scale = shape.scale, .sliding_window = shape.sliding_window, .meta = meta,
+                                  .geometry = kv_, .layer = L.kv, .qkv = b.qkv, .attn = b.attn, .x = b.x,
+                                  .clamps = b.clamps, .workspace = b.attention_block_workspace,
+                                  .overlap_previous = shape.overlap_previous},
+                                 s));
+      } else if (split_k) {
         TRY("gemm_qkv", gemm_split_k(*gemm_, b.xn, h, L.w_qkv, qkvw, b.qkv_partials, qkv_stride, &qkv_in));
       } else {
         TRY("gemm_qkv", gemm_->Run(b.xn, rows, h, L.w_qkv, qkvw, 0.0f, b.qkv));
       }
     }
-    if (!shape.new_kv) {
+    if (attention_block) {
+      // q/k/v, the attention and o are done.
+    } else if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
                                              inv_freq_, b.clamps, s, shape.overlap_previous));
     } else if (!fused) {
       shape.rope = {.inv_freq = inv_freq_, .parts = qkv_in, .bias = L.b_qkv};
     }
-    TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
+    if (!attention_block) {
+      TRY("attention", cuda::PagedAttention(b.qkv, shape, meta, kv_, L.kv, b.attn_partial, b.attn, s, b.clamps));
+    }
     if (fused) {
       // o's CTAs start while the attention runs (its CTAs, or its combine, trigger before the end)
       // and copy W meanwhile.
@@ -547,7 +569,9 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                    .out_sumsq = sumsq(2 * l + 2), .overlap_previous = shape.overlap_previous}, s));
       continue;
     }
-    if (split_k) {
+    if (attention_block) {
+      // o is in x already.
+    } else if (split_k) {
       TRY("gemm_o", gemm_split_k(*gemm_, b.attn, qd, L.w_o, h, b.residual_partials, residual_stride, &pending));
     } else {
       TRY("gemm_o", gemm_->Run(b.attn, rows, qd, L.w_o, h, 1.0f, b.x));  // residual add fused into the GEMM

@@ -43,6 +43,10 @@ struct CudaEngineOptions {
   // longer to load and gave the 8B step nothing more than 6 (b16 4.607 / 4.620 against 4.600 /
   // 4.600).
   int in_situ_candidates = 6;
+  // Decode at 2-16 rows on an FP8 cache: q/k/v, the attention and o as one persistent launch
+  // (kernels/attention_block.h) where the shape allows, instead of cuBLASLt, PagedAttention and
+  // cuBLASLt.
+  bool fused_attention_block = false;
 };
 
 class CudaEngine final : public Engine {

@@ -1,6 +1,6 @@
 #pragma once
 // Decode/prefill attention over an FP8 paged cache on the tensor cores (mma.sync m16n8k16, fp16
-// inputs, fp32 accumulation). Included by attention.cu only.
+// inputs, fp32 accumulation). Included by attention.cu, and by attention_block.cu for its helpers.
 //
 // Why: the CUDA-core kernel spent ~180 warp-instructions per cached key (decode, 8B shape, batch
 // 64: ncu found it issue-bound at 15% of DRAM bandwidth). Here a warp takes 16 keys at a time:
@@ -130,15 +130,16 @@ __device__ __forceinline__ void ClusterMerge(float* acc_s, float* ml_s, int rows
 // rope.inv_freq (decode): the row's projection at `row` (or the sum of rope.parts at row_offset)
 // plus the bias, its q heads kv_head·group.. rotated into q_s[group][HD] and its K (rotated) and V
 // into fresh[2][HD]. A thread a rotation pair, as RopeWriteKv computes it (same sums, same angle),
-// so the cache bytes match the RoPE kernel's. The caller syncs the CTA before reading them.
+// so the cache bytes match the RoPE kernel's; threads [0, threads) take part. The caller syncs them
+// before reading the results.
 template <int HD>
 __device__ __forceinline__ void RopeIntoShared(const float* row, const AttentionRope& rope, int64_t row_offset,
                                                float pos, int heads, int kvh, int group, int kv_head, float* q_s,
-                                               float* fresh) {
+                                               float* fresh, int threads) {
   constexpr int kHalf = HD / 2;
   const float* src = rope.parts.count > 0 ? rope.parts.data + row_offset : row;
   const int parts = rope.parts.count > 0 ? rope.parts.count : 1;
-  for (int it = threadIdx.x; it < (group + 2) * kHalf; it += blockDim.x) {
+  for (int it = threadIdx.x; it < (group + 2) * kHalf; it += threads) {
     const int j = it / kHalf, i = it % kHalf;  // j < group: a q head; group: K; group + 1: V
     const int head = j < group ? kv_head * group + j : heads + (j - group) * kvh + kv_head;
     const int col = head * HD + i;
@@ -359,7 +360,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     float* q_s = kQApart ? reinterpret_cast<float*>(&stages[kWarps][0]) : reinterpret_cast<float*>(&stages[0][1]);
     if (rope_here) {  // CTA-uniform
       RopeIntoShared<HD>(q + static_cast<int64_t>(r0) * q_stride, rope, static_cast<int64_t>(r0) * q_stride,
-                         static_cast<float>(pos0), heads, kvh, group, kv_head, q_s, &fresh_s[0][0]);
+                         static_cast<float>(pos0), heads, kvh, group, kv_head, q_s, &fresh_s[0][0], blockDim.x);
       __syncthreads();
     }
 

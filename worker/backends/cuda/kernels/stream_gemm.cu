@@ -10,12 +10,24 @@
 #include "absl/strings/str_cat.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/common.cuh"
+#include "worker/backends/cuda/kernels/tma.cuh"
 #include "worker/backends/cuda/per_device.h"
 
 namespace tailserve::cuda {
 namespace {
 
-constexpr int kTileK = 64;                // k a box: one 128-byte swizzle row
+using tma::BarrierArrive;
+using tma::BarrierExpect;
+using tma::BarrierInit;
+using tma::BarrierWait;
+using tma::LdMatrix4;
+using tma::LoadAcquire;
+using tma::Map;
+using tma::Smem;
+using tma::Swizzled;
+using tma::TmaLoad;
+
+constexpr int kTileK = tma::kBoxK;  // k a box: one 128-byte swizzle row
 constexpr int kXBoxBytes = 16 * kTileK * 2;  // 2 KB: 16 rows, zero-filled past the real ones
 constexpr int kConsumerWarps = 4;
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
@@ -82,12 +94,6 @@ struct FfnTiles {
 };
 FfnTiles TilesOf(int hidden, int ffn, int chunks) { return {2 * (ffn / chunks) / 64, (hidden + 63) / 64}; }
 
-__device__ __forceinline__ int LoadAcquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 __device__ __forceinline__ uint64_t GlobalTimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -99,38 +105,6 @@ __device__ __forceinline__ uint32_t SmId() {
   return id;
 }
 
-__device__ __forceinline__ uint32_t Smem(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void BarrierInit(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(Smem(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void BarrierExpect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(Smem(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void BarrierArrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(Smem(bar)) : "memory");
-}
-__device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @p bra DONE_%=;\n"
-      " bra WAIT_%=;\n DONE_%=:\n }" ::"r"(Smem(bar)),
-      "r"(parity)
-      : "memory");
-}
-// One 2D tile (coordinates: element along k, row) into shared memory, completing on `bar`.
-__device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int k0, int row0, uint64_t* bar,
-                                        uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(Smem(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(Smem(bar)), "l"(policy)
-      : "memory");
-}
-__device__ __forceinline__ void LdMatrix4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 // D += A · B for one m16n8k16 tile: fp16 in, fp32 accumulate.
 __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -138,12 +112,6 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 128-byte rows under the TMA's
-// 128-byte swizzle (chunk index XOR row mod 8, rows counted from a 1024-byte-aligned base).
-__device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
-  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
-}
-
 template <int TN, int KB>
 __global__ void __launch_bounds__(kThreads, 1)
     StreamGemmKernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
@@ -341,35 +309,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       __threadfence();
     }
   }
-}
-
-// cuTensorMapEncodeTiled through the runtime (no link against libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      f = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// A [rows, k] fp16 matrix as 64 × box_rows tiles, 128-byte swizzled, zeros past its edges.
-absl::Status Map(CUtensorMap* map, const __half* base, int k, int rows, int box_rows) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
-  if (encode == nullptr) return absl::InternalError("StreamGemm: the driver has no cuTensorMapEncodeTiled");
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
-  const cuuint32_t box[2] = {kTileK, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<__half*>(base), dims, strides, box,
-                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed: CUresult ", r));
-  return absl::OkStatus();
 }
 
 absl::StatusOr<int> SmCount() {

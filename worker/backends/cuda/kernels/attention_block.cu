@@ -1,0 +1,633 @@
+#include "worker/backends/cuda/kernels/attention_block.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "worker/backends/cuda/cuda_check.h"
+#include "worker/backends/cuda/kernels/attention_mma.cuh"
+#include "worker/backends/cuda/kernels/common.cuh"
+#include "worker/backends/cuda/kernels/tma.cuh"
+#include "worker/backends/cuda/per_device.h"
+
+namespace tailserve::cuda {
+namespace {
+
+using mma_attention::DecodeMergeAt;
+using mma_attention::DecodeMergeStride;
+using mma_attention::Fp8x2ToHalf2;
+using mma_attention::kDecodeMergeRows;
+using mma_attention::kKeys;
+using mma_attention::kLog2e;
+using mma_attention::Mma;
+using mma_attention::PackHalf2;
+using mma_attention::RowBytes;
+using mma_attention::Stage;
+using tma::Swizzled;
+
+constexpr int kWarps = 8;                      // consumer warps: the GEMM's MMAs and the attention
+constexpr int kThreads = (kWarps + 1) * 32;    // + the producer warp
+constexpr int kMaxRows = 16;                   // an MMA's n: the rows ride in one m16n8k16 B fragment pair
+constexpr int kMaxGroupCtas = 16;              // S, the CTAs of a KV-head group
+constexpr int kBoxBytes = 16 * tma::kBoxK * 2;  // a 16-row box of 64 k: 2 KB
+// A stage of the ring. q/k/v: kQkvBoxes k boxes, each up to kMaxQkvTiles 16-row W tiles and the
+// 16 rows of xn; o: one k box of the CTA's ≤ 256 W_o rows (32 KB).
+constexpr int kQkvBoxes = 4, kMaxQkvTiles = 4;
+constexpr int kQkvWBytes = kQkvBoxes * kMaxQkvTiles * kBoxBytes;  // 32 KB
+constexpr int kStageBytes = kQkvWBytes + kQkvBoxes * kBoxBytes;    // 40 KB (a multiple of 1024)
+constexpr int kStages = 3;
+constexpr int kMaxOTiles = 16;                 // o's 16-row tiles a CTA (≤ 256 rows: one TMA box)
+constexpr int kAuxBytes = 16 * 1024;           // q/k/v's cross-warp sums, then o's 16 input rows
+constexpr int kMaxGroupDims = kAuxBytes / (kMaxRows * 2);  // G · head_dim: o's k a group, 512
+
+template <int HD>
+constexpr int SmemBytes() {
+  return 1024 + kStages * kStageBytes + kWarps * 2 * static_cast<int>(sizeof(Stage<HD>)) + 8 * HD * 4 + kAuxBytes;
+}
+
+struct Params {
+  int rows, hidden, heads, kvh, group, qkvw, qd, ctas;  // ctas: S
+  int qkv_tiles;   // 16-row tiles of q/k/v columns a group: (G + 2) · head_dim / 16
+  int o_tiles;     // 16-row tiles of W_o a CTA
+  int qkv_steps;   // stages of q/k/v: hidden / (64 · kQkvBoxes)
+  int o_boxes;     // stages of o: G · head_dim / 64
+  int sliding_window;
+  float scale;
+  const float* bias;
+  const float* inv_freq;
+  RowMeta meta;
+  KvGeometry g;
+  KvLayerView layer;
+  float* qkv;
+  __half* attn;
+  float* x;
+  unsigned long long* clamps;
+  int* counters;  // [kvh]: q/k/v CTAs done a group; [kvh, 2 kvh): rows attended; [2 kvh]: CTAs finished
+  bool overlap;
+};
+
+__device__ __forceinline__ void ConsumerSync() { asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory"); }
+
+// Column of the q/k/v projection (= row of W_qkv) at column c of group g's slice: its query heads,
+// then its K head, then its V head.
+__device__ __forceinline__ int QkvColumn(const Params& p, int g, int c) {
+  const int hd = p.g.head_dim, q_cols = p.group * hd;
+  if (c < q_cols) return g * q_cols + c;
+  if (c < q_cols + hd) return p.heads * hd + g * hd + (c - q_cols);
+  return (p.heads + p.kvh) * hd + g * hd + (c - q_cols - hd);
+}
+
+template <KvDtype D, int HD>
+__global__ void __launch_bounds__(kThreads, 1)
+    AttentionBlockKernel(const __grid_constant__ CUtensorMap wqkv_map, const __grid_constant__ CUtensorMap x_map,
+                         const __grid_constant__ CUtensorMap wo_map, const __grid_constant__ Params p) {
+  constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
+  constexpr int kRow = RowBytes<HD>();
+  constexpr int kPieces = kKeys * HD / 16;
+  constexpr int kPerLane = (kPieces + 31) / 32;
+  constexpr int kChunks = HD / 16;
+  constexpr int kOTiles = HD / 16, kSpan = HD / 8;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full_s[kStages], empty_s[kStages];
+  __shared__ alignas(16) float fresh_s[2][HD];
+  unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  Stage<HD>(*const stages)[2] = reinterpret_cast<Stage<HD>(*)[2]>(ring + kStages * kStageBytes);
+  float* q_s = reinterpret_cast<float*>(ring + kStages * kStageBytes + kWarps * 2 * sizeof(Stage<HD>));
+  unsigned char* aux = reinterpret_cast<unsigned char*>(q_s + 8 * HD);  // 1024-aligned: the sizes above are
+  static_assert((kWarps * 2 * sizeof(Stage<HD>) + 8 * HD * 4) % 1024 == 0, "aux is a swizzle base");
+
+  const int ci = blockIdx.x, g = blockIdx.y;  // the CTA within its group, the group (KV head)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tile_first = ci * p.qkv_tiles / p.ctas, tile_count = (ci + 1) * p.qkv_tiles / p.ctas - tile_first;
+  const int o_rows = 16 * p.o_tiles;
+  const int total_stages = p.qkv_steps + p.o_boxes;
+  if (threadIdx.x == 0) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&wqkv_map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&wo_map)) : "memory");
+    for (int s = 0; s < kStages; ++s) tma::BarrierInit(&full_s[s], 1), tma::BarrierInit(&empty_s[s], kWarps);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == kWarps) {
+    // The producer: q/k/v's stages (W, then xn once the previous kernel is done), then o's W,
+    // which needs nothing but a free slot, so it streams while the consumers attend.
+    if (lane == 0) {
+      uint64_t stream_policy, keep_policy;  // W is read once; xn by every CTA
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream_policy));
+      asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
+      auto load_x = [&](int step) {
+        const int s = step % kStages;
+#pragma unroll
+        for (int b = 0; b < kQkvBoxes; ++b) {
+          tma::TmaLoad(ring + s * kStageBytes + kQkvWBytes + b * kBoxBytes, &x_map, (step * kQkvBoxes + b) * tma::kBoxK,
+                       0, &full_s[s], keep_policy);
+        }
+      };
+      // Launched programmatically, the first stages' W goes out before the wait (W is constant).
+      const int early = p.overlap ? min(kStages, p.qkv_steps) : 0;
+      for (int st = 0; st < total_stages; ++st) {
+        if (st == early) {
+          GridDependencyWait();
+          for (int e = 0; e < early; ++e) load_x(e);
+        }
+        const int s = st % kStages;
+        if (st >= kStages) tma::BarrierWait(&empty_s[s], ((st / kStages) - 1) & 1);
+        unsigned char* stage = ring + s * kStageBytes;
+        if (st < p.qkv_steps) {
+          tma::BarrierExpect(&full_s[s], kQkvBoxes * (tile_count + 1) * kBoxBytes);
+          for (int b = 0; b < kQkvBoxes; ++b) {
+            for (int t = 0; t < tile_count; ++t) {
+              tma::TmaLoad(stage + (b * kMaxQkvTiles + t) * kBoxBytes, &wqkv_map, (st * kQkvBoxes + b) * tma::kBoxK,
+                           QkvColumn(p, g, 16 * (tile_first + t)), &full_s[s], stream_policy);
+            }
+          }
+          if (st >= early) load_x(st);
+        } else {
+          const int b = st - p.qkv_steps;
+          tma::BarrierExpect(&full_s[s], o_rows * 128);
+          tma::TmaLoad(stage, &wo_map, g * p.group * HD + b * tma::kBoxK, ci * o_rows, &full_s[s], stream_policy);
+        }
+      }
+    }
+    __syncwarp();
+  } else {
+    const int tid = threadIdx.x;  // 0 .. kWarps · 32 - 1
+    const int qg = lane >> 2, qc = lane & 3;
+    const uint32_t ring_addr = tma::Smem(ring), aux_addr = tma::Smem(aux);
+    // ldmatrix rows this lane addresses: of a 16-row W tile (rows 8 at a time, then the k half),
+    // of the 16 rows of X (rows 0-7 for the first k half and then the second, then rows 8-15).
+    const int w_row = (lane & 7) + 8 * ((lane >> 3) & 1), w_half = lane >> 4;
+    const int x_row = (lane & 7) + 8 * (lane >> 4), x_half = (lane >> 3) & 1;
+
+    // The row this CTA attends for, if any, and its first two key tiles a warp, copied now so
+    // that they arrive while the projection streams. The new position's slot is stale in them
+    // until the writer below overwrites it.
+    const bool attends = ci < p.rows;
+    const int r0 = ci;
+    const int pos0 = attends ? p.meta.pos[r0] : 0;
+    const int begin = p.sliding_window > 0 ? max(0, pos0 - p.sliding_window + 1) : 0, end = pos0 + 1;
+    const int kvh = p.kvh, group = p.group;
+    const uint8_t* kbase = static_cast<const uint8_t*>(p.layer.k) + g * HD;
+    const uint8_t* vbase = static_cast<const uint8_t*>(p.layer.v) + g * HD;
+    const int32_t* blocks = attends ? BlockTableRow(p.meta, p.g, r0) : nullptr;
+    auto issue = [&](int t0, int s, float* scale_out) {
+      const int64_t my_slot = CacheSlot(blocks, p.g.block_size, min(t0 + (lane & 15), end - 1));
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int piece = lane + 32 * i;
+        const int key = piece / (HD / 16), part = piece % (HD / 16);
+        const int64_t slot = __shfl_sync(0xffffffffu, my_slot, key);
+        if (piece < kPieces) {
+          const int64_t at = slot * kvh * HD + part * 16;
+          __pipeline_memcpy_async(stages[warp][s].k + key * kRow + part * 16, kbase + at, 16);
+          __pipeline_memcpy_async(stages[warp][s].v + key * kRow + part * 16, vbase + at, 16);
+        }
+      }
+      __pipeline_commit();
+      *scale_out = (lane < 16 ? p.layer.k_scale : p.layer.v_scale)[my_slot * kvh + g];
+    };
+    int t0 = begin + warp * kKeys;
+    float scale_cur = 0.0f, scale_next = 0.0f;
+    const bool early = attends && t0 < end;
+    if (early) issue(t0, 0, &scale_cur);
+    const bool early1 = early && t0 + kWarps * kKeys < end;
+    if (early1) issue(t0 + kWarps * kKeys, 1, &scale_next);
+    GridDependencyWait();  // x, the cache and the scratch buffers are the previous kernels' before
+
+    // q/k/v: warp w takes k box w % 4 of each stage and tiles w / 4, w / 4 + 2 of the CTA's.
+    {
+      const int kb = warp & 3, half = warp >> 2;
+      float acc[2][2][4] = {};
+      for (int st = 0; st < p.qkv_steps; ++st) {
+        const int s = st % kStages;
+        tma::BarrierWait(&full_s[s], (st / kStages) & 1);
+        const uint32_t w_base = ring_addr + s * kStageBytes + kb * kMaxQkvTiles * kBoxBytes;
+        const uint32_t x_base = ring_addr + s * kStageBytes + kQkvWBytes + kb * kBoxBytes;
+#pragma unroll
+        for (int ks = 0; ks < tma::kBoxK / 16; ++ks) {
+          uint32_t bx[4];
+          tma::LdMatrix4(x_base + Swizzled(x_row, 2 * ks + x_half), bx);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            if (half + 2 * i < tile_count) {
+              uint32_t a[4];
+              tma::LdMatrix4(w_base + (half + 2 * i) * kBoxBytes + Swizzled(w_row, 2 * ks + w_half), a);
+              Mma(acc[i][0], a, bx[0], bx[1]);
+              Mma(acc[i][1], a, bx[2], bx[3]);
+            }
+          }
+        }
+        __syncwarp();
+        if (lane == 0) tma::BarrierArrive(&empty_s[s]);
+      }
+      // acc[i][j][e]: column 16 · tile + qg + 8 · (e / 2) of row 8j + 2qc + e % 2. The four k boxes'
+      // sums meet in aux: [k box][16 rows][64 columns].
+      float* sums = reinterpret_cast<float*>(aux);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (half + 2 * i >= tile_count) continue;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = 16 * (half + 2 * i) + qg + 8 * (e >> 1), row = 8 * j + 2 * qc + (e & 1);
+            sums[(kb * 16 + row) * 64 + col] = acc[i][j][e];
+          }
+        }
+      }
+      ConsumerSync();
+      for (int i = tid; i < kMaxRows * 16 * tile_count; i += kWarps * 32) {
+        const int row = i / (16 * tile_count), col = i % (16 * tile_count);
+        if (row >= p.rows) continue;
+        float v = 0.0f;
+#pragma unroll
+        for (int b = 0; b < kQkvBoxes; ++b) v += sums[(b * 16 + row) * 64 + col];
+        p.qkv[static_cast<int64_t>(row) * p.qkvw + QkvColumn(p, g, 16 * tile_first + col)] = v;
+      }
+      ConsumerSync();
+      if (tid == 0) {
+        __threadfence();
+        atomicAdd(p.counters + g, 1);
+      }
+    }
+
+    if (attends) {
+      // The group's q/k/v are complete once its S CTAs have counted themselves.
+      if (tid == 0) {
+        while (tma::LoadAcquire(p.counters + g) < p.ctas) __nanosleep(20);
+      }
+      ConsumerSync();
+      AttentionRope rope{.inv_freq = p.inv_freq, .parts = {}, .bias = p.bias};
+      mma_attention::RopeIntoShared<HD>(p.qkv + static_cast<int64_t>(r0) * p.qkvw, rope,
+                                        static_cast<int64_t>(r0) * p.qkvw, static_cast<float>(pos0), p.heads, kvh,
+                                        group, g, q_s, &fresh_s[0][0], kWarps * 32);
+      ConsumerSync();
+      // Q fragments (scaled into the exp2 domain): row qg is query head qg of the group.
+      uint32_t qa[kChunks][2];
+      {
+        const float qs = p.scale * kLog2e;
+        const float* qrow = q_s + (qg % group) * HD;
+#pragma unroll
+        for (int kc = 0; kc < kChunks; ++kc) {
+          if (qg < group) {
+            const float* q2 = qrow + kc * 16 + 2 * qc;
+            qa[kc][0] = PackHalf2(q2[0] * qs, q2[1] * qs);
+            qa[kc][1] = PackHalf2(q2[8] * qs, q2[9] * qs);
+          } else {
+            qa[kc][0] = qa[kc][1] = 0u;
+          }
+        }
+      }
+      const bool writer = warp == (pos0 - begin) / kKeys % kWarps;
+      float o[kOTiles][4];
+#pragma unroll
+      for (int t = 0; t < kOTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+      float m = -INFINITY, l = 0.0f, o_scale = 1.0f;
+      for (int it = 0; t0 < end; ++it, t0 += kWarps * kKeys) {
+        const int s = it & 1, t_next = t0 + kWarps * kKeys;
+        if (!(it == 0 && early1)) {
+          if (t_next < end) {
+            issue(t_next, s ^ 1, &scale_next);
+          } else {
+            __pipeline_commit();  // an empty group keeps the wait count uniform
+          }
+        }
+        __pipeline_wait_prior(1);
+        __syncwarp();
+        if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {
+          // The tile's copy of pos0 is stale: encode K and V as PagedAttention's writer does (see
+          // attention_mma.cuh) into the cache and into this tile's row, with their scales, and
+          // zero the V rows past it.
+          using Codec = KvCodec<D>;
+          const int key = pos0 - t0;
+          const int64_t slot = CacheSlot(blocks, p.g.block_size, pos0);
+          int clamped = 0;
+          float new_scale[2];
+#pragma unroll
+          for (int which = 0; which < 2; ++which) {
+            constexpr int kPer = HD / 32;
+            float xv[kPer], amax = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kPer; ++j) xv[j] = fresh_s[which][lane + 32 * j], amax = fmaxf(amax, fabsf(xv[j]));
+            const float sc = HeadScale<Codec>(WarpMax(amax)), inv = 1.0f / sc;
+            new_scale[which] = sc;
+            uint8_t* tile = which ? stages[warp][s].v : stages[warp][s].k;
+            uint8_t* cached = static_cast<uint8_t*>(which ? p.layer.v : p.layer.k) + (slot * kvh + g) * HD;
+#pragma unroll
+            for (int j = 0; j < kPer; ++j) {
+              const uint8_t byte = EncodeCounted<Codec>(xv[j], inv, &clamped).__x;
+              cached[lane + 32 * j] = byte;
+              tile[key * kRow + lane + 32 * j] = byte;
+            }
+            if (lane == 0) (which ? p.layer.v_scale : p.layer.k_scale)[slot * kvh + g] = sc;
+          }
+          for (int i = lane; i < (kKeys - 1 - key) * (HD / 16); i += 32) {
+            *reinterpret_cast<uint4*>(stages[warp][s].v + (key + 1 + i / (HD / 16)) * kRow + i % (HD / 16) * 16) =
+                make_uint4(0u, 0u, 0u, 0u);
+          }
+          if ((lane & 15) >= key) scale_cur = lane < 16 ? new_scale[0] : new_scale[1];
+          if (clamped) atomicAdd(p.clamps, static_cast<unsigned long long>(clamped));
+          __syncwarp();
+        }
+        const uint8_t* ks = stages[warp][s].k;
+        const uint8_t* vs = stages[warp][s].v;
+        // S = Q · Kᵀ (keys 8j + 2qc, +1 of row qg in sc[j][0..1]), then the online softmax with
+        // the V scales folded into P, then Oᵀ += Vᵀ · Pᵀ: attention_mma.cuh's decode path.
+        float sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint8_t* krow = ks + (8 * j + qg) * kRow + 2 * qc;
+#pragma unroll
+          for (int kc = 0; kc < kChunks; ++kc) {
+            const uint32_t b0 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16), kKind);
+            const uint32_t b1 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16 + 8), kKind);
+            const uint32_t a[4] = {qa[kc][0], 0u, qa[kc][1], 0u};
+            Mma(sc[j], a, b0, b1);
+          }
+        }
+        float pr[2][2], vsc[2][2], tmax = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = 8 * j + 2 * qc + e, at = t0 + key;
+            const float kscale = __shfl_sync(0xffffffffu, scale_cur, key);
+            vsc[j][e] = __shfl_sync(0xffffffffu, scale_cur, 16 + key);
+            pr[j][e] = at < end ? sc[j][e] * kscale : -INFINITY;
+            tmax = fmaxf(tmax, pr[j][e]);
+          }
+        }
+        float vmax = fmaxf(fmaxf(vsc[0][0], vsc[0][1]), fmaxf(vsc[1][0], vsc[1][1]));
+#pragma unroll
+        for (int o2 = 1; o2 < 4; o2 <<= 1) {
+          tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o2));
+          vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o2));
+        }
+        uint32_t pa[4] = {0u, 0u, 0u, 0u};
+        const float inv_vmax = 1.0f / vmax;
+        const float m_new = fmaxf(m, tmax), m_ref = m_new == -INFINITY ? 0.0f : m_new;
+        const float corr = exp2f(m - m_ref);
+        float psum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float e0 = exp2f(pr[j][0] - m_ref), e1 = exp2f(pr[j][1] - m_ref);
+          psum += e0 + e1;
+          pa[2 * j] = PackHalf2(e0 * vsc[j][0] * inv_vmax, e1 * vsc[j][1] * inv_vmax);
+        }
+        l = l * corr + psum;
+        m = m_new;
+        const float f = corr * o_scale * inv_vmax;
+        o_scale = vmax;
+        constexpr int kWords = kSpan / 4;
+        uint32_t w[4][kWords];
+        const uint8_t* vrow = vs + qg * kSpan;
+        const int keys[4] = {2 * qc, 2 * qc + 1, 2 * qc + 8, 2 * qc + 9};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t* src = vrow + keys[i] * kRow;
+          if constexpr (kWords == 4) {
+            const uint4 v4 = *reinterpret_cast<const uint4*>(src);
+            w[i][0] = v4.x, w[i][1] = v4.y, w[i][2] = v4.z, w[i][3] = v4.w;
+          } else if constexpr (kWords == 2) {
+            const uint2 v2 = *reinterpret_cast<const uint2*>(src);
+            w[i][0] = v2.x, w[i][1] = v2.y;
+          } else {
+            w[i][0] = *reinterpret_cast<const uint32_t*>(src);
+          }
+        }
+        const float fa = __shfl_sync(0xffffffffu, f, 8 * qc), fb = __shfl_sync(0xffffffffu, f, 8 * qc + 4);
+#pragma unroll
+        for (int mt = 0; mt < kOTiles; ++mt) {
+          const uint32_t sel = (mt & 1) ? 0x7362u : 0x5140u;
+          const uint32_t lo = __byte_perm(w[0][mt / 2], w[1][mt / 2], sel);
+          const uint32_t hi = __byte_perm(w[2][mt / 2], w[3][mt / 2], sel);
+          const uint32_t a[4] = {Fp8x2ToHalf2(static_cast<uint16_t>(lo), kKind),
+                                 Fp8x2ToHalf2(static_cast<uint16_t>(lo >> 16), kKind),
+                                 Fp8x2ToHalf2(static_cast<uint16_t>(hi), kKind),
+                                 Fp8x2ToHalf2(static_cast<uint16_t>(hi >> 16), kKind)};
+          o[mt][0] *= fa, o[mt][1] *= fb, o[mt][2] *= fa, o[mt][3] *= fb;
+          Mma(o[mt], a, pa[0], pa[2]);
+        }
+        scale_cur = scale_next;
+        __syncwarp();  // this stage is refilled by the next iteration's issue
+      }
+      __pipeline_wait_prior(0);
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      // Merge the warps' partial softmaxes through the stage buffers, write the group's heads.
+      float* o_s = reinterpret_cast<float*>(&stages[0][0]);
+      float* ml_s = o_s + kWarps * 16 * HD;
+      static_assert(sizeof(Stage<HD>) * kWarps * 2 >= (kWarps * 16 * HD + kWarps * 32) * sizeof(float), "merge buffer");
+      ConsumerSync();
+      if (qc == 0) ml_s[(warp * 16 + qg) * 2] = m, ml_s[(warp * 16 + qg) * 2 + 1] = l;
+      {
+        float* row_a = o_s + DecodeMergeAt<HD>(warp * kDecodeMergeRows + 2 * qc, qg * kSpan);
+        float* row_b = row_a + DecodeMergeStride<HD>();
+#pragma unroll
+        for (int mt = 0; mt < kOTiles; ++mt) {
+          *reinterpret_cast<float2*>(row_a + 2 * mt) = make_float2(o[mt][0] * o_scale, o[mt][2] * o_scale);
+          *reinterpret_cast<float2*>(row_b + 2 * mt) = make_float2(o[mt][1] * o_scale, o[mt][3] * o_scale);
+        }
+      }
+      ConsumerSync();
+      __half* out = p.attn + (static_cast<int64_t>(r0) * p.heads + g * group) * HD;
+      for (int i = tid; i < group * HD; i += kWarps * 32) {
+        const int r = i / HD, d = i % HD;
+        float mm = -INFINITY;
+#pragma unroll
+        for (int w2 = 0; w2 < kWarps; ++w2) mm = fmaxf(mm, ml_s[(w2 * 16 + r) * 2]);
+        float acc = 0.0f, sum = 0.0f;
+#pragma unroll
+        for (int w2 = 0; w2 < kWarps; ++w2) {
+          const float mw = ml_s[(w2 * 16 + r) * 2];
+          if (mw == -INFINITY) continue;
+          const float c = exp2f(mw - mm);
+          acc += o_s[DecodeMergeAt<HD>(w2 * kDecodeMergeRows + r, d)] * c;
+          sum += ml_s[(w2 * 16 + r) * 2 + 1] * c;
+        }
+        out[i] = __float2half(acc / sum);
+      }
+      ConsumerSync();
+      if (tid == 0) {
+        __threadfence();
+        atomicAdd(p.counters + kvh + g, 1);
+      }
+    }
+
+    // o: the group's rows of attention (all its rows attended) times the CTA's W_o rows over the
+    // group's columns, added into x. Warp w takes tiles w, w + 8 of the CTA's.
+    TriggerDependents();  // the next kernel waits for this whole grid before it reads x
+    if (tid == 0) {
+      while (tma::LoadAcquire(p.counters + p.kvh + g) < p.rows) __nanosleep(20);
+    }
+    ConsumerSync();
+    {
+      const int group_dims = p.group * HD, chunks = group_dims / 8;  // 16-byte chunks a row
+      for (int i = tid; i < kMaxRows * chunks; i += kWarps * 32) {
+        const int row = i / chunks, c = i % chunks;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (row < p.rows) v = *reinterpret_cast<const uint4*>(p.attn + static_cast<int64_t>(row) * p.qd + g * group_dims + 8 * c);
+        *reinterpret_cast<uint4*>(aux + (c / 8) * kBoxBytes + Swizzled(row, c % 8)) = v;
+      }
+    }
+    ConsumerSync();
+    float acc[2][2][4] = {};
+    for (int b = 0; b < p.o_boxes; ++b) {
+      const int st = p.qkv_steps + b, s = st % kStages;
+      tma::BarrierWait(&full_s[s], (st / kStages) & 1);
+      const uint32_t w_base = ring_addr + s * kStageBytes, x_base = aux_addr + b * kBoxBytes;
+#pragma unroll
+      for (int ks = 0; ks < tma::kBoxK / 16; ++ks) {
+        uint32_t bx[4];
+        tma::LdMatrix4(x_base + Swizzled(x_row, 2 * ks + x_half), bx);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int t = warp + kWarps * i;
+          if (t < p.o_tiles) {
+            uint32_t a[4];
+            tma::LdMatrix4(w_base + Swizzled(16 * t + w_row, 2 * ks + w_half), a);
+            Mma(acc[i][0], a, bx[0], bx[1]);
+            Mma(acc[i][1], a, bx[2], bx[3]);
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) tma::BarrierArrive(&empty_s[s]);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int t = warp + kWarps * i;
+      if (t >= p.o_tiles) continue;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = ci * o_rows + 16 * t + qg + 8 * (e >> 1), row = 8 * j + 2 * qc + (e & 1);
+          if (row < p.rows) atomicAdd(p.x + static_cast<int64_t>(row) * p.hidden + col, acc[i][j][e]);
+        }
+      }
+    }
+  }
+  // The last CTA out leaves the counters zeroed for the next launch: every CTA has passed every
+  // wait before it counts itself finished.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const int total = static_cast<int>(gridDim.x * gridDim.y);
+    if (atomicAdd(p.counters + 2 * p.kvh, 1) == total - 1) {
+      __threadfence();
+      for (int i = 0; i <= 2 * p.kvh; ++i) p.counters[i] = 0;
+      __threadfence();
+    }
+  }
+}
+
+absl::StatusOr<int> SmCount() {
+  static PerDeviceInt sms;
+  return sms.Get([]() -> absl::StatusOr<int> {
+    int device = 0, n = 0;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  });
+}
+
+// Calls f(dtype tag, head_dim tag) for the geometry's instance (FP8, head_dim 32/64/128).
+template <typename F>
+auto WithInstance(const KvGeometry& g, F&& f) {
+  auto by_dim = [&](auto dtype_tag) {
+    if (g.head_dim == 32) return f(dtype_tag, std::integral_constant<int, 32>{});
+    if (g.head_dim == 64) return f(dtype_tag, std::integral_constant<int, 64>{});
+    return f(dtype_tag, std::integral_constant<int, 128>{});
+  };
+  if (g.dtype == KvDtype::kFp8E5M2) return by_dim(std::integral_constant<KvDtype, KvDtype::kFp8E5M2>{});
+  return by_dim(std::integral_constant<KvDtype, KvDtype::kFp8E4M3>{});
+}
+
+// S: the CTAs of a group, as many as fit (16 at most) with the whole grid resident at once.
+int GroupCtas(int sms, int kv_heads) { return std::min(kMaxGroupCtas, kv_heads > 0 ? sms / kv_heads : 0); }
+
+}  // namespace
+
+absl::Status AttentionBlockTakes(int rows, int hidden, int heads, const KvGeometry& g, int sliding_window) {
+  absl::StatusOr<int> sms = SmCount();
+  if (!sms.ok()) return sms.status();
+  const int kvh = g.kv_heads, hd = g.head_dim;
+  const int ctas = GroupCtas(*sms, kvh);
+  if (g.dtype == KvDtype::kFp16 || (hd != 32 && hd != 64 && hd != 128)) {
+    return absl::InvalidArgumentError("AttentionBlock: an FP8 cache with head_dim 32, 64 or 128");
+  }
+  if (kvh <= 0 || heads % kvh != 0 || heads / kvh > 8 || sliding_window < 0) {
+    return absl::InvalidArgumentError("AttentionBlock: 1-8 query heads a KV head");
+  }
+  const int group = heads / kvh, qkv_tiles = (group + 2) * hd / 16;
+  if (rows < 1 || rows > std::min(kMaxRows, ctas)) {
+    return absl::InvalidArgumentError(absl::StrCat("AttentionBlock: 1..", std::min(kMaxRows, ctas), " rows"));
+  }
+  if (hidden % (tma::kBoxK * kQkvBoxes) != 0 || (qkv_tiles + ctas - 1) / ctas > kMaxQkvTiles ||
+      group * hd % tma::kBoxK != 0 || group * hd > kMaxGroupDims || hidden % (16 * ctas) != 0 ||
+      hidden / (16 * ctas) > kMaxOTiles) {
+    return absl::InvalidArgumentError(absl::StrCat("AttentionBlock: a shape it does not tile (hidden ", hidden,
+                                                   ", group ", group, ", head_dim ", hd, ", ", ctas, " CTAs a group)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
+  if (absl::Status s = AttentionBlockTakes(a.rows, a.hidden, a.heads, a.geometry, a.sliding_window); !s.ok()) return s;
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (!aligned(a.xn) || !aligned(a.w_qkv) || !aligned(a.w_o) || !aligned(a.attn) || a.qkv == nullptr ||
+      a.x == nullptr || a.inv_freq == nullptr || a.clamps == nullptr || a.workspace == nullptr ||
+      a.meta.pos == nullptr || a.meta.seq == nullptr || a.meta.block_table == nullptr) {
+    return absl::InvalidArgumentError(
+        "AttentionBlock: xn, the weights and attn 16-byte aligned; qkv, x, inv_freq, clamps, the row metadata and a "
+        "workspace");
+  }
+  absl::StatusOr<int> sms = SmCount();
+  if (!sms.ok()) return sms.status();
+  const KvGeometry& g = a.geometry;
+  Params p{};
+  p.rows = a.rows, p.hidden = a.hidden, p.heads = a.heads, p.kvh = g.kv_heads, p.group = a.heads / g.kv_heads;
+  p.qd = a.heads * g.head_dim, p.qkvw = (a.heads + 2 * g.kv_heads) * g.head_dim;
+  p.ctas = GroupCtas(*sms, g.kv_heads);
+  p.qkv_tiles = (p.group + 2) * g.head_dim / 16;
+  p.o_tiles = a.hidden / (16 * p.ctas);
+  p.qkv_steps = a.hidden / (tma::kBoxK * kQkvBoxes);
+  p.o_boxes = p.group * g.head_dim / tma::kBoxK;
+  p.sliding_window = a.sliding_window, p.scale = a.scale, p.bias = a.bias, p.inv_freq = a.inv_freq;
+  p.meta = a.meta, p.g = g, p.layer = a.layer;
+  p.qkv = a.qkv, p.attn = a.attn, p.x = a.x, p.clamps = a.clamps, p.counters = static_cast<int*>(a.workspace);
+  p.overlap = a.overlap_previous;
+  CUtensorMap maps[3];
+  if (absl::Status s = tma::Map(&maps[0], a.w_qkv, a.hidden, p.qkvw, 16); !s.ok()) return s;
+  if (absl::Status s = tma::Map(&maps[1], a.xn, a.hidden, a.rows, 16); !s.ok()) return s;
+  if (absl::Status s = tma::Map(&maps[2], a.w_o, p.qd, a.hidden, 16 * p.o_tiles); !s.ok()) return s;
+  cudaError_t launched = cudaSuccess;
+  WithInstance(g, [&](auto dtype_tag, auto hd_tag) {
+    constexpr KvDtype D = decltype(dtype_tag)::value;
+    constexpr int HD = decltype(hd_tag)::value;
+    auto kernel = AttentionBlockKernel<D, HD>;
+    constexpr int smem = SmemBytes<HD>();
+    static PerDeviceInt opted;  // the instance's shared-memory attribute, once a device
+    absl::Status set = opted
+                           .Get([&]() -> absl::StatusOr<int> {
+                             TAILSERVE_CUDA_RETURN_IF_ERROR(
+                                 cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                             return 1;
+                           })
+                           .status();
+    if (!set.ok()) {
+      launched = cudaErrorInvalidConfiguration;
+      return;
+    }
+    launched = LaunchMaybeOverlapped(a.overlap_previous, dim3(p.ctas, g.kv_heads), dim3(kThreads), smem, stream,
+                                     kernel, maps[0], maps[1], maps[2], p);
+  });
+  TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
+  TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
+  return absl::OkStatus();
+}
+
+}  // namespace tailserve::cuda

@@ -1,0 +1,59 @@
+#pragma once
+// The decode attention block for 1-16 rows in one persistent launch: q/k/v = xn · W_qkvᵀ, the
+// attention of each row over its paged FP8 cache (bias, RoPE, the new position's K and V written
+// into the cache, as PagedAttention with new_kv does), and x += attention · W_oᵀ.
+//
+// Why one launch: at batch 16 the three kernels cost the 8B step ~44 µs a layer for ~24 µs of
+// bytes (bench/CUDA_NOTES.md). cuBLASLt's q/k/v never lets a follower start early, so the
+// attention's CTAs load their keys only after it, and o streams its weights only after the
+// attention. Here the work splits by KV-head group g: S CTAs of group g each compute a slice of
+// g's q/k/v columns (its query heads, its K and V head) over all rows; once all S have counted
+// themselves done, CTA i of the group attends for row i (its first key tiles were copied at the
+// kernel's start, during the GEMM); once the group's rows are done, each of its CTAs multiplies
+// them by its slice of W_o's output columns over g's input columns, whose weights its producer
+// warp streamed into the ring during the attention, and adds the result into x (fp32 atomics:
+// the groups' sums land in any order). Per-group counters in the workspace replace the two grid
+// boundaries; every CTA of the grid is resident at once (one an SM, kv_heads · S ≤ SMs), so the
+// waits always end.
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "worker/backends/cuda/kernels/kv_cache.h"
+
+namespace tailserve::cuda {
+
+inline constexpr size_t kAttentionBlockWorkspaceBytes = 1024;
+
+struct AttentionBlockArgs {
+  const __half* xn = nullptr;       // [rows, hidden]: the normed residual (the previous kernel's)
+  int rows = 0;                     // 1..AttentionBlockMaxRows
+  int hidden = 0;
+  int heads = 0;                    // query heads; kv heads and head_dim from the geometry
+  const __half* w_qkv = nullptr;    // [(heads + 2 kv_heads) · head_dim, hidden]: q, k, v rows
+  const float* bias = nullptr;      // [(heads + 2 kv_heads) · head_dim] or null
+  const __half* w_o = nullptr;      // [hidden, heads · head_dim]
+  const float* inv_freq = nullptr;  // [head_dim / 2]: RoPE
+  float scale = 1.0f;               // 1 / sqrt(head_dim)
+  int sliding_window = 0;           // 0: full causal attention
+  RowMeta meta;                     // rows of distinct sequences; each row's position is not cached yet
+  KvGeometry geometry;              // an FP8 cache, head_dim 32, 64 or 128
+  KvLayerView layer;
+  float* qkv = nullptr;             // scratch [rows, (heads + 2 kv_heads) · head_dim]
+  __half* attn = nullptr;           // scratch [rows, heads · head_dim]: the attention's output
+  float* x = nullptr;               // [rows, hidden]: receives + attention · W_oᵀ
+  unsigned long long* clamps = nullptr;  // the KV clamp counter
+  // kAttentionBlockWorkspaceBytes, zeroed once before the first launch; every launch leaves it
+  // zeroed. Launches sharing one must be ordered (one stream).
+  void* workspace = nullptr;
+  bool overlap_previous = false;    // launched programmatically: weights and key tiles before the wait
+};
+
+// OK when AttentionBlock takes this shape on the current device; InvalidArgument says why not.
+absl::Status AttentionBlockTakes(int rows, int hidden, int heads, const KvGeometry& geometry, int sliding_window);
+
+absl::Status AttentionBlock(const AttentionBlockArgs& args, cudaStream_t stream);
+
+}  // namespace tailserve::cuda
