@@ -21,12 +21,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/overlap_probe.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/cuda_resources.h"
 #include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/kernels/attention.h"
+#include "worker/backends/cuda/kernels/attention_block.h"
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rows.h"
 #include "worker/backends/cuda/kernels/stream_gemm.h"
@@ -1194,6 +1196,111 @@ absl::Status BenchBatchedSplitK(const Shape& m, const std::vector<int>& rows_lis
   return absl::OkStatus();
 }
 
+// The decode attention block at the shape: cuBLASLt's q/k/v (two k chunks), the 16-warp attention
+// (new_kv, RoPE summing the chunks, launched programmatically) and cuBLASLt's o (two k chunks), as
+// the engine runs them at 2-16 rows, against AttentionBlock in one launch; weights and KV rotating
+// past L2. Then one AttentionBlock launch's timeline: when each CTA's phases end, after the
+// earliest CTA's start (median and max over CTAs).
+absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vector<int>& rows_list,
+                                 const std::vector<int>& contexts, int reps, cudaStream_t s) {
+  const int h = m.hidden, hd = m.head_dim, kvh = m.kv_heads, qd = m.heads * hd, qkvw = qd + 2 * kvh * hd;
+  absl::StatusOr<RotatingCopies> wqkv = WeightCopies(size_t(qkvw) * h * 2), wo = WeightCopies(size_t(h) * qd * 2);
+  if (!wqkv.ok()) return wqkv.status();
+  if (!wo.ok()) return wo.status();
+  const int max_rows = 16;
+  auto xn = Filled(size_t(max_rows) * h * 2, 0x2c), x = Filled(size_t(max_rows) * h * 4, 0);
+  auto qkv = Filled(size_t(max_rows) * qkvw * 4, 0), parts = Filled(size_t(2) * max_rows * qkvw * 4, 0);
+  auto attn = Filled(size_t(max_rows) * qd * 2, 0), o_parts = Filled(size_t(2) * max_rows * h * 4, 0);
+  auto clamps = Filled(8, 0), block_ws = Filled(cuda::kAttentionBlockWorkspaceBytes, 0);
+  auto inv = Filled(size_t(hd / 2) * 4, 0x3c), attn_ws = DeviceAlloc(size_t(64) << 20), work = DeviceAlloc(32 << 20);
+  int sms = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto timeline = Filled(size_t(sms) * cuda::kAttentionBlockStamps * 8, 0);
+  for (auto* b : {&xn, &x, &qkv, &parts, &attn, &o_parts, &clamps, &block_ws, &inv, &attn_ws, &work, &timeline}) {
+    if (!b->ok()) return b->status();
+  }
+  auto gemm = cuda::GemmRunner::Create(s, work->get(), 32 << 20);
+  if (!gemm.ok()) return gemm.status();
+  const auto* xn16 = static_cast<const __half*>(xn->get());
+  auto* attn16 = static_cast<__half*>(attn->get());
+  auto* count = static_cast<unsigned long long*>(clamps->get());
+  std::printf("\nattention block: %s cache, weights %.1f MB, rotating past L2\n\n", KvDtypeName(dtype),
+              (double(qkvw) * h + double(h) * qd) * 2 / 1e6);
+  std::printf("| rows | context | q/k/v + attention + o µs | AttentionBlock µs | bytes at 4.26 TB/s µs |\n"
+              "|---:|---:|---:|---:|---:|\n");
+  std::vector<std::string> timelines;
+  for (int rows : rows_list) {
+    if (rows < 2 || rows > max_rows) continue;
+    for (int context : contexts) {
+      absl::StatusOr<AttentionInputs> in = MakeAttentionInputs(m, dtype, rows, context, false);
+      if (!in.ok()) return in.status();
+      if (absl::Status t = cuda::AttentionBlockTakes(rows, h, m.heads, in->g, 0); !t.ok()) return t;
+      const cuda::AttentionShape shape{
+          .rows = rows, .heads = m.heads, .q_stride = qkvw, .splits = 1, .scale = 1.0f / std::sqrt(float(hd)),
+          .new_kv = true, .overlap_previous = true, .warps = 16,
+          .rope = {.inv_freq = static_cast<const float*>(inv->get()),
+                   .parts = {static_cast<float*>(parts->get()), 2, int64_t{max_rows} * qkvw}}};
+      auto unfused = [&]() -> absl::Status {
+        absl::StatusOr<int> c1 = (*gemm)->RunSplitK(xn16, rows, h, wqkv->Next(), qkvw, 2,
+                                                    static_cast<float*>(parts->get()), int64_t{max_rows} * qkvw);
+        if (!c1.ok()) return c1.status();
+        if (absl::Status e = cuda::PagedAttention(static_cast<const float*>(qkv->get()), shape, in->meta, in->g,
+                                                  in->Layer(), static_cast<float*>(attn_ws->get()), attn16, s, count);
+            !e.ok()) {
+          return e;
+        }
+        absl::StatusOr<int> c2 = (*gemm)->RunSplitK(attn16, rows, qd, wo->Next(), h, 2,
+                                                    static_cast<float*>(o_parts->get()), int64_t{max_rows} * h);
+        return c2.ok() ? absl::OkStatus() : c2.status();
+      };
+      auto args = [&](uint64_t* stamps) {
+        return cuda::AttentionBlockArgs{
+            .xn = xn16, .rows = rows, .hidden = h, .heads = m.heads, .w_qkv = wqkv->Next(), .w_o = wo->Next(),
+            .inv_freq = static_cast<const float*>(inv->get()), .scale = 1.0f / std::sqrt(float(hd)),
+            .meta = in->meta, .geometry = in->g, .layer = in->Layer(), .qkv = static_cast<float*>(qkv->get()),
+            .attn = attn16, .x = static_cast<float*>(x->get()), .clamps = count, .workspace = block_ws->get(),
+            .timeline = stamps};
+      };
+      (*gemm)->set_tuning(true);
+      if (absl::Status e = unfused(); !e.ok()) return e;
+      (*gemm)->set_tuning(false);
+      absl::StatusOr<double> base = TimeGraph(s, reps, unfused);
+      if (!base.ok()) return base.status();
+      absl::StatusOr<double> fused = TimeGraph(s, reps, [&] { return cuda::AttentionBlock(args(nullptr), s); });
+      if (!fused.ok()) return fused.status();
+      const double bytes = (double(qkvw) * h + double(h) * qd) * 2 + in->kv_bytes;
+      std::printf("| %d | %d | %.1f | %.1f | %.1f |\n", rows, context, *base, *fused, bytes / kCopyBandwidth * 1e6);
+      // One launch's timeline.
+      if (absl::Status e = cuda::AttentionBlock(args(static_cast<uint64_t*>(timeline->get())), s); !e.ok()) return e;
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+      const int ctas = std::min(16, sms / kvh) * kvh;
+      std::vector<uint64_t> t(size_t(ctas) * cuda::kAttentionBlockStamps);
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(t.data(), timeline->get(), t.size() * 8, cudaMemcpyDeviceToHost));
+      uint64_t t0 = ~uint64_t{0};
+      for (int b = 0; b < ctas; ++b) t0 = std::min(t0, t[size_t(b) * cuda::kAttentionBlockStamps]);
+      static const char* kNames[] = {"start", "q/k/v slice counted", "attention starts", "attention ends",
+                                     "o starts", "end"};
+      std::string table = absl::StrCat("\ntimeline, ", rows, " rows, ", context, " tokens (µs after the first CTA's start)\n\n",
+                                       "| stamp | median | max | CTAs |\n|---|---:|---:|---:|\n");
+      for (int k = 0; k < cuda::kAttentionBlockStamps; ++k) {
+        std::vector<double> v;
+        for (int b = 0; b < ctas; ++b) {
+          const uint64_t x0 = t[size_t(b) * cuda::kAttentionBlockStamps + k];
+          if (x0 != 0) v.push_back((double(x0) - double(t0)) / 1e3);
+        }
+        if (v.empty()) continue;
+        std::sort(v.begin(), v.end());
+        absl::StrAppend(&table, "| ", kNames[k], " | ", absl::StrFormat("%.2f", v[v.size() / 2]), " | ",
+                        absl::StrFormat("%.2f", v.back()), " | ", v.size(), " |\n");
+      }
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(timeline->get(), 0, size_t(sms) * cuda::kAttentionBlockStamps * 8));
+      timelines.push_back(table);
+    }
+  }
+  for (const std::string& table : timelines) std::printf("%s", table.c_str());
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace tailserve
 
@@ -1232,6 +1339,9 @@ int main(int argc, char** argv) {
   bool overlap = false;
   app.add_flag("--overlap", overlap,
                "only: the batch-16 attention beside a DRAM read of o's bytes and beside cuBLASLt's o");
+  bool attention_block = false;
+  app.add_flag("--attention-block", attention_block,
+               "only: q/k/v + attention + o as the engine runs them at 2-16 rows against AttentionBlock, and its timeline");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) {
@@ -1268,6 +1378,11 @@ int main(int argc, char** argv) {
   }
   if (overlap) {
     absl::Status st = BenchOverlap(m, *dtype, reps, stream->get());
+    if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return st.ok() ? 0 : 1;
+  }
+  if (attention_block) {
+    absl::Status st = BenchAttentionBlock(m, *dtype, Ints(rows), Ints(contexts), reps, stream->get());
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;
   }

@@ -19,7 +19,7 @@ import sys
 
 
 def short(name):
-    for key, label in (("RmsNorm", "rmsnorm"), ("RopeWriteKv", "rope_kv_write"), ("AttentionMma", "attention"),
+    for key, label in (("AttentionBlock", "attention block"), ("RmsNorm", "rmsnorm"), ("RopeWriteKv", "rope_kv_write"), ("AttentionMma", "attention"),
                        ("AttentionCombine", "combine"), ("SwiGlu", "swiglu"), ("splitKreduce", "cublas splitK reduce"),
                        ("Embed", "embed"), ("Sample", "sample"), ("CopyKernel", "copy"), ("Gemv", "gemv"),
                        ("StreamGemm", "stream gemm / ffn"),

@@ -31,11 +31,12 @@ constexpr int kMaxRows = 16;                   // an MMA's n: the rows ride in o
 constexpr int kMaxGroupCtas = 16;              // S, the CTAs of a KV-head group
 constexpr int kBoxBytes = 16 * tma::kBoxK * 2;  // a 16-row box of 64 k: 2 KB
 // A stage of the ring. q/k/v: kQkvBoxes k boxes, each up to kMaxQkvTiles 16-row W tiles and the
-// 16 rows of xn; o: one k box of the CTA's ≤ 256 W_o rows (32 KB).
-constexpr int kQkvBoxes = 4, kMaxQkvTiles = 4;
-constexpr int kQkvWBytes = kQkvBoxes * kMaxQkvTiles * kBoxBytes;  // 32 KB
-constexpr int kStageBytes = kQkvWBytes + kQkvBoxes * kBoxBytes;    // 40 KB (a multiple of 1024)
-constexpr int kStages = 3;
+// 16 rows of xn; o: one k box of the CTA's ≤ 256 W_o rows (32 KB). Four stages leave room for the
+// attention's key tiles and the merge.
+constexpr int kQkvBoxes = 4, kMaxQkvTiles = 3;
+constexpr int kQkvWBytes = kQkvBoxes * kMaxQkvTiles * kBoxBytes;  // 24 KB
+constexpr int kStageBytes = kQkvWBytes + kQkvBoxes * kBoxBytes;    // 32 KB (a multiple of 1024)
+constexpr int kStages = 4;
 constexpr int kMaxOTiles = 16;                 // o's 16-row tiles a CTA (≤ 256 rows: one TMA box)
 constexpr int kAuxBytes = 16 * 1024;           // q/k/v's cross-warp sums, then o's 16 input rows
 constexpr int kMaxGroupDims = kAuxBytes / (kMaxRows * 2);  // G · head_dim: o's k a group, 512
@@ -64,7 +65,15 @@ struct Params {
   unsigned long long* clamps;
   int* counters;  // [kvh]: q/k/v CTAs done a group; [kvh, 2 kvh): rows attended; [2 kvh]: CTAs finished
   bool overlap;
+  uint64_t* timeline;  // AttentionBlockArgs::timeline
 };
+
+__device__ __forceinline__ void Stamp(const Params& p, int which) {
+  if (p.timeline == nullptr) return;
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  p.timeline[(blockIdx.y * gridDim.x + blockIdx.x) * kAttentionBlockStamps + which] = t;
+}
 
 __device__ __forceinline__ void ConsumerSync() { asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory"); }
 
@@ -107,6 +116,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&wo_map)) : "memory");
     for (int s = 0; s < kStages; ++s) tma::BarrierInit(&full_s[s], 1), tma::BarrierInit(&empty_s[s], kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    Stamp(p, 0);
   }
   __syncthreads();
 
@@ -250,6 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (tid == 0) {
         __threadfence();
         atomicAdd(p.counters + g, 1);
+        Stamp(p, 1);
       }
     }
 
@@ -257,6 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The group's q/k/v are complete once its S CTAs have counted themselves.
       if (tid == 0) {
         while (tma::LoadAcquire(p.counters + g) < p.ctas) __nanosleep(20);
+        Stamp(p, 2);
       }
       ConsumerSync();
       AttentionRope rope{.inv_freq = p.inv_freq, .parts = {}, .bias = p.bias};
@@ -453,6 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (tid == 0) {
         __threadfence();
         atomicAdd(p.counters + kvh + g, 1);
+        Stamp(p, 3);
       }
     }
 
@@ -461,6 +474,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     TriggerDependents();  // the next kernel waits for this whole grid before it reads x
     if (tid == 0) {
       while (tma::LoadAcquire(p.counters + p.kvh + g) < p.rows) __nanosleep(20);
+      Stamp(p, 4);
     }
     ConsumerSync();
     {
@@ -514,6 +528,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // wait before it counts itself finished.
   __syncthreads();
   if (threadIdx.x == 0) {
+    Stamp(p, 5);
     __threadfence();
     const int total = static_cast<int>(gridDim.x * gridDim.y);
     if (atomicAdd(p.counters + 2 * p.kvh, 1) == total - 1) {
@@ -599,7 +614,7 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.sliding_window = a.sliding_window, p.scale = a.scale, p.bias = a.bias, p.inv_freq = a.inv_freq;
   p.meta = a.meta, p.g = g, p.layer = a.layer;
   p.qkv = a.qkv, p.attn = a.attn, p.x = a.x, p.clamps = a.clamps, p.counters = static_cast<int*>(a.workspace);
-  p.overlap = a.overlap_previous;
+  p.overlap = a.overlap_previous, p.timeline = a.timeline;
   CUtensorMap maps[3];
   if (absl::Status s = tma::Map(&maps[0], a.w_qkv, a.hidden, p.qkvw, 16); !s.ok()) return s;
   if (absl::Status s = tma::Map(&maps[1], a.xn, a.hidden, a.rows, 16); !s.ok()) return s;

@@ -49,7 +49,14 @@ struct AttentionBlockArgs {
   // zeroed. Launches sharing one must be ordered (one stream).
   void* workspace = nullptr;
   bool overlap_previous = false;    // launched programmatically: weights and key tiles before the wait
+  // The kernel bench's timeline (null: none): CTA b (group · CTAs a group + its index) writes
+  // timeline[kAttentionBlockStamps · b ..] = %globaltimer ns at its start, its q/k/v slice counted,
+  // its attention's start (the group's q/k/v complete) and end (0, 0 without a row), o's start (the
+  // group's rows attended) and end.
+  uint64_t* timeline = nullptr;
 };
+
+inline constexpr int kAttentionBlockStamps = 6;
 
 // OK when AttentionBlock takes this shape on the current device; InvalidArgument says why not.
 absl::Status AttentionBlockTakes(int rows, int hidden, int heads, const KvGeometry& geometry, int sliding_window);
