@@ -45,7 +45,8 @@ struct CudaEngineOptions {
   int in_situ_candidates = 6;
   // Decode at 2-16 rows on an FP8 cache: q/k/v, the attention and o as one persistent launch
   // (kernels/attention_block.h) where the shape allows, instead of cuBLASLt, PagedAttention and
-  // cuBLASLt.
+  // cuBLASLt. Off: it measured slower on the H200 (8B batch 16 4.612 → 4.879 ms, its q/k/v phase
+  // streaming at ~2 TB/s; bench/CUDA_NOTES.md, 12-04 (35)).
   bool fused_attention_block = false;
 };
 

@@ -45,6 +45,8 @@ template <int HD>
 constexpr int SmemBytes() {
   return 1024 + kStages * kStageBytes + kWarps * 2 * static_cast<int>(sizeof(Stage<HD>)) + 8 * HD * 4 + kAuxBytes;
 }
+static_assert(16 * kMaxOTiles * 128 <= kStageBytes, "o's W box fits a stage");
+static_assert(SmemBytes<128>() + 2 * 1024 <= 227 * 1024, "one CTA an SM, with its static shared memory");
 
 struct Params {
   int rows, hidden, heads, kvh, group, qkvw, qd, ctas;  // ctas: S
