@@ -14,7 +14,9 @@
 // warp streamed into the ring during the attention, and adds the result into x (fp32 atomics:
 // the groups' sums land in any order). Per-group counters in the workspace replace the two grid
 // boundaries; every CTA of the grid is resident at once (one an SM, kv_heads · S ≤ SMs), so the
-// waits always end.
+// waits always end. Measured on the H200 (bench/CUDA_NOTES.md, 12-04 (35)): slower than the three
+// kernels (8B, 16 rows, 512 tokens: 50-59 µs against 45), because its q/k/v phase streams W at
+// ~2 TB/s; the engine runs it only when asked (CudaEngineOptions::fused_attention_block).
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
