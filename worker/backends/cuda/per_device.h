@@ -33,4 +33,15 @@ class PerDeviceInt {
   std::atomic<int> values_[kDevices] = {};
 };
 
+// The current device's SM count, cached per device (the persistent kernels size their grids by it).
+inline absl::StatusOr<int> CurrentDeviceSmCount() {
+  static PerDeviceInt sms;
+  return sms.Get([]() -> absl::StatusOr<int> {
+    int device = 0, n = 0;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  });
+}
+
 }  // namespace tailserve::cuda

@@ -88,6 +88,31 @@ __device__ __forceinline__ int QkvColumn(const Params& p, int g, int c) {
   return (p.heads + p.kvh) * hd + g * hd + (c - q_cols - hd);
 }
 
+// acc[i] += W tile i (16 rows of W at tile_base[i], 64 k, 128-byte swizzled) · Xᵀ (the 16 rows
+// at x_base, likewise) for the tiles `has` marks: acc[i][j][e] is W row qg + 8 · (e / 2) of the
+// tile against X row 8j + 2qc + e % 2, as StreamGemm's consumer lays them out.
+__device__ __forceinline__ void MmaBox(uint32_t x_base, const uint32_t (&tile_base)[2], const bool (&has)[2],
+                                       float (&acc)[2][2][4]) {
+  // ldmatrix rows this lane addresses: of a W tile (rows 8 at a time, then the k half), of X (rows
+  // 0-7 for the first k half and then the second, then rows 8-15).
+  const int lane = threadIdx.x & 31;
+  const int w_row = (lane & 7) + 8 * ((lane >> 3) & 1), w_half = lane >> 4;
+  const int x_row = (lane & 7) + 8 * (lane >> 4), x_half = (lane >> 3) & 1;
+#pragma unroll
+  for (int ks = 0; ks < tma::kBoxK / 16; ++ks) {
+    uint32_t bx[4];
+    tma::LdMatrix4(x_base + Swizzled(x_row, 2 * ks + x_half), bx);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (!has[i]) continue;
+      uint32_t a[4];
+      tma::LdMatrix4(tile_base[i] + Swizzled(w_row, 2 * ks + w_half), a);
+      Mma(acc[i][0], a, bx[0], bx[1]);
+      Mma(acc[i][1], a, bx[2], bx[3]);
+    }
+  }
+}
+
 template <KvDtype D, int HD>
 __global__ void __launch_bounds__(kThreads, 1)
     AttentionBlockKernel(const __grid_constant__ CUtensorMap wqkv_map, const __grid_constant__ CUtensorMap x_map,
@@ -168,10 +193,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int tid = threadIdx.x;  // 0 .. kWarps · 32 - 1
     const int qg = lane >> 2, qc = lane & 3;
     const uint32_t ring_addr = tma::Smem(ring), aux_addr = tma::Smem(aux);
-    // ldmatrix rows this lane addresses: of a 16-row W tile (rows 8 at a time, then the k half),
-    // of the 16 rows of X (rows 0-7 for the first k half and then the second, then rows 8-15).
-    const int w_row = (lane & 7) + 8 * ((lane >> 3) & 1), w_half = lane >> 4;
-    const int x_row = (lane & 7) + 8 * (lane >> 4), x_half = (lane >> 3) & 1;
 
     // The row this CTA attends for, if any, and its first two key tiles a warp, copied now so
     // that they arrive while the projection streams. The new position's slot is stale in them
@@ -217,20 +238,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma::BarrierWait(&full_s[s], (st / kStages) & 1);
         const uint32_t w_base = ring_addr + s * kStageBytes + kb * kMaxQkvTiles * kBoxBytes;
         const uint32_t x_base = ring_addr + s * kStageBytes + kQkvWBytes + kb * kBoxBytes;
-#pragma unroll
-        for (int ks = 0; ks < tma::kBoxK / 16; ++ks) {
-          uint32_t bx[4];
-          tma::LdMatrix4(x_base + Swizzled(x_row, 2 * ks + x_half), bx);
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            if (half + 2 * i < tile_count) {
-              uint32_t a[4];
-              tma::LdMatrix4(w_base + (half + 2 * i) * kBoxBytes + Swizzled(w_row, 2 * ks + w_half), a);
-              Mma(acc[i][0], a, bx[0], bx[1]);
-              Mma(acc[i][1], a, bx[2], bx[3]);
-            }
-          }
-        }
+        MmaBox(x_base, {w_base + half * kBoxBytes, w_base + (half + 2) * kBoxBytes},
+               {half < tile_count, half + 2 < tile_count}, acc);
         __syncwarp();
         if (lane == 0) tma::BarrierArrive(&empty_s[s]);
       }
@@ -494,21 +503,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int st = p.qkv_steps + b, s = st % kStages;
       tma::BarrierWait(&full_s[s], (st / kStages) & 1);
       const uint32_t w_base = ring_addr + s * kStageBytes, x_base = aux_addr + b * kBoxBytes;
-#pragma unroll
-      for (int ks = 0; ks < tma::kBoxK / 16; ++ks) {
-        uint32_t bx[4];
-        tma::LdMatrix4(x_base + Swizzled(x_row, 2 * ks + x_half), bx);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int t = warp + kWarps * i;
-          if (t < p.o_tiles) {
-            uint32_t a[4];
-            tma::LdMatrix4(w_base + Swizzled(16 * t + w_row, 2 * ks + w_half), a);
-            Mma(acc[i][0], a, bx[0], bx[1]);
-            Mma(acc[i][1], a, bx[2], bx[3]);
-          }
-        }
-      }
+      MmaBox(x_base, {w_base + warp * kBoxBytes, w_base + (warp + kWarps) * kBoxBytes},
+             {warp < p.o_tiles, warp + kWarps < p.o_tiles}, acc);
       __syncwarp();
       if (lane == 0) tma::BarrierArrive(&empty_s[s]);
     }
@@ -541,16 +537,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-absl::StatusOr<int> SmCount() {
-  static PerDeviceInt sms;
-  return sms.Get([]() -> absl::StatusOr<int> {
-    int device = 0, n = 0;
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  });
-}
-
 // Calls f(dtype tag, head_dim tag) for the geometry's instance (FP8, head_dim 32/64/128).
 template <typename F>
 auto WithInstance(const KvGeometry& g, F&& f) {
@@ -569,7 +555,7 @@ int GroupCtas(int sms, int kv_heads) { return std::min(kMaxGroupCtas, kv_heads >
 }  // namespace
 
 absl::Status AttentionBlockTakes(int rows, int hidden, int heads, const KvGeometry& g, int sliding_window) {
-  absl::StatusOr<int> sms = SmCount();
+  absl::StatusOr<int> sms = CurrentDeviceSmCount();
   if (!sms.ok()) return sms.status();
   const int kvh = g.kv_heads, hd = g.head_dim;
   const int ctas = GroupCtas(*sms, kvh);
@@ -602,7 +588,7 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
         "AttentionBlock: xn, the weights and attn 16-byte aligned; qkv, x, inv_freq, clamps, the row metadata and a "
         "workspace");
   }
-  absl::StatusOr<int> sms = SmCount();
+  absl::StatusOr<int> sms = CurrentDeviceSmCount();
   if (!sms.ok()) return sms.status();
   const KvGeometry& g = a.geometry;
   Params p{};

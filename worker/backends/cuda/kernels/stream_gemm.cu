@@ -311,16 +311,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-absl::StatusOr<int> SmCount() {
-  static PerDeviceInt sms;
-  return sms.Get([]() -> absl::StatusOr<int> {
-    int device = 0, n = 0;
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  });
-}
-
 // The instance's function attributes (room for the ring, all of shared memory's carveout), set
 // once a device.
 template <int TN, int KB>
@@ -383,7 +373,7 @@ auto WithVariant(int variant, F&& f) {
 
 absl::StatusOr<int> CtasOrSms(int ctas) {
   if (ctas > 0) return ctas;
-  return SmCount();
+  return CurrentDeviceSmCount();
 }
 
 }  // namespace
