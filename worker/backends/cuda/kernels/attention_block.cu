@@ -119,8 +119,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap wo_map, const __grid_constant__ Params p) {
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();
-  constexpr int kPieces = kKeys * HD / 16;
-  constexpr int kPerLane = (kPieces + 31) / 32;
   constexpr int kChunks = HD / 16;
   constexpr int kOTiles = HD / 16, kSpan = HD / 8;
   extern __shared__ unsigned char smem_raw[];
@@ -202,24 +200,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int pos0 = attends ? p.meta.pos[r0] : 0;
     const int begin = p.sliding_window > 0 ? max(0, pos0 - p.sliding_window + 1) : 0, end = pos0 + 1;
     const int kvh = p.kvh, group = p.group;
-    const uint8_t* kbase = static_cast<const uint8_t*>(p.layer.k) + g * HD;
-    const uint8_t* vbase = static_cast<const uint8_t*>(p.layer.v) + g * HD;
     const int32_t* blocks = attends ? BlockTableRow(p.meta, p.g, r0) : nullptr;
     auto issue = [&](int t0, int s, float* scale_out) {
-      const int64_t my_slot = CacheSlot(blocks, p.g.block_size, min(t0 + (lane & 15), end - 1));
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int piece = lane + 32 * i;
-        const int key = piece / (HD / 16), part = piece % (HD / 16);
-        const int64_t slot = __shfl_sync(0xffffffffu, my_slot, key);
-        if (piece < kPieces) {
-          const int64_t at = slot * kvh * HD + part * 16;
-          __pipeline_memcpy_async(stages[warp][s].k + key * kRow + part * 16, kbase + at, 16);
-          __pipeline_memcpy_async(stages[warp][s].v + key * kRow + part * 16, vbase + at, 16);
-        }
-      }
-      __pipeline_commit();
-      *scale_out = (lane < 16 ? p.layer.k_scale : p.layer.v_scale)[my_slot * kvh + g];
+      mma_attention::IssueTile<HD>(stages[warp][s], blocks, p.g, p.layer, g, t0, end, scale_out);
     };
     int t0 = begin + warp * kKeys;
     float scale_cur = 0.0f, scale_next = 0.0f;
@@ -320,39 +303,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         __pipeline_wait_prior(1);
         __syncwarp();
         if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {
-          // The tile's copy of pos0 is stale: encode K and V as PagedAttention's writer does (see
-          // attention_mma.cuh) into the cache and into this tile's row, with their scales, and
-          // zero the V rows past it.
-          using Codec = KvCodec<D>;
-          const int key = pos0 - t0;
-          const int64_t slot = CacheSlot(blocks, p.g.block_size, pos0);
-          int clamped = 0;
-          float new_scale[2];
-#pragma unroll
-          for (int which = 0; which < 2; ++which) {
-            constexpr int kPer = HD / 32;
-            float xv[kPer], amax = 0.0f;
-#pragma unroll
-            for (int j = 0; j < kPer; ++j) xv[j] = fresh_s[which][lane + 32 * j], amax = fmaxf(amax, fabsf(xv[j]));
-            const float sc = HeadScale<Codec>(WarpMax(amax)), inv = 1.0f / sc;
-            new_scale[which] = sc;
-            uint8_t* tile = which ? stages[warp][s].v : stages[warp][s].k;
-            uint8_t* cached = static_cast<uint8_t*>(which ? p.layer.v : p.layer.k) + (slot * kvh + g) * HD;
-#pragma unroll
-            for (int j = 0; j < kPer; ++j) {
-              const uint8_t byte = EncodeCounted<Codec>(xv[j], inv, &clamped).__x;
-              cached[lane + 32 * j] = byte;
-              tile[key * kRow + lane + 32 * j] = byte;
-            }
-            if (lane == 0) (which ? p.layer.v_scale : p.layer.k_scale)[slot * kvh + g] = sc;
-          }
-          for (int i = lane; i < (kKeys - 1 - key) * (HD / 16); i += 32) {
-            *reinterpret_cast<uint4*>(stages[warp][s].v + (key + 1 + i / (HD / 16)) * kRow + i % (HD / 16) * 16) =
-                make_uint4(0u, 0u, 0u, 0u);
-          }
-          if ((lane & 15) >= key) scale_cur = lane < 16 ? new_scale[0] : new_scale[1];
-          if (clamped) atomicAdd(p.clamps, static_cast<unsigned long long>(clamped));
-          __syncwarp();
+          mma_attention::WriteNewKv<D, HD>(fresh_s, stages[warp][s], pos0 - t0, CacheSlot(blocks, p.g.block_size, pos0),
+                                           g, p.g, p.layer, &scale_cur, p.clamps);
         }
         const uint8_t* ks = stages[warp][s].k;
         const uint8_t* vs = stages[warp][s].v;
@@ -403,36 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         m = m_new;
         const float f = corr * o_scale * inv_vmax;
         o_scale = vmax;
-        constexpr int kWords = kSpan / 4;
-        uint32_t w[4][kWords];
-        const uint8_t* vrow = vs + qg * kSpan;
-        const int keys[4] = {2 * qc, 2 * qc + 1, 2 * qc + 8, 2 * qc + 9};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint8_t* src = vrow + keys[i] * kRow;
-          if constexpr (kWords == 4) {
-            const uint4 v4 = *reinterpret_cast<const uint4*>(src);
-            w[i][0] = v4.x, w[i][1] = v4.y, w[i][2] = v4.z, w[i][3] = v4.w;
-          } else if constexpr (kWords == 2) {
-            const uint2 v2 = *reinterpret_cast<const uint2*>(src);
-            w[i][0] = v2.x, w[i][1] = v2.y;
-          } else {
-            w[i][0] = *reinterpret_cast<const uint32_t*>(src);
-          }
-        }
-        const float fa = __shfl_sync(0xffffffffu, f, 8 * qc), fb = __shfl_sync(0xffffffffu, f, 8 * qc + 4);
-#pragma unroll
-        for (int mt = 0; mt < kOTiles; ++mt) {
-          const uint32_t sel = (mt & 1) ? 0x7362u : 0x5140u;
-          const uint32_t lo = __byte_perm(w[0][mt / 2], w[1][mt / 2], sel);
-          const uint32_t hi = __byte_perm(w[2][mt / 2], w[3][mt / 2], sel);
-          const uint32_t a[4] = {Fp8x2ToHalf2(static_cast<uint16_t>(lo), kKind),
-                                 Fp8x2ToHalf2(static_cast<uint16_t>(lo >> 16), kKind),
-                                 Fp8x2ToHalf2(static_cast<uint16_t>(hi), kKind),
-                                 Fp8x2ToHalf2(static_cast<uint16_t>(hi >> 16), kKind)};
-          o[mt][0] *= fa, o[mt][1] *= fb, o[mt][2] *= fa, o[mt][3] *= fb;
-          Mma(o[mt], a, pa[0], pa[2]);
-        }
+        mma_attention::DecodePv<D, HD>(vs, pa, f, o);
         scale_cur = scale_next;
         __syncwarp();  // this stage is refilled by the next iteration's issue
       }

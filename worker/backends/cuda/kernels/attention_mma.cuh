@@ -166,6 +166,121 @@ struct Stage {
   alignas(16) uint8_t v[kKeys * RowBytes<HD>()];
 };
 
+// Starts copying the K and V rows of keys [t0, t0 + kKeys) of KV head kv_head into `stage`, and
+// loads this lane's scale (lanes 0-15: K scale of key lane, 16-31: V scale of key lane - 16). Keys
+// past `end` read the last valid key: finite values, masked out of the scores. Each lane looks up
+// one key's slot (key lane & 15) and the pieces take theirs by shuffles: a lookup per piece put
+// each copy behind its own block-table load, in the PTX one after the other. One commit group.
+template <int HD>
+__device__ __forceinline__ void IssueTile(Stage<HD>& stage, const int32_t* blocks, const KvGeometry& g,
+                                          const KvLayerView& layer, int kv_head, int t0, int end, float* scale_out) {
+  constexpr int kRow = RowBytes<HD>(), kPieces = kKeys * HD / 16, kPerLane = (kPieces + 31) / 32;
+  const int lane = threadIdx.x & 31, kvh = g.kv_heads;
+  const uint8_t* kbase = static_cast<const uint8_t*>(layer.k) + kv_head * HD;
+  const uint8_t* vbase = static_cast<const uint8_t*>(layer.v) + kv_head * HD;
+  const int64_t my_slot = CacheSlot(blocks, g.block_size, min(t0 + (lane & 15), end - 1));
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int piece = lane + 32 * i;
+    const int key = piece / (HD / 16), part = piece % (HD / 16);
+    const int64_t slot = __shfl_sync(0xffffffffu, my_slot, key);
+    if (piece < kPieces) {
+      const int64_t at = slot * kvh * HD + part * 16;
+      __pipeline_memcpy_async(stage.k + key * kRow + part * 16, kbase + at, 16);
+      __pipeline_memcpy_async(stage.v + key * kRow + part * 16, vbase + at, 16);
+    }
+  }
+  __pipeline_commit();
+  *scale_out = (lane < 16 ? layer.k_scale : layer.v_scale)[my_slot * kvh + kv_head];
+}
+
+// Decode with new_kv, the writer warp at the tile (in `stage`) holding the row's own position,
+// its key `key`, cache slot `slot`: the tile's copy of it is stale. K and V (fresh, fp32) are
+// encoded as RopeWriteKv would (scale = amax / max, clamps counted) into the cache and into the
+// tile's row, with their scales (*scale_cur: the lanes' scales of the tile's keys). The rows past
+// it repeat the stale slot and are masked: their scores are dropped, but P · V still multiplies
+// their V by 0 and a never-written slot may hold NaN bytes, so those V rows are zeroed (16-byte
+// stores; rewriting them byte by byte cost the writer warp up to 128 stores a lane) and their
+// scales set finite.
+template <KvDtype D, int HD>
+__device__ __forceinline__ void WriteNewKv(const float (&fresh)[2][HD], Stage<HD>& stage, int key, int64_t slot,
+                                           int kv_head, const KvGeometry& g, const KvLayerView& layer,
+                                           float* scale_cur, unsigned long long* clamps) {
+  using Codec = KvCodec<D>;
+  constexpr int kRow = RowBytes<HD>();
+  const int lane = threadIdx.x & 31, kvh = g.kv_heads;
+  int clamped = 0;
+  float new_scale[2];  // K, V (the unrolled loop keeps both in registers)
+#pragma unroll
+  for (int which = 0; which < 2; ++which) {
+    constexpr int kPer = HD / 32;
+    float x[kPer], amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) x[j] = fresh[which][lane + 32 * j], amax = fmaxf(amax, fabsf(x[j]));
+    const float sc = HeadScale<Codec>(WarpMax(amax)), inv = 1.0f / sc;
+    new_scale[which] = sc;
+    uint8_t* tile = which ? stage.v : stage.k;
+    uint8_t* cached = static_cast<uint8_t*>(which ? layer.v : layer.k) + (slot * kvh + kv_head) * HD;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const uint8_t byte = EncodeCounted<Codec>(x[j], inv, &clamped).__x;
+      cached[lane + 32 * j] = byte;
+      tile[key * kRow + lane + 32 * j] = byte;
+    }
+    if (lane == 0) (which ? layer.v_scale : layer.k_scale)[slot * kvh + kv_head] = sc;
+  }
+  for (int i = lane; i < (kKeys - 1 - key) * (HD / 16); i += 32) {
+    *reinterpret_cast<uint4*>(stage.v + (key + 1 + i / (HD / 16)) * kRow + i % (HD / 16) * 16) =
+        make_uint4(0u, 0u, 0u, 0u);
+  }
+  if ((lane & 15) >= key) *scale_cur = lane < 16 ? new_scale[0] : new_scale[1];
+  if (clamped) atomicAdd(clamps, static_cast<unsigned long long>(clamped));
+  __syncwarp();
+}
+
+// Decode's Oᵀ += Vᵀ · Pᵀ for one tile of V rows at vs, after o is rescaled by the rows' factor f
+// (this lane's, of row qg). Decode fills only G ≤ 8 of the 16 mma rows, so it turns the product
+// around: Oᵀ[dims × query heads] = Vᵀ · Pᵀ, with the dims as the 16 rows (half the mma and
+// accumulators) and Pᵀ's fragment already in registers (pa[0], pa[2]: row qg, keys 2qc.. and
+// 2qc + 8..). Vᵀ's fragment wants two keys at one dim per register, which the [key][dim] byte rows
+// hold kRow apart; the dims are permuted so a lane's are contiguous instead (m-tile mt, row m: dim
+// qg·kSpan + 2mt (+1 for m = qg + 8)): four vector loads of kSpan bytes, keys 2qc, 2qc + 1,
+// 2qc + 8, 2qc + 9, then byte permutes pair the keys up.
+template <KvDtype D, int HD>
+__device__ __forceinline__ void DecodePv(const uint8_t* vs, const uint32_t (&pa)[4], float f, float (&o)[HD / 16][4]) {
+  constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
+  constexpr int kRow = RowBytes<HD>(), kSpan = HD / 8, kWords = kSpan / 4;
+  const int lane = threadIdx.x & 31, qg = lane >> 2, qc = lane & 3;
+  uint32_t w[4][kWords];
+  const uint8_t* vrow = vs + qg * kSpan;
+  const int keys[4] = {2 * qc, 2 * qc + 1, 2 * qc + 8, 2 * qc + 9};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint8_t* src = vrow + keys[i] * kRow;
+    if constexpr (kWords == 4) {
+      const uint4 v4 = *reinterpret_cast<const uint4*>(src);
+      w[i][0] = v4.x, w[i][1] = v4.y, w[i][2] = v4.z, w[i][3] = v4.w;
+    } else if constexpr (kWords == 2) {
+      const uint2 v2 = *reinterpret_cast<const uint2*>(src);
+      w[i][0] = v2.x, w[i][1] = v2.y;
+    } else {
+      w[i][0] = *reinterpret_cast<const uint32_t*>(src);
+    }
+  }
+  // Query heads 2qc and 2qc + 1 (this lane's Oᵀ columns) rescale by their rows' factors.
+  const float fa = __shfl_sync(0xffffffffu, f, 8 * qc), fb = __shfl_sync(0xffffffffu, f, 8 * qc + 4);
+#pragma unroll
+  for (int mt = 0; mt < HD / 16; ++mt) {
+    const uint32_t sel = (mt & 1) ? 0x7362u : 0x5140u;  // bytes 2mt, 2mt + 1 of x and y, interleaved
+    const uint32_t lo = __byte_perm(w[0][mt / 2], w[1][mt / 2], sel);
+    const uint32_t hi = __byte_perm(w[2][mt / 2], w[3][mt / 2], sel);
+    const uint32_t a[4] = {Fp8x2ToHalf2(static_cast<uint16_t>(lo), kKind), Fp8x2ToHalf2(static_cast<uint16_t>(lo >> 16), kKind),
+                           Fp8x2ToHalf2(static_cast<uint16_t>(hi), kKind), Fp8x2ToHalf2(static_cast<uint16_t>(hi >> 16), kKind)};
+    o[mt][0] *= fa, o[mt][1] *= fb, o[mt][2] *= fa, o[mt][3] *= fb;
+    Mma(o[mt], a, pa[0], pa[2]);
+  }
+}
+
 constexpr int StageBytes(int hd, int warps) { return warps * 2 * 2 * kKeys * (hd + 16); }
 
 // Dynamic shared memory a CTA of `warps` takes: the 4-warp kernel keeps its two stages a warp in
@@ -207,8 +322,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
   static_assert(HD == 32 || HD == 64 || HD == 128, "head_dim 32, 64 or 128 (the decode Vᵀ loads take HD / 8 bytes)");
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();
-  constexpr int kPieces = kKeys * HD / 16;  // 16-byte pieces of a K (or V) tile
-  constexpr int kPerLane = (kPieces + 31) / 32;
   constexpr int kChunks = HD / 16;  // k-steps of Q·Kᵀ
   constexpr int kDimTiles = HD / 8;  // n-tiles of P·V (prefill)
   // Decode computes Oᵀ = Vᵀ · Pᵀ instead (see below): HD / 16 m-tiles, and each lane multiplies
@@ -225,8 +338,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
   const int group = heads / g.kv_heads, kvh = g.kv_heads;
   const int tile_rows = kTiled ? 16 / group : 1;
   const int tile_end = min(rows, (static_cast<int>(blockIdx.x) + 1) * tile_rows);
-  const uint8_t* kbase = static_cast<const uint8_t*>(layer.k) + kv_head * HD;
-  const uint8_t* vbase = static_cast<const uint8_t*>(layer.v) + kv_head * HD;
   // Merge buffers: [kWarps][16][HD], decode [kWarps][8] rows at DecodeMergeAt.
   static_assert(kDecodeMergeRows * DecodeMergeStride<HD>() <= 16 * HD, "the decode layout fits the merge buffer");
   float* o_s = reinterpret_cast<float*>(&stages[0][0]);
@@ -290,26 +401,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
     }
 
     const int32_t* blocks = BlockTableRow(meta, g, r0);
-    // Starts copying tile `t0`'s K and V rows into stage `s`, and loads this lane's scale
-    // (lanes 0-15: K scale of key lane, 16-31: V scale of key lane - 16). Keys past `end` read the
-    // last valid key: finite values, masked out of the scores. Each lane looks up one key's slot
-    // (key lane & 15) and the pieces take theirs by shuffles: a lookup per piece put each copy
-    // behind its own block-table load, in the PTX one after the other.
+    // Starts copying tile `t0` into stage `s` and loads this lane's scale (IssueTile).
     auto issue = [&](int t0, int s, float* scale_out) {
-      const int64_t my_slot = CacheSlot(blocks, g.block_size, min(t0 + (lane & 15), end - 1));
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int piece = lane + 32 * i;
-        const int key = piece / (HD / 16), part = piece % (HD / 16);
-        const int64_t slot = __shfl_sync(0xffffffffu, my_slot, key);
-        if (piece < kPieces) {
-          const int64_t at = slot * kvh * HD + part * 16;
-          __pipeline_memcpy_async(stages[warp][s].k + key * kRow + part * 16, kbase + at, 16);
-          __pipeline_memcpy_async(stages[warp][s].v + key * kRow + part * 16, vbase + at, 16);
-        }
-      }
-      __pipeline_commit();
-      *scale_out = (lane < 16 ? layer.k_scale : layer.v_scale)[my_slot * kvh + kv_head];
+      IssueTile<HD>(stages[warp][s], blocks, g, layer, kv_head, t0, end, scale_out);
     };
 
     float o[kOTiles][4];
@@ -407,43 +501,11 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
         __pipeline_wait_prior(1);
       }
       __syncwarp();
-      if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {
-        // The tile's copy of pos0 is stale: encode K and V as RopeWriteKv would (scale = amax /
-        // max, clamps counted) into the cache and into this tile's row, with their scales. The
-        // rows past it repeat the stale slot and are masked: their scores are dropped, but P · V
-        // still multiplies their V by 0 and a never-written slot may hold NaN bytes, so those V
-        // rows are zeroed (16-byte stores; rewriting them byte by byte cost the writer warp up
-        // to 128 stores a lane) and their scales set finite.
-        using Codec = KvCodec<D>;
-        const int key = pos0 - t0;
-        const int64_t slot = CacheSlot(blocks, g.block_size, pos0);
-        int clamped = 0;
-        float new_scale[2];  // K, V (the unrolled loop keeps both in registers)
-#pragma unroll
-        for (int which = 0; which < 2; ++which) {
-          constexpr int kPer = HD / 32;
-          float x[kPer], amax = 0.0f;
-#pragma unroll
-          for (int j = 0; j < kPer; ++j) x[j] = fresh_s[which][lane + 32 * j], amax = fmaxf(amax, fabsf(x[j]));
-          const float sc = HeadScale<Codec>(WarpMax(amax)), inv = 1.0f / sc;
-          new_scale[which] = sc;
-          uint8_t* tile = which ? stages[warp][s].v : stages[warp][s].k;
-          uint8_t* cached = static_cast<uint8_t*>(which ? layer.v : layer.k) + (slot * kvh + kv_head) * HD;
-#pragma unroll
-          for (int j = 0; j < kPer; ++j) {
-            const uint8_t byte = EncodeCounted<Codec>(x[j], inv, &clamped).__x;
-            cached[lane + 32 * j] = byte;
-            tile[key * kRow + lane + 32 * j] = byte;
-          }
-          if (lane == 0) (which ? layer.v_scale : layer.k_scale)[slot * kvh + kv_head] = sc;
+      if constexpr (!kTiled) {
+        if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {
+          WriteNewKv<D, HD>(fresh_s, stages[warp][s], pos0 - t0, CacheSlot(blocks, g.block_size, pos0), kv_head, g,
+                            layer, &scale_cur, clamps);
         }
-        for (int i = lane; i < (kKeys - 1 - key) * (HD / 16); i += 32) {
-          *reinterpret_cast<uint4*>(stages[warp][s].v + (key + 1 + i / (HD / 16)) * kRow + i % (HD / 16) * 16) =
-              make_uint4(0u, 0u, 0u, 0u);
-        }
-        if ((lane & 15) >= key) scale_cur = lane < 16 ? new_scale[0] : new_scale[1];
-        if (clamped) atomicAdd(clamps, static_cast<unsigned long long>(clamped));
-        __syncwarp();
       }
       const uint8_t* ks = stages[warp][s].k;
       const uint8_t* vs = stages[warp][s].v;
@@ -526,42 +588,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
           Mma(o[t], pa, b0, b1);
         }
       } else {
-        // Decode fills only G ≤ 8 of the 16 mma rows, so it turns the product around: Oᵀ[dims ×
-        // query heads] = Vᵀ · Pᵀ, with the dims as the 16 rows (half the mma and accumulators) and
-        // Pᵀ's fragment already in registers (pa[0], pa[2]: row qg, keys 2qc.. and 2qc + 8..).
-        // Vᵀ's fragment wants two keys at one dim per register, which the [key][dim] byte rows
-        // hold kRow apart; the dims are permuted so a lane's are contiguous instead (m-tile mt,
-        // row m: dim qg·kSpan + 2mt (+1 for m = qg + 8)): four vector loads of kSpan bytes, keys
-        // 2qc, 2qc + 1, 2qc + 8, 2qc + 9, then byte permutes pair the keys up.
-        constexpr int kWords = kSpan / 4;
-        uint32_t w[4][kWords];
-        const uint8_t* vrow = vs + qg * kSpan;
-        const int keys[4] = {2 * qc, 2 * qc + 1, 2 * qc + 8, 2 * qc + 9};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint8_t* src = vrow + keys[i] * kRow;
-          if constexpr (kWords == 4) {
-            const uint4 v4 = *reinterpret_cast<const uint4*>(src);
-            w[i][0] = v4.x, w[i][1] = v4.y, w[i][2] = v4.z, w[i][3] = v4.w;
-          } else if constexpr (kWords == 2) {
-            const uint2 v2 = *reinterpret_cast<const uint2*>(src);
-            w[i][0] = v2.x, w[i][1] = v2.y;
-          } else {
-            w[i][0] = *reinterpret_cast<const uint32_t*>(src);
-          }
-        }
-        // Query heads 2qc and 2qc + 1 (this lane's Oᵀ columns) rescale by their rows' factors.
-        const float fa = __shfl_sync(0xffffffffu, f[0], 8 * qc), fb = __shfl_sync(0xffffffffu, f[0], 8 * qc + 4);
-#pragma unroll
-        for (int mt = 0; mt < kOTiles; ++mt) {
-          const uint32_t sel = (mt & 1) ? 0x7362u : 0x5140u;  // bytes 2mt, 2mt + 1 of x and y, interleaved
-          const uint32_t lo = __byte_perm(w[0][mt / 2], w[1][mt / 2], sel);
-          const uint32_t hi = __byte_perm(w[2][mt / 2], w[3][mt / 2], sel);
-          const uint32_t a[4] = {Fp8x2ToHalf2(static_cast<uint16_t>(lo), kKind), Fp8x2ToHalf2(static_cast<uint16_t>(lo >> 16), kKind),
-                                 Fp8x2ToHalf2(static_cast<uint16_t>(hi), kKind), Fp8x2ToHalf2(static_cast<uint16_t>(hi >> 16), kKind)};
-          o[mt][0] *= fa, o[mt][1] *= fb, o[mt][2] *= fa, o[mt][3] *= fb;
-          Mma(o[mt], a, pa[0], pa[2]);
-        }
+        DecodePv<D, HD>(vs, pa, f[0], o);
       }
       scale_cur = scale_next;
       __syncwarp();  // this stage is refilled by the next iteration's issue
