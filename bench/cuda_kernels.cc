@@ -1200,9 +1200,10 @@ absl::Status BenchBatchedSplitK(const Shape& m, const std::vector<int>& rows_lis
 // (new_kv, RoPE summing the chunks, launched programmatically) and cuBLASLt's o (two k chunks), as
 // the engine runs them at 2-16 rows, against AttentionBlock in one launch; weights and KV rotating
 // past L2. Then one AttentionBlock launch's timeline: when each CTA's phases end, after the
-// earliest CTA's start (median and max over CTAs).
+// earliest CTA's start (median and max over CTAs). With `variants`, the block again with each of
+// its knobs (ring stages, early key tiles, wide W boxes) and its q/k/v phase from the timeline.
 absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vector<int>& rows_list,
-                                 const std::vector<int>& contexts, int reps, cudaStream_t s) {
+                                 const std::vector<int>& contexts, int reps, bool variants, cudaStream_t s) {
   const int h = m.hidden, hd = m.head_dim, kvh = m.kv_heads, qd = m.heads * hd, qkvw = qd + 2 * kvh * hd;
   absl::StatusOr<RotatingCopies> wqkv = WeightCopies(size_t(qkvw) * h * 2), wo = WeightCopies(size_t(h) * qd * 2);
   if (!wqkv.ok()) return wqkv.status();
@@ -1229,6 +1230,9 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
   std::printf("| rows | context | q/k/v + attention + o µs | AttentionBlock µs | bytes at 4.26 TB/s µs |\n"
               "|---:|---:|---:|---:|---:|\n");
   std::vector<std::string> timelines;
+  std::string sweep = "\nAttentionBlock variants (µs; stamps: median CTA after the first CTA's start)\n\n"
+                      "| rows | context | ring stages | early key tiles | wide boxes | µs | q/k/v counted | max | "
+                      "attention ends | end |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n";
   for (int rows : rows_list) {
     if (rows < 2 || rows > max_rows) continue;
     for (int context : contexts) {
@@ -1253,13 +1257,42 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
                                                     static_cast<float*>(o_parts->get()), int64_t{max_rows} * h);
         return c2.ok() ? absl::OkStatus() : c2.status();
       };
-      auto args = [&](uint64_t* stamps) {
+      struct Knobs {  // AttentionBlockArgs' defaults unless set
+        int stages = cuda::AttentionBlockArgs{}.ring_stages, early = cuda::AttentionBlockArgs{}.early_key_tiles;
+        bool wide = cuda::AttentionBlockArgs{}.wide_boxes;
+      };
+      auto args = [&](uint64_t* stamps, Knobs k = {}) {
         return cuda::AttentionBlockArgs{
             .xn = xn16, .rows = rows, .hidden = h, .heads = m.heads, .w_qkv = wqkv->Next(), .w_o = wo->Next(),
             .inv_freq = static_cast<const float*>(inv->get()), .scale = 1.0f / std::sqrt(float(hd)),
             .meta = in->meta, .geometry = in->g, .layer = in->Layer(), .qkv = static_cast<float*>(qkv->get()),
             .attn = attn16, .x = static_cast<float*>(x->get()), .clamps = count, .workspace = block_ws->get(),
-            .timeline = stamps};
+            .timeline = stamps, .ring_stages = k.stages, .early_key_tiles = k.early, .wide_boxes = k.wide};
+      };
+      // One launch's stamps: [stamp] = {median, max} over CTAs in µs after the first CTA's start.
+      const int ctas = std::min(16, sms / kvh) * kvh;
+      auto stamps = [&](Knobs k) -> absl::StatusOr<std::vector<std::pair<double, double>>> {
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(timeline->get(), 0, size_t(sms) * cuda::kAttentionBlockStamps * 8));
+        if (absl::Status e = cuda::AttentionBlock(args(static_cast<uint64_t*>(timeline->get()), k), s); !e.ok()) {
+          return e;
+        }
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+        std::vector<uint64_t> t(size_t(ctas) * cuda::kAttentionBlockStamps);
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(t.data(), timeline->get(), t.size() * 8, cudaMemcpyDeviceToHost));
+        uint64_t t0 = ~uint64_t{0};
+        for (int b = 0; b < ctas; ++b) t0 = std::min(t0, t[size_t(b) * cuda::kAttentionBlockStamps]);
+        std::vector<std::pair<double, double>> out(cuda::kAttentionBlockStamps, {-1.0, -1.0});
+        for (int which = 0; which < cuda::kAttentionBlockStamps; ++which) {
+          std::vector<double> v;
+          for (int b = 0; b < ctas; ++b) {
+            const uint64_t x0 = t[size_t(b) * cuda::kAttentionBlockStamps + which];
+            if (x0 != 0) v.push_back((double(x0) - double(t0)) / 1e3);
+          }
+          if (v.empty()) continue;
+          std::sort(v.begin(), v.end());
+          out[which] = {v[v.size() / 2], v.back()};
+        }
+        return out;
       };
       (*gemm)->set_tuning(true);
       if (absl::Status e = unfused(); !e.ok()) return e;
@@ -1271,33 +1304,39 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
       const double bytes = (double(qkvw) * h + double(h) * qd) * 2 + in->kv_bytes;
       std::printf("| %d | %d | %.1f | %.1f | %.1f |\n", rows, context, *base, *fused, bytes / kCopyBandwidth * 1e6);
       // One launch's timeline.
-      if (absl::Status e = cuda::AttentionBlock(args(static_cast<uint64_t*>(timeline->get())), s); !e.ok()) return e;
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-      const int ctas = std::min(16, sms / kvh) * kvh;
-      std::vector<uint64_t> t(size_t(ctas) * cuda::kAttentionBlockStamps);
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(t.data(), timeline->get(), t.size() * 8, cudaMemcpyDeviceToHost));
-      uint64_t t0 = ~uint64_t{0};
-      for (int b = 0; b < ctas; ++b) t0 = std::min(t0, t[size_t(b) * cuda::kAttentionBlockStamps]);
+      absl::StatusOr<std::vector<std::pair<double, double>>> t = stamps({});
+      if (!t.ok()) return t.status();
       static const char* kNames[] = {"start", "q/k/v slice counted", "attention starts", "attention ends",
                                      "o starts", "end"};
       std::string table = absl::StrCat("\ntimeline, ", rows, " rows, ", context, " tokens (µs after the first CTA's start)\n\n",
-                                       "| stamp | median | max | CTAs |\n|---|---:|---:|---:|\n");
+                                       "| stamp | median | max |\n|---|---:|---:|\n");
       for (int k = 0; k < cuda::kAttentionBlockStamps; ++k) {
-        std::vector<double> v;
-        for (int b = 0; b < ctas; ++b) {
-          const uint64_t x0 = t[size_t(b) * cuda::kAttentionBlockStamps + k];
-          if (x0 != 0) v.push_back((double(x0) - double(t0)) / 1e3);
-        }
-        if (v.empty()) continue;
-        std::sort(v.begin(), v.end());
-        absl::StrAppend(&table, "| ", kNames[k], " | ", absl::StrFormat("%.2f", v[v.size() / 2]), " | ",
-                        absl::StrFormat("%.2f", v.back()), " | ", v.size(), " |\n");
+        if ((*t)[k].first < 0) continue;
+        absl::StrAppend(&table, "| ", kNames[k], " | ", absl::StrFormat("%.2f", (*t)[k].first), " | ",
+                        absl::StrFormat("%.2f", (*t)[k].second), " |\n");
       }
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(timeline->get(), 0, size_t(sms) * cuda::kAttentionBlockStamps * 8));
       timelines.push_back(table);
+      if (!variants) continue;
+      // What holds the q/k/v phase: in-flight W (ring stages), the key copies beside it, TMA box count.
+      for (int stages : {2, 3, 4, 5, 6}) {
+        for (int early : {0, 1, 2}) {
+          if (stages > 4 && early > 0) continue;  // the extra stages are the key tiles' buffers
+          for (bool wide : {false, true}) {
+            const Knobs k{stages, early, wide};
+            absl::StatusOr<double> us = TimeGraph(s, reps, [&] { return cuda::AttentionBlock(args(nullptr, k), s); });
+            if (!us.ok()) return us.status();
+            absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k);
+            if (!v.ok()) return v.status();
+            absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %d | %d | %s | %.1f | %.2f | %.2f | %.2f | %.2f |\n", rows,
+                                                    context, stages, early, wide ? "yes" : "no", *us, (*v)[1].first,
+                                                    (*v)[1].second, (*v)[3].first, (*v)[5].first));
+          }
+        }
+      }
     }
   }
   for (const std::string& table : timelines) std::printf("%s", table.c_str());
+  if (variants) std::printf("%s", sweep.c_str());
   return absl::OkStatus();
 }
 
@@ -1339,9 +1378,11 @@ int main(int argc, char** argv) {
   bool overlap = false;
   app.add_flag("--overlap", overlap,
                "only: the batch-16 attention beside a DRAM read of o's bytes and beside cuBLASLt's o");
-  bool attention_block = false;
+  bool attention_block = false, attention_block_variants = false;
   app.add_flag("--attention-block", attention_block,
                "only: q/k/v + attention + o as the engine runs them at 2-16 rows against AttentionBlock, and its timeline");
+  app.add_flag("--attention-block-variants", attention_block_variants,
+               "--attention-block: also every ring depth × early key tiles × W box shape, with each one's q/k/v phase");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) {
@@ -1382,7 +1423,8 @@ int main(int argc, char** argv) {
     return st.ok() ? 0 : 1;
   }
   if (attention_block) {
-    absl::Status st = BenchAttentionBlock(m, *dtype, Ints(rows), Ints(contexts), reps, stream->get());
+    absl::Status st = BenchAttentionBlock(m, *dtype, Ints(rows), Ints(contexts), reps, attention_block_variants,
+                                          stream->get());
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;
   }

@@ -1200,7 +1200,8 @@ TEST_P(CudaKvTest, DecodeWithRopeMatchesRopeWriteKv) {
 TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
   REQUIRE_GPU();
   const KvCase kc = GetParam();
-  const int kv_heads = 2, heads = kc.group * kv_heads, hd = kc.head_dim, hidden = 256;
+  // hidden 1792: 7 q/k/v steps of 256, so every ring depth wraps.
+  const int kv_heads = 2, heads = kc.group * kv_heads, hd = kc.head_dim, hidden = 1792;
   const int width = (heads + 2 * kv_heads) * hd, qd = heads * hd;
   {
     const KvGeometry g{16, kv_heads, hd, 13, kc.dtype};
@@ -1269,8 +1270,21 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     const auto want_a = ToFloats(want_attn.Get());
     auto want_x = XWt(want_a, wo.data(), seqs, qd, hidden, qd);
     for (size_t i = 0; i < want_x.size(); ++i) want_x[i] += x0[i];
-    // The block, twice.
-    for (int launch = 0; launch < 2; ++launch) {
+    // The block, twice as the engine runs it, then with the kernel bench's knobs (shallower ring,
+    // key tiles copied after q/k/v, one W box for a CTA's contiguous tiles).
+    struct Knobs {
+      int stages, early;
+      bool wide;
+    };
+    const cuda::AttentionBlockArgs defaults{};
+    const int most_stages = hd == 128 ? 6 : hd == 64 ? 5 : 4;  // without early key tiles
+    const Knobs knobs[] = {{defaults.ring_stages, defaults.early_key_tiles, defaults.wide_boxes},
+                           {defaults.ring_stages, defaults.early_key_tiles, defaults.wide_boxes},
+                           {2, 0, true},
+                           {3, 1, true},
+                           {most_stages, 0, false}};
+    for (int launch = 0; launch < 5; ++launch) {
+      const Knobs k = knobs[launch];
       Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
       Dev<__half> got_attn(size_t(seqs) * qd);
       PoisonSlots(f, slots);
@@ -1278,19 +1292,37 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                                         .bias = dbias.p, .w_o = dwo.p, .inv_freq = dinv.p,
                                         .scale = 1.0f / std::sqrt(float(hd)), .meta = meta, .geometry = f.g,
                                         .layer = f.view(), .qkv = qkv_scratch.p, .attn = got_attn.p, .x = dx.p,
-                                        .clamps = clamps.p, .workspace = workspace.p},
+                                        .clamps = clamps.p, .workspace = workspace.p, .ring_stages = k.stages,
+                                        .early_key_tiles = k.early, .wide_boxes = k.wide},
                                        nullptr)
                       .ok());
       CUDA_OK(cudaDeviceSynchronize());
       const std::string what = std::string(KvDtypeName(kc.dtype)) + " hd " + std::to_string(hd) + " group " +
                                std::to_string(kc.group) + " rows " + std::to_string(seqs) + " launch " +
-                               std::to_string(launch) + " seed " + std::to_string(seed);
+                               std::to_string(launch) + " (stages " + std::to_string(k.stages) + ", early " +
+                               std::to_string(k.early) + ", wide " + std::to_string(k.wide) + ") seed " +
+                               std::to_string(seed);
       // q/k/v sum in another order than the CPU's, so a K or V byte can round the other way.
       EXPECT_LE(RelL2(ToFloats(got_attn.Get()), want_a), 5e-3) << what;
       EXPECT_LE(RelL2(slot_values(), want_kv), 1e-2) << what;
       EXPECT_LE(RelL2(dx.Get(), want_x), 5e-3) << what;
     }
     EXPECT_EQ(std::vector<char>(workspace.Get()), std::vector<char>(workspace.n, 0)) << "counters left zeroed";
+    // Knobs out of range are refused before anything launches.
+    for (const Knobs& bad : {Knobs{1, 2, false}, Knobs{defaults.ring_stages + 1, 1, false},
+                             Knobs{most_stages + 1, 0, false}, Knobs{4, 3, false}}) {
+      Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
+      Dev<__half> got_attn(size_t(seqs) * qd);
+      const absl::Status refused =
+          cuda::AttentionBlock({.xn = dxn.p, .rows = seqs, .hidden = hidden, .heads = heads, .w_qkv = dwqkv.p,
+                                .bias = dbias.p, .w_o = dwo.p, .inv_freq = dinv.p, .scale = 1.0f,
+                                .meta = meta, .geometry = f.g, .layer = f.view(), .qkv = qkv_scratch.p,
+                                .attn = got_attn.p, .x = dx.p, .clamps = clamps.p, .workspace = workspace.p,
+                                .ring_stages = bad.stages, .early_key_tiles = bad.early, .wide_boxes = bad.wide},
+                               nullptr);
+      EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+      EXPECT_EQ(dx.Get(), x0) << "nothing launched";
+    }
   }
   EXPECT_EQ(clamps.Get()[0], 0u);
   // More rows than a group has CTAs, or an fp16 cache: not taken.

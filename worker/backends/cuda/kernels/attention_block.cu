@@ -41,6 +41,16 @@ constexpr int kMaxOTiles = 16;                 // o's 16-row tiles a CTA (≤ 25
 constexpr int kAuxBytes = 16 * 1024;           // q/k/v's cross-warp sums, then o's 16 input rows
 constexpr int kMaxGroupDims = kAuxBytes / (kMaxRows * 2);  // G · head_dim: o's k a group, 512
 
+// Without key tiles copied during q/k/v (early_key_tiles 0) the key buffers hold more stages of
+// q/k/v's ring: kStages + this many. o's stages stay in the first kStages (its W streams during
+// the attention, whose key tiles then fill those buffers).
+template <int HD>
+constexpr int KeyBufferStages() {
+  return kWarps * 2 * static_cast<int>(sizeof(Stage<HD>)) / kStageBytes;
+}
+constexpr int kMaxStages = kStages + 2;
+static_assert(KeyBufferStages<128>() <= kMaxStages - kStages, "the barriers cover every stage");
+
 template <int HD>
 constexpr int SmemBytes() {
   return 1024 + kStages * kStageBytes + kWarps * 2 * static_cast<int>(sizeof(Stage<HD>)) + 8 * HD * 4 + kAuxBytes;
@@ -68,6 +78,9 @@ struct Params {
   int* counters;  // [kvh]: q/k/v CTAs done a group; [kvh, 2 kvh): rows attended; [2 kvh]: CTAs finished
   bool overlap;
   uint64_t* timeline;  // AttentionBlockArgs::timeline
+  int stages;          // q/k/v's ring stages, 2..kStages (+ KeyBufferStages, AttentionBlockArgs::ring_stages)
+  int early_tiles;     // AttentionBlockArgs::early_key_tiles
+  bool wide;           // AttentionBlockArgs::wide_boxes
 };
 
 __device__ __forceinline__ void Stamp(const Params& p, int which) {
@@ -75,6 +88,18 @@ __device__ __forceinline__ void Stamp(const Params& p, int which) {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   p.timeline[(blockIdx.y * gridDim.x + blockIdx.x) * kAttentionBlockStamps + which] = t;
+}
+
+// Ring step st (q/k/v's steps, then o's) uses stage StageOf(st); UsesBefore(st) earlier steps
+// used that stage, so it is that stage's phase st waits for (mod 2). o's steps cycle the first
+// min(stages, kStages) stages only.
+__device__ __forceinline__ int StageOf(const Params& p, int st) {
+  return st < p.qkv_steps ? st % p.stages : (st - p.qkv_steps) % min(p.stages, kStages);
+}
+__device__ __forceinline__ int UsesBefore(const Params& p, int st) {
+  if (st < p.qkv_steps) return st / p.stages;
+  const int b = st - p.qkv_steps, o_ring = min(p.stages, kStages), s = b % o_ring;
+  return max(0, (p.qkv_steps - s + p.stages - 1) / p.stages) + b / o_ring;
 }
 
 __device__ __forceinline__ void ConsumerSync() { asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory"); }
@@ -115,14 +140,15 @@ __device__ __forceinline__ void MmaBox(uint32_t x_base, const uint32_t (&tile_ba
 
 template <KvDtype D, int HD>
 __global__ void __launch_bounds__(kThreads, 1)
-    AttentionBlockKernel(const __grid_constant__ CUtensorMap wqkv_map, const __grid_constant__ CUtensorMap x_map,
-                         const __grid_constant__ CUtensorMap wo_map, const __grid_constant__ Params p) {
+    AttentionBlockKernel(const __grid_constant__ CUtensorMap wqkv_map, const __grid_constant__ CUtensorMap wqkv_wide_map,
+                         const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap wo_map,
+                         const __grid_constant__ Params p) {
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
   constexpr int kRow = RowBytes<HD>();
   constexpr int kChunks = HD / 16;
   constexpr int kOTiles = HD / 16, kSpan = HD / 8;
   extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t full_s[kStages], empty_s[kStages];
+  __shared__ __align__(8) uint64_t full_s[kMaxStages], empty_s[kMaxStages];
   __shared__ alignas(16) float fresh_s[2][HD];
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   Stage<HD>(*const stages)[2] = reinterpret_cast<Stage<HD>(*)[2]>(ring + kStages * kStageBytes);
@@ -137,9 +163,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int total_stages = p.qkv_steps + p.o_boxes;
   if (threadIdx.x == 0) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&wqkv_map)) : "memory");
+    if (p.wide) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&wqkv_wide_map)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&wo_map)) : "memory");
-    for (int s = 0; s < kStages; ++s) tma::BarrierInit(&full_s[s], 1), tma::BarrierInit(&empty_s[s], kWarps);
+    for (int s = 0; s < kMaxStages; ++s) tma::BarrierInit(&full_s[s], 1), tma::BarrierInit(&empty_s[s], kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     Stamp(p, 0);
   }
@@ -153,7 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream_policy));
       asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
       auto load_x = [&](int step) {
-        const int s = step % kStages;
+        const int s = step % p.stages;
 #pragma unroll
         for (int b = 0; b < kQkvBoxes; ++b) {
           tma::TmaLoad(ring + s * kStageBytes + kQkvWBytes + b * kBoxBytes, &x_map, (step * kQkvBoxes + b) * tma::kBoxK,
@@ -161,20 +188,31 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       };
       // Launched programmatically, the first stages' W goes out before the wait (W is constant).
-      const int early = p.overlap ? min(kStages, p.qkv_steps) : 0;
+      const int early = p.overlap ? min(p.stages, p.qkv_steps) : 0;
+      // The CTA's W tiles as one box a k box: all kMaxQkvTiles of them, contiguous rows of W_qkv
+      // (the box then lands exactly as the tiles' boxes would, one after another).
+      const int first_row = QkvColumn(p, g, 16 * tile_first);
+      const bool one_box = p.wide && tile_count == kMaxQkvTiles &&
+                           QkvColumn(p, g, 16 * (tile_first + tile_count - 1)) == first_row + 16 * (tile_count - 1);
       for (int st = 0; st < total_stages; ++st) {
         if (st == early) {
           GridDependencyWait();
           for (int e = 0; e < early; ++e) load_x(e);
         }
-        const int s = st % kStages;
-        if (st >= kStages) tma::BarrierWait(&empty_s[s], ((st / kStages) - 1) & 1);
+        const int s = StageOf(p, st), uses = UsesBefore(p, st);
+        if (uses > 0) tma::BarrierWait(&empty_s[s], (uses - 1) & 1);
         unsigned char* stage = ring + s * kStageBytes;
         if (st < p.qkv_steps) {
           tma::BarrierExpect(&full_s[s], kQkvBoxes * (tile_count + 1) * kBoxBytes);
           for (int b = 0; b < kQkvBoxes; ++b) {
+            const int k0 = (st * kQkvBoxes + b) * tma::kBoxK;
+            if (one_box) {
+              tma::TmaLoad(stage + b * kMaxQkvTiles * kBoxBytes, &wqkv_wide_map, k0, first_row, &full_s[s],
+                           stream_policy);
+              continue;
+            }
             for (int t = 0; t < tile_count; ++t) {
-              tma::TmaLoad(stage + (b * kMaxQkvTiles + t) * kBoxBytes, &wqkv_map, (st * kQkvBoxes + b) * tma::kBoxK,
+              tma::TmaLoad(stage + (b * kMaxQkvTiles + t) * kBoxBytes, &wqkv_map, k0,
                            QkvColumn(p, g, 16 * (tile_first + t)), &full_s[s], stream_policy);
             }
           }
@@ -206,10 +244,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     int t0 = begin + warp * kKeys;
     float scale_cur = 0.0f, scale_next = 0.0f;
-    const bool early = attends && t0 < end;
-    if (early) issue(t0, 0, &scale_cur);
-    const bool early1 = early && t0 + kWarps * kKeys < end;
-    if (early1) issue(t0 + kWarps * kKeys, 1, &scale_next);
+    // issued: the first two tiles' copies started; those not started here start after q/k/v.
+    int issued = 0;
+    auto issue_first = [&](int upto) {
+      if (!attends) return;
+      if (issued == 0 && upto >= 1 && t0 < end) issue(t0, 0, &scale_cur), issued = 1;
+      if (issued == 1 && upto >= 2 && t0 + kWarps * kKeys < end) issue(t0 + kWarps * kKeys, 1, &scale_next), issued = 2;
+    };
+    issue_first(p.early_tiles);
     GridDependencyWait();  // x, the cache and the scratch buffers are the previous kernels' before
 
     // q/k/v: warp w takes k box w % 4 of each stage and tiles w / 4, w / 4 + 2 of the CTA's.
@@ -217,8 +259,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int kb = warp & 3, half = warp >> 2;
       float acc[2][2][4] = {};
       for (int st = 0; st < p.qkv_steps; ++st) {
-        const int s = st % kStages;
-        tma::BarrierWait(&full_s[s], (st / kStages) & 1);
+        const int s = st % p.stages;
+        tma::BarrierWait(&full_s[s], (st / p.stages) & 1);
         const uint32_t w_base = ring_addr + s * kStageBytes + kb * kMaxQkvTiles * kBoxBytes;
         const uint32_t x_base = ring_addr + s * kStageBytes + kQkvWBytes + kb * kBoxBytes;
         MmaBox(x_base, {w_base + half * kBoxBytes, w_base + (half + 2) * kBoxBytes},
@@ -257,6 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         Stamp(p, 1);
       }
     }
+    issue_first(2);
 
     if (attends) {
       // The group's q/k/v are complete once its S CTAs have counted themselves.
@@ -293,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float m = -INFINITY, l = 0.0f, o_scale = 1.0f;
       for (int it = 0; t0 < end; ++it, t0 += kWarps * kKeys) {
         const int s = it & 1, t_next = t0 + kWarps * kKeys;
-        if (!(it == 0 && early1)) {
+        if (!(it == 0 && issued == 2)) {
           if (t_next < end) {
             issue(t_next, s ^ 1, &scale_next);
           } else {
@@ -423,8 +466,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     ConsumerSync();
     float acc[2][2][4] = {};
     for (int b = 0; b < p.o_boxes; ++b) {
-      const int st = p.qkv_steps + b, s = st % kStages;
-      tma::BarrierWait(&full_s[s], (st / kStages) & 1);
+      const int st = p.qkv_steps + b, s = StageOf(p, st);
+      tma::BarrierWait(&full_s[s], UsesBefore(p, st) & 1);
       const uint32_t w_base = ring_addr + s * kStageBytes, x_base = aux_addr + b * kBoxBytes;
       MmaBox(x_base, {w_base + warp * kBoxBytes, w_base + (warp + kWarps) * kBoxBytes},
              {warp < p.o_tiles, warp + kWarps < p.o_tiles}, acc);
@@ -511,6 +554,13 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
         "AttentionBlock: xn, the weights and attn 16-byte aligned; qkv, x, inv_freq, clamps, the row metadata and a "
         "workspace");
   }
+  const int hd = a.geometry.head_dim;
+  const int key_stages = hd == 128 ? KeyBufferStages<128>() : hd == 64 ? KeyBufferStages<64>() : KeyBufferStages<32>();
+  const int max_stages = kStages + (a.early_key_tiles == 0 ? key_stages : 0);
+  if (a.ring_stages < 2 || a.ring_stages > max_stages || a.early_key_tiles < 0 || a.early_key_tiles > 2) {
+    return absl::InvalidArgumentError(absl::StrCat("AttentionBlock: 0..2 early key tiles, 2..", max_stages,
+                                                   " ring stages with ", a.early_key_tiles));
+  }
   absl::StatusOr<int> sms = CurrentDeviceSmCount();
   if (!sms.ok()) return sms.status();
   const KvGeometry& g = a.geometry;
@@ -526,10 +576,12 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.meta = a.meta, p.g = g, p.layer = a.layer;
   p.qkv = a.qkv, p.attn = a.attn, p.x = a.x, p.clamps = a.clamps, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous, p.timeline = a.timeline;
-  CUtensorMap maps[3];
+  p.stages = a.ring_stages, p.early_tiles = a.early_key_tiles, p.wide = a.wide_boxes;
+  CUtensorMap maps[4];
   if (absl::Status s = tma::Map(&maps[0], a.w_qkv, a.hidden, p.qkvw, 16); !s.ok()) return s;
-  if (absl::Status s = tma::Map(&maps[1], a.xn, a.hidden, a.rows, 16); !s.ok()) return s;
-  if (absl::Status s = tma::Map(&maps[2], a.w_o, p.qd, a.hidden, 16 * p.o_tiles); !s.ok()) return s;
+  if (absl::Status s = tma::Map(&maps[1], a.w_qkv, a.hidden, p.qkvw, 16 * kMaxQkvTiles); !s.ok()) return s;
+  if (absl::Status s = tma::Map(&maps[2], a.xn, a.hidden, a.rows, 16); !s.ok()) return s;
+  if (absl::Status s = tma::Map(&maps[3], a.w_o, p.qd, a.hidden, 16 * p.o_tiles); !s.ok()) return s;
   cudaError_t launched = cudaSuccess;
   WithInstance(g, [&](auto dtype_tag, auto hd_tag) {
     constexpr KvDtype D = decltype(dtype_tag)::value;
@@ -549,7 +601,7 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
       return;
     }
     launched = LaunchMaybeOverlapped(a.overlap_previous, dim3(p.ctas, g.kv_heads), dim3(kThreads), smem, stream,
-                                     kernel, maps[0], maps[1], maps[2], p);
+                                     kernel, maps[0], maps[1], maps[2], maps[3], p);
   });
   TAILSERVE_CUDA_RETURN_IF_ERROR(launched);
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();

@@ -56,6 +56,15 @@ struct AttentionBlockArgs {
   // its attention's start (the group's q/k/v complete) and end (0, 0 without a row), o's start (the
   // group's rows attended) and end.
   uint64_t* timeline = nullptr;
+  // Knobs the kernel bench sweeps to find what holds the q/k/v phase (bench/CUDA_NOTES.md, 12-04
+  // (36)); the defaults are the measured design. early_key_tiles: 0-2 key tiles a warp copied at
+  // the kernel's start (the rest of the first two after the q/k/v phase); ring_stages: q/k/v's
+  // ring stages (24 KB of W each at the 8B shape), 2-4, or with no early key tiles up to 6 at
+  // head_dim 128 (5 at 64), the key buffers holding the extra ones; wide_boxes: one 48-row TMA box
+  // a k box where the CTA's three W tiles are contiguous rows (else three 16-row boxes).
+  int ring_stages = 4;
+  int early_key_tiles = 2;
+  bool wide_boxes = false;
 };
 
 inline constexpr int kAttentionBlockStamps = 6;
