@@ -97,7 +97,7 @@ int Main(int argc, char** argv) {
   int max_splits = CudaEngineOptions{}.attention_splits;
   int64_t ffn_halves_min_bytes = CudaEngineOptions{}.ffn_halves_min_bytes;
   int in_situ_candidates = CudaEngineOptions{}.in_situ_candidates;
-  bool fused_attention_block = CudaEngineOptions{}.fused_attention_block;
+  int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
@@ -118,8 +118,10 @@ int Main(int argc, char** argv) {
                  "cuBLASLt candidates a shape tries inside the captured step (1: the pick timed alone)")
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
-  app.add_option("--fused-attention-block", fused_attention_block,
-                 "decode at 2-16 rows: q/k/v, the attention and o in one persistent launch (kernels/attention_block.h)")
+  app.add_option("--fused-attention-block", attention_block,
+                 "decode at 2-16 rows (kernels/attention_block.h): 1 q/k/v, the attention and o in one persistent "
+                 "launch; 2 cuBLASLt's q/k/v, then the attention and o in one launch; 0 neither")
+      ->check(CLI::Range(0, 2))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
@@ -136,7 +138,8 @@ int Main(int argc, char** argv) {
   auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
                                          .ffn_halves_min_bytes = ffn_halves_min_bytes,
                                          .in_situ_candidates = in_situ_candidates,
-                                         .fused_attention_block = fused_attention_block});
+                                         .attention_block =
+                                             static_cast<CudaEngineOptions::AttentionBlockUse>(attention_block)});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

@@ -1198,9 +1198,10 @@ absl::Status BenchBatchedSplitK(const Shape& m, const std::vector<int>& rows_lis
 
 // The decode attention block at the shape: cuBLASLt's q/k/v (two k chunks), the 16-warp attention
 // (new_kv, RoPE summing the chunks, launched programmatically) and cuBLASLt's o (two k chunks), as
-// the engine runs them at 2-16 rows, against AttentionBlock in one launch; weights and KV rotating
-// past L2. Then one AttentionBlock launch's timeline: when each CTA's phases end, after the
-// earliest CTA's start (median and max over CTAs). With `variants`, the block again with each of
+// the engine runs them at 2-16 rows, against AttentionBlock in one launch, and against cuBLASLt's
+// q/k/v followed by AttentionBlock doing the attention and o (q/k/v given); weights and KV rotating
+// past L2. Then one launch's timeline of each AttentionBlock form: when each CTA's phases end,
+// after the earliest CTA's start (median and max over CTAs). With `variants`, the block again with each of
 // its knobs (ring stages, early key tiles, wide W boxes) and its q/k/v phase from the timeline.
 absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vector<int>& rows_list,
                                  const std::vector<int>& contexts, int reps, bool variants, cudaStream_t s) {
@@ -1227,8 +1228,8 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
   auto* count = static_cast<unsigned long long*>(clamps->get());
   std::printf("\nattention block: %s cache, weights %.1f MB, rotating past L2\n\n", KvDtypeName(dtype),
               (double(qkvw) * h + double(h) * qd) * 2 / 1e6);
-  std::printf("| rows | context | q/k/v + attention + o µs | AttentionBlock µs | bytes at 4.26 TB/s µs |\n"
-              "|---:|---:|---:|---:|---:|\n");
+  std::printf("| rows | context | cuBLASLt q/k/v µs | q/k/v + attention + o µs | AttentionBlock µs | cuBLASLt q/k/v + "
+              "AttentionBlock (attention + o) µs | bytes at 4.26 TB/s µs |\n|---:|---:|---:|---:|---:|---:|---:|\n");
   std::vector<std::string> timelines;
   std::string sweep = "\nAttentionBlock variants (µs; stamps: median CTA after the first CTA's start)\n\n"
                       "| rows | context | ring stages | early key tiles | wide boxes | µs | q/k/v counted | max | "
@@ -1244,10 +1245,16 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
           .new_kv = true, .overlap_previous = true, .warps = 16,
           .rope = {.inv_freq = static_cast<const float*>(inv->get()),
                    .parts = {static_cast<float*>(parts->get()), 2, int64_t{max_rows} * qkvw}}};
-      auto unfused = [&]() -> absl::Status {
+      int qkv_chunks = 0;
+      auto qkv_gemm = [&]() -> absl::Status {
         absl::StatusOr<int> c1 = (*gemm)->RunSplitK(xn16, rows, h, wqkv->Next(), qkvw, 2,
                                                     static_cast<float*>(parts->get()), int64_t{max_rows} * qkvw);
         if (!c1.ok()) return c1.status();
+        qkv_chunks = *c1;
+        return absl::OkStatus();
+      };
+      auto unfused = [&]() -> absl::Status {
+        if (absl::Status e = qkv_gemm(); !e.ok()) return e;
         if (absl::Status e = cuda::PagedAttention(static_cast<const float*>(qkv->get()), shape, in->meta, in->g,
                                                   in->Layer(), static_cast<float*>(attn_ws->get()), attn16, s, count);
             !e.ok()) {
@@ -1261,19 +1268,23 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         int stages = cuda::AttentionBlockArgs{}.ring_stages, early = cuda::AttentionBlockArgs{}.early_key_tiles;
         bool wide = cuda::AttentionBlockArgs{}.wide_boxes;
       };
-      auto args = [&](uint64_t* stamps, Knobs k = {}) {
+      // given: q/k/v from qkv_gemm's partials, the launch after it programmatic as in the engine.
+      auto args = [&](uint64_t* stamps, Knobs k = {}, bool given = false) {
         return cuda::AttentionBlockArgs{
             .xn = xn16, .rows = rows, .hidden = h, .heads = m.heads, .w_qkv = wqkv->Next(), .w_o = wo->Next(),
             .inv_freq = static_cast<const float*>(inv->get()), .scale = 1.0f / std::sqrt(float(hd)),
             .meta = in->meta, .geometry = in->g, .layer = in->Layer(), .qkv = static_cast<float*>(qkv->get()),
+            .qkv_parts = given ? cuda::Partials{static_cast<float*>(parts->get()), qkv_chunks, int64_t{max_rows} * qkvw}
+                               : cuda::Partials{},
             .attn = attn16, .x = static_cast<float*>(x->get()), .clamps = count, .workspace = block_ws->get(),
-            .timeline = stamps, .ring_stages = k.stages, .early_key_tiles = k.early, .wide_boxes = k.wide};
+            .overlap_previous = given, .timeline = stamps, .ring_stages = k.stages, .early_key_tiles = k.early,
+            .wide_boxes = k.wide};
       };
       // One launch's stamps: [stamp] = {median, max} over CTAs in µs after the first CTA's start.
       const int ctas = std::min(16, sms / kvh) * kvh;
-      auto stamps = [&](Knobs k) -> absl::StatusOr<std::vector<std::pair<double, double>>> {
+      auto stamps = [&](Knobs k, bool given = false) -> absl::StatusOr<std::vector<std::pair<double, double>>> {
         TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(timeline->get(), 0, size_t(sms) * cuda::kAttentionBlockStamps * 8));
-        if (absl::Status e = cuda::AttentionBlock(args(static_cast<uint64_t*>(timeline->get()), k), s); !e.ok()) {
+        if (absl::Status e = cuda::AttentionBlock(args(static_cast<uint64_t*>(timeline->get()), k, given), s); !e.ok()) {
           return e;
         }
         TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
@@ -1297,25 +1308,36 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
       (*gemm)->set_tuning(true);
       if (absl::Status e = unfused(); !e.ok()) return e;
       (*gemm)->set_tuning(false);
+      absl::StatusOr<double> qkv_alone = TimeGraph(s, reps, qkv_gemm);
+      if (!qkv_alone.ok()) return qkv_alone.status();
       absl::StatusOr<double> base = TimeGraph(s, reps, unfused);
       if (!base.ok()) return base.status();
       absl::StatusOr<double> fused = TimeGraph(s, reps, [&] { return cuda::AttentionBlock(args(nullptr), s); });
       if (!fused.ok()) return fused.status();
+      absl::StatusOr<double> after_qkv = TimeGraph(s, reps, [&]() -> absl::Status {
+        if (absl::Status e = qkv_gemm(); !e.ok()) return e;
+        return cuda::AttentionBlock(args(nullptr, {}, true), s);
+      });
+      if (!after_qkv.ok()) return after_qkv.status();
       const double bytes = (double(qkvw) * h + double(h) * qd) * 2 + in->kv_bytes;
-      std::printf("| %d | %d | %.1f | %.1f | %.1f |\n", rows, context, *base, *fused, bytes / kCopyBandwidth * 1e6);
-      // One launch's timeline.
-      absl::StatusOr<std::vector<std::pair<double, double>>> t = stamps({});
-      if (!t.ok()) return t.status();
+      std::printf("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", rows, context, *qkv_alone, *base, *fused,
+                  *after_qkv, bytes / kCopyBandwidth * 1e6);
+      // One launch's timeline of each form (after q/k/v: the launch alone, its partials left by the runs above).
       static const char* kNames[] = {"start", "q/k/v slice counted", "attention starts", "attention ends",
                                      "o starts", "end"};
-      std::string table = absl::StrCat("\ntimeline, ", rows, " rows, ", context, " tokens (µs after the first CTA's start)\n\n",
-                                       "| stamp | median | max |\n|---|---:|---:|\n");
-      for (int k = 0; k < cuda::kAttentionBlockStamps; ++k) {
-        if ((*t)[k].first < 0) continue;
-        absl::StrAppend(&table, "| ", kNames[k], " | ", absl::StrFormat("%.2f", (*t)[k].first), " | ",
-                        absl::StrFormat("%.2f", (*t)[k].second), " |\n");
+      for (bool given : {false, true}) {
+        absl::StatusOr<std::vector<std::pair<double, double>>> t = stamps({}, given);
+        if (!t.ok()) return t.status();
+        std::string table = absl::StrCat("\ntimeline", given ? " (q/k/v given)" : "", ", ", rows, " rows, ", context,
+                                         " tokens (µs after the first CTA's start)\n\n",
+                                         "| stamp | median | max |\n|---|---:|---:|\n");
+        for (int k = 0; k < cuda::kAttentionBlockStamps; ++k) {
+          if ((*t)[k].first < 0) continue;
+          absl::StrAppend(&table, "| ", kNames[k], " | ", absl::StrFormat("%.2f", (*t)[k].first), " | ",
+                          absl::StrFormat("%.2f", (*t)[k].second), " |\n");
+        }
+        timelines.push_back(table);
       }
-      timelines.push_back(table);
       if (!variants) continue;
       // What holds the q/k/v phase: in-flight W (ring stages), the key copies beside it, TMA box count.
       for (int stages : {2, 3, 4, 5, 6}) {

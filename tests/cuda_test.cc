@@ -1271,37 +1271,49 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     auto want_x = XWt(want_a, wo.data(), seqs, qd, hidden, qd);
     for (size_t i = 0; i < want_x.size(); ++i) want_x[i] += x0[i];
     // The block, twice as the engine runs it, then with the kernel bench's knobs (shallower ring,
-    // key tiles copied after q/k/v, one W box for a CTA's contiguous tiles).
+    // key tiles copied after q/k/v, one W box for a CTA's contiguous tiles), then with q/k/v given
+    // as two partials that sum to the projection (xn, W_qkv and the scratch then unused: null).
     struct Knobs {
       int stages, early;
-      bool wide;
+      bool wide, given = false;
     };
+    std::vector<float> halves(2 * dq.n);
+    {
+      const auto q = dq.Get();
+      std::uniform_real_distribution<float> share(-0.5f, 1.5f);
+      for (size_t i = 0; i < q.size(); ++i) halves[i] = q[i] * share(rng), halves[q.size() + i] = q[i] - halves[i];
+    }
+    Dev<float> qkv_halves(halves);
     const cuda::AttentionBlockArgs defaults{};
     const int most_stages = hd == 128 ? 6 : hd == 64 ? 5 : 4;  // without early key tiles
     const Knobs knobs[] = {{defaults.ring_stages, defaults.early_key_tiles, defaults.wide_boxes},
                            {defaults.ring_stages, defaults.early_key_tiles, defaults.wide_boxes},
                            {2, 0, true},
                            {3, 1, true},
-                           {most_stages, 0, false}};
-    for (int launch = 0; launch < 5; ++launch) {
+                           {most_stages, 0, false},
+                           {defaults.ring_stages, defaults.early_key_tiles, false, true},
+                           {2, 0, false, true}};
+    for (int launch = 0; launch < 7; ++launch) {
       const Knobs k = knobs[launch];
       Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
       Dev<__half> got_attn(size_t(seqs) * qd);
       PoisonSlots(f, slots);
-      ASSERT_TRUE(cuda::AttentionBlock({.xn = dxn.p, .rows = seqs, .hidden = hidden, .heads = heads, .w_qkv = dwqkv.p,
-                                        .bias = dbias.p, .w_o = dwo.p, .inv_freq = dinv.p,
-                                        .scale = 1.0f / std::sqrt(float(hd)), .meta = meta, .geometry = f.g,
-                                        .layer = f.view(), .qkv = qkv_scratch.p, .attn = got_attn.p, .x = dx.p,
-                                        .clamps = clamps.p, .workspace = workspace.p, .ring_stages = k.stages,
-                                        .early_key_tiles = k.early, .wide_boxes = k.wide},
-                                       nullptr)
-                      .ok());
+      const absl::Status ran = cuda::AttentionBlock(
+          {.xn = k.given ? nullptr : dxn.p, .rows = seqs, .hidden = hidden, .heads = heads,
+           .w_qkv = k.given ? nullptr : dwqkv.p, .bias = dbias.p, .w_o = dwo.p, .inv_freq = dinv.p,
+           .scale = 1.0f / std::sqrt(float(hd)), .meta = meta, .geometry = f.g, .layer = f.view(),
+           .qkv = k.given ? nullptr : qkv_scratch.p,
+           .qkv_parts = k.given ? cuda::Partials{qkv_halves.p, 2, int64_t(dq.n)} : cuda::Partials{}, .attn = got_attn.p,
+           .x = dx.p, .clamps = clamps.p, .workspace = workspace.p, .ring_stages = k.stages,
+           .early_key_tiles = k.early, .wide_boxes = k.wide},
+          nullptr);
+      ASSERT_TRUE(ran.ok()) << ran;
       CUDA_OK(cudaDeviceSynchronize());
       const std::string what = std::string(KvDtypeName(kc.dtype)) + " hd " + std::to_string(hd) + " group " +
                                std::to_string(kc.group) + " rows " + std::to_string(seqs) + " launch " +
                                std::to_string(launch) + " (stages " + std::to_string(k.stages) + ", early " +
-                               std::to_string(k.early) + ", wide " + std::to_string(k.wide) + ") seed " +
-                               std::to_string(seed);
+                               std::to_string(k.early) + ", wide " + std::to_string(k.wide) + ", given " +
+                               std::to_string(k.given) + ") seed " + std::to_string(seed);
       // q/k/v sum in another order than the CPU's, so a K or V byte can round the other way.
       EXPECT_LE(RelL2(ToFloats(got_attn.Get()), want_a), 5e-3) << what;
       EXPECT_LE(RelL2(slot_values(), want_kv), 1e-2) << what;
@@ -1616,8 +1628,9 @@ INSTANTIATE_TEST_SUITE_P(
 // The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
 // branches. Together the 19 rows take the split-K projections (partials summed by the attention and
 // the norms); alone each row takes the batch-1 Gemv path. FusedBlock: an FP8 cache, and the first 7
-// rows (a bucket of 8) run q/k/v, the attention and o as one AttentionBlock launch.
-enum BatchCase { kOneStream, kHalves, kFusedBlock };
+// rows (a bucket of 8) run q/k/v, the attention and o as one AttentionBlock launch; BlockAfterQkv:
+// likewise the attention and o after cuBLASLt's q/k/v.
+enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
@@ -1625,10 +1638,12 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   TAILSERVE_REQUIRE_SHARED();
   const BatchCase mode = GetParam();
   auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
-                                 {.kv_dtype = mode == kFusedBlock ? KvDtype::kFp8E4M3 : KvDtype::kFp16,
+                                 {.kv_dtype = mode >= kFusedBlock ? KvDtype::kFp8E4M3 : KvDtype::kFp16,
                                   .kv_memory_fraction = 0.05,
                                   .ffn_halves_min_bytes = mode == kHalves ? 0 : std::numeric_limits<int64_t>::max(),
-                                  .fused_attention_block = mode == kFusedBlock});
+                                  .attention_block = mode == kFusedBlock      ? CudaEngineOptions::AttentionBlockUse::kWhole
+                                                     : mode == kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
+                                                                              : CudaEngineOptions::AttentionBlockUse::kOff});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;
@@ -1705,10 +1720,12 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   EXPECT_EQ((*engine)->stats()->kv_blocks_free, total);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest, ::testing::Values(kOneStream, kHalves, kFusedBlock),
-                         [](const auto& info) {
-                           return info.param == kOneStream ? "OneStream" : info.param == kHalves ? "Halves" : "FusedBlock";
-                         });
+std::string BatchCaseName(const ::testing::TestParamInfo<BatchCase>& info) {
+  static const char* kNames[] = {"OneStream", "Halves", "FusedBlock", "BlockAfterQkv"};
+  return kNames[info.param];
+}
+INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest, ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv),
+                         BatchCaseName);
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current
 // CUDA device is per thread: an engine on device 1 must make it current itself.

@@ -484,11 +484,13 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // until a norm.
   const bool split_k = decode && !fused && rows <= max_bucket_;
   const int64_t qkv_stride = int64_t{max_bucket_} * qkvw, residual_stride = int64_t{max_bucket_} * h;
-  // Decode at 2-16 rows on an FP8 cache (options_.fused_attention_block): q/k/v, the attention
-  // and o in one launch, o added into the residual.
+  // Decode at 2-16 rows on an FP8 cache (options_.attention_block): the attention and o (and with
+  // kWhole q/k/v) in one launch, o added into the residual.
+  using BlockUse = CudaEngineOptions::AttentionBlockUse;
   const bool attention_block =
-      split_k && mma_decode && options_.fused_attention_block &&
+      split_k && mma_decode && options_.attention_block != BlockUse::kOff &&
       cuda::AttentionBlockTakes(rows, h, static_cast<int>(c.num_heads), kv_, shape.sliding_window).ok();
+  const bool block_qkv = attention_block && options_.attention_block == BlockUse::kWhole;
   cuda::Partials pending;
   // Decode through cuBLASLt (above batch 1, or a model the batch-1 Gemv does not take; dense, large
   // FFN): the FFN in two halves along its width, each gate/up → SwiGLU → down over its f / 2
@@ -532,15 +534,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       // The weight folded into w_qkv.
       TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
       pending = {};
-      if (attention_block) {
-        TRY("attention_block",
-            cuda::AttentionBlock({.xn = b.xn, .rows = rows, .hidden = h, .heads = static_cast<int>(c.num_heads),
-                                  .w_qkv = L.w_qkv, .bias = L.b_qkv, .w_o = L.w_o, .inv_freq = inv_freq_,
-                                  .scale = shape.scale, .sliding_window = shape.sliding_window, .meta = meta,
-                                  .geometry = kv_, .layer = L.kv, .qkv = b.qkv, .attn = b.attn, .x = b.x,
-                                  .clamps = b.clamps, .workspace = b.attention_block_workspace,
-                                  .overlap_previous = shape.overlap_previous},
-                                 s));
+      if (block_qkv) {
+        // q/k/v inside the block below.
       } else if (split_k) {
         TRY("gemm_qkv", gemm_split_k(*gemm_, b.xn, h, L.w_qkv, qkvw, b.qkv_partials, qkv_stride, &qkv_in));
       } else {
@@ -548,7 +543,15 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       }
     }
     if (attention_block) {
-      // q/k/v, the attention and o are done.
+      TRY("attention_block",
+          cuda::AttentionBlock({.xn = b.xn, .rows = rows, .hidden = h, .heads = static_cast<int>(c.num_heads),
+                                .w_qkv = L.w_qkv, .bias = L.b_qkv, .w_o = L.w_o, .inv_freq = inv_freq_,
+                                .scale = shape.scale, .sliding_window = shape.sliding_window, .meta = meta,
+                                .geometry = kv_, .layer = L.kv, .qkv = b.qkv,
+                                .qkv_parts = block_qkv ? cuda::Partials{} : qkv_in, .attn = b.attn, .x = b.x,
+                                .clamps = b.clamps, .workspace = b.attention_block_workspace,
+                                .overlap_previous = shape.overlap_previous},
+                               s));
     } else if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,
                                              inv_freq_, b.clamps, s, shape.overlap_previous));

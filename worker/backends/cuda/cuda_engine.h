@@ -43,11 +43,14 @@ struct CudaEngineOptions {
   // longer to load and gave the 8B step nothing more than 6 (b16 4.607 / 4.620 against 4.600 /
   // 4.600).
   int in_situ_candidates = 6;
-  // Decode at 2-16 rows on an FP8 cache: q/k/v, the attention and o as one persistent launch
-  // (kernels/attention_block.h) where the shape allows, instead of cuBLASLt, PagedAttention and
-  // cuBLASLt. Off: it measured slower on the H200 (8B batch 16 4.612 → 4.879 ms, its q/k/v phase
-  // streaming at ~2 TB/s; bench/CUDA_NOTES.md, 12-04 (35)).
-  bool fused_attention_block = false;
+  // Decode at 2-16 rows on an FP8 cache, where the shape allows (kernels/attention_block.h):
+  // kWhole runs q/k/v, the attention and o as one persistent launch instead of cuBLASLt,
+  // PagedAttention and cuBLASLt; kAfterQkv keeps cuBLASLt's q/k/v and runs the attention and o as
+  // one launch, W_o streaming during the attention. kWhole measured slower on the H200 (8B batch
+  // 16 4.612 → 4.879 ms, its q/k/v phase streaming at ~2 TB/s; bench/CUDA_NOTES.md, 12-04 (35));
+  // kAfterQkv is not measured yet.
+  enum class AttentionBlockUse { kOff, kWhole, kAfterQkv };
+  AttentionBlockUse attention_block = AttentionBlockUse::kOff;
 };
 
 class CudaEngine final : public Engine {

@@ -62,12 +62,13 @@ struct Params {
   int rows, hidden, heads, kvh, group, qkvw, qd, ctas;  // ctas: S
   int qkv_tiles;   // 16-row tiles of q/k/v columns a group: (G + 2) · head_dim / 16
   int o_tiles;     // 16-row tiles of W_o a CTA
-  int qkv_steps;   // stages of q/k/v: hidden / (64 · kQkvBoxes)
+  int qkv_steps;   // stages of q/k/v: hidden / (64 · kQkvBoxes); 0: q/k/v given (parts)
   int o_boxes;     // stages of o: G · head_dim / 64
   int sliding_window;
   float scale;
   const float* bias;
   const float* inv_freq;
+  Partials parts;  // AttentionBlockArgs::qkv_parts
   RowMeta meta;
   KvGeometry g;
   KvLayerView layer;
@@ -161,10 +162,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tile_first = ci * p.qkv_tiles / p.ctas, tile_count = (ci + 1) * p.qkv_tiles / p.ctas - tile_first;
   const int o_rows = 16 * p.o_tiles;
   const int total_stages = p.qkv_steps + p.o_boxes;
+  const bool given = p.qkv_steps == 0;  // q/k/v in p.parts: the attention and o only
   if (threadIdx.x == 0) {
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&wqkv_map)) : "memory");
-    if (p.wide) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&wqkv_wide_map)) : "memory");
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
+    if (!given) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&wqkv_map)) : "memory");
+      if (p.wide) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&wqkv_wide_map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&x_map)) : "memory");
+    }
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&wo_map)) : "memory");
     for (int s = 0; s < kMaxStages; ++s) tma::BarrierInit(&full_s[s], 1), tma::BarrierInit(&empty_s[s], kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -195,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool one_box = p.wide && tile_count == kMaxQkvTiles &&
                            QkvColumn(p, g, 16 * (tile_first + tile_count - 1)) == first_row + 16 * (tile_count - 1);
       for (int st = 0; st < total_stages; ++st) {
-        if (st == early) {
+        if (st == early && !given) {  // W_o alone needs nothing of the previous kernel
           GridDependencyWait();
           for (int e = 0; e < early; ++e) load_x(e);
         }
@@ -255,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     GridDependencyWait();  // x, the cache and the scratch buffers are the previous kernels' before
 
     // q/k/v: warp w takes k box w % 4 of each stage and tiles w / 4, w / 4 + 2 of the CTA's.
-    {
+    if (!given) {
       const int kb = warp & 3, half = warp >> 2;
       float acc[2][2][4] = {};
       for (int st = 0; st < p.qkv_steps; ++st) {
@@ -302,14 +306,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     issue_first(2);
 
     if (attends) {
-      // The group's q/k/v are complete once its S CTAs have counted themselves.
+      // The group's q/k/v are complete once its S CTAs have counted themselves (given: at the wait).
       if (tid == 0) {
-        while (tma::LoadAcquire(p.counters + g) < p.ctas) __nanosleep(20);
+        while (!given && tma::LoadAcquire(p.counters + g) < p.ctas) __nanosleep(20);
         Stamp(p, 2);
       }
       ConsumerSync();
-      AttentionRope rope{.inv_freq = p.inv_freq, .parts = {}, .bias = p.bias};
-      mma_attention::RopeIntoShared<HD>(p.qkv + static_cast<int64_t>(r0) * p.qkvw, rope,
+      AttentionRope rope{.inv_freq = p.inv_freq, .parts = given ? p.parts : Partials{}, .bias = p.bias};
+      mma_attention::RopeIntoShared<HD>(given ? nullptr : p.qkv + static_cast<int64_t>(r0) * p.qkvw, rope,
                                         static_cast<int64_t>(r0) * p.qkvw, static_cast<float>(pos0), p.heads, kvh,
                                         group, g, q_s, &fresh_s[0][0], kWarps * 32);
       ConsumerSync();
@@ -547,12 +551,20 @@ absl::Status AttentionBlockTakes(int rows, int hidden, int heads, const KvGeomet
 absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   if (absl::Status s = AttentionBlockTakes(a.rows, a.hidden, a.heads, a.geometry, a.sliding_window); !s.ok()) return s;
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  if (!aligned(a.xn) || !aligned(a.w_qkv) || !aligned(a.w_o) || !aligned(a.attn) || a.qkv == nullptr ||
-      a.x == nullptr || a.inv_freq == nullptr || a.clamps == nullptr || a.workspace == nullptr ||
-      a.meta.pos == nullptr || a.meta.seq == nullptr || a.meta.block_table == nullptr) {
+  const Partials parts = a.qkv_parts.OrNone();
+  const bool given = parts.count > 0;
+  if (given ? parts.count > kMaxPartials || parts.stride < int64_t{a.rows} * (a.heads + 2 * a.geometry.kv_heads) *
+                                                                 a.geometry.head_dim
+            : a.xn == nullptr || a.w_qkv == nullptr || !aligned(a.xn) || !aligned(a.w_qkv) || a.qkv == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AttentionBlock: xn and w_qkv 16-byte aligned and a qkv scratch, or q/k/v given as 1..", kMaxPartials,
+        " partials of a whole [rows, q/k/v width] each"));
+  }
+  if (a.w_o == nullptr || !aligned(a.w_o) || !aligned(a.attn) || a.attn == nullptr || a.x == nullptr ||
+      a.inv_freq == nullptr || a.clamps == nullptr || a.workspace == nullptr || a.meta.pos == nullptr ||
+      a.meta.seq == nullptr || a.meta.block_table == nullptr) {
     return absl::InvalidArgumentError(
-        "AttentionBlock: xn, the weights and attn 16-byte aligned; qkv, x, inv_freq, clamps, the row metadata and a "
-        "workspace");
+        "AttentionBlock: w_o and attn 16-byte aligned; x, inv_freq, clamps, the row metadata and a workspace");
   }
   const int hd = a.geometry.head_dim;
   const int key_stages = hd == 128 ? KeyBufferStages<128>() : hd == 64 ? KeyBufferStages<64>() : KeyBufferStages<32>();
@@ -570,17 +582,20 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.ctas = GroupCtas(*sms, g.kv_heads);
   p.qkv_tiles = (p.group + 2) * g.head_dim / 16;
   p.o_tiles = a.hidden / (16 * p.ctas);
-  p.qkv_steps = a.hidden / (tma::kBoxK * kQkvBoxes);
+  p.qkv_steps = given ? 0 : a.hidden / (tma::kBoxK * kQkvBoxes);
+  p.parts = parts;
   p.o_boxes = p.group * g.head_dim / tma::kBoxK;
   p.sliding_window = a.sliding_window, p.scale = a.scale, p.bias = a.bias, p.inv_freq = a.inv_freq;
   p.meta = a.meta, p.g = g, p.layer = a.layer;
   p.qkv = a.qkv, p.attn = a.attn, p.x = a.x, p.clamps = a.clamps, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous, p.timeline = a.timeline;
   p.stages = a.ring_stages, p.early_tiles = a.early_key_tiles, p.wide = a.wide_boxes;
-  CUtensorMap maps[4];
-  if (absl::Status s = tma::Map(&maps[0], a.w_qkv, a.hidden, p.qkvw, 16); !s.ok()) return s;
-  if (absl::Status s = tma::Map(&maps[1], a.w_qkv, a.hidden, p.qkvw, 16 * kMaxQkvTiles); !s.ok()) return s;
-  if (absl::Status s = tma::Map(&maps[2], a.xn, a.hidden, a.rows, 16); !s.ok()) return s;
+  CUtensorMap maps[4] = {};  // given: q/k/v's three stay zero, never read
+  if (!given) {
+    if (absl::Status s = tma::Map(&maps[0], a.w_qkv, a.hidden, p.qkvw, 16); !s.ok()) return s;
+    if (absl::Status s = tma::Map(&maps[1], a.w_qkv, a.hidden, p.qkvw, 16 * kMaxQkvTiles); !s.ok()) return s;
+    if (absl::Status s = tma::Map(&maps[2], a.xn, a.hidden, a.rows, 16); !s.ok()) return s;
+  }
   if (absl::Status s = tma::Map(&maps[3], a.w_o, p.qd, a.hidden, 16 * p.o_tiles); !s.ok()) return s;
   cudaError_t launched = cudaSuccess;
   WithInstance(g, [&](auto dtype_tag, auto hd_tag) {

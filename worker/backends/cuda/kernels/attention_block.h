@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "worker/backends/cuda/kernels/kv_cache.h"
+#include "worker/backends/cuda/kernels/partials.h"
 
 namespace tailserve::cuda {
 
@@ -44,6 +45,11 @@ struct AttentionBlockArgs {
   KvGeometry geometry;              // an FP8 cache, head_dim 32, 64 or 128
   KvLayerView layer;
   float* qkv = nullptr;             // scratch [rows, (heads + 2 kv_heads) · head_dim]
+  // q/k/v computed already (xn, w_qkv and qkv unused): the k chunks' outputs of xn · W_qkvᵀ
+  // (GemmRunner::RunSplitK, at most kMaxPartials), each [rows, (heads + 2 kv_heads) · head_dim].
+  // The launch then does the attention and o: each CTA copies its first key tiles and streams
+  // W_o into its ring from its start. None: the launch computes q/k/v itself.
+  Partials qkv_parts = {};
   __half* attn = nullptr;           // scratch [rows, heads · head_dim]: the attention's output
   float* x = nullptr;               // [rows, hidden]: receives + attention · W_oᵀ
   unsigned long long* clamps = nullptr;  // the KV clamp counter
