@@ -1231,9 +1231,9 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
   std::printf("| rows | context | cuBLASLt q/k/v µs | q/k/v + attention + o µs | AttentionBlock µs | cuBLASLt q/k/v + "
               "AttentionBlock (attention + o) µs | bytes at 4.26 TB/s µs |\n|---:|---:|---:|---:|---:|---:|---:|\n");
   std::vector<std::string> timelines;
-  std::string sweep = "\nAttentionBlock variants (µs; stamps: median CTA after the first CTA's start)\n\n"
-                      "| rows | context | ring stages | early key tiles | wide boxes | µs | q/k/v counted | max | "
-                      "attention ends | end |\n|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n";
+  std::string sweep = "\nAttentionBlock variants (µs, given: with cuBLASLt's q/k/v; stamps: median CTA after the first "
+                      "CTA's start, -1: none)\n\n| rows | context | q/k/v | ring stages | early key tiles | wide boxes | µs "
+                      "| q/k/v counted | max | attention ends | end |\n|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|\n";
   for (int rows : rows_list) {
     if (rows < 2 || rows > max_rows) continue;
     for (int context : contexts) {
@@ -1339,19 +1339,30 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         timelines.push_back(table);
       }
       if (!variants) continue;
-      // What holds the q/k/v phase: in-flight W (ring stages), the key copies beside it, TMA box count.
-      for (int stages : {2, 3, 4, 5, 6}) {
-        for (int early : {0, 1, 2}) {
-          if (stages > 4 && early > 0) continue;  // the extra stages are the key tiles' buffers
-          for (bool wide : {false, true}) {
-            const Knobs k{stages, early, wide};
-            absl::StatusOr<double> us = TimeGraph(s, reps, [&] { return cuda::AttentionBlock(args(nullptr, k), s); });
-            if (!us.ok()) return us.status();
-            absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k);
-            if (!v.ok()) return v.status();
-            absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %d | %d | %s | %.1f | %.2f | %.2f | %.2f | %.2f |\n", rows,
-                                                    context, stages, early, wide ? "yes" : "no", *us, (*v)[1].first,
-                                                    (*v)[1].second, (*v)[3].first, (*v)[5].first));
+      // What holds the q/k/v phase: in-flight W (ring stages), the key copies beside it, TMA box
+      // count. Given q/k/v (timed with cuBLASLt's q/k/v before it, its stamps alone): how much of
+      // W_o to stream during the attention, how many key tiles to copy before the RoPE.
+      for (bool given : {false, true}) {
+        for (int stages : {2, 3, 4, 5, 6}) {
+          for (int early : {0, 1, 2}) {
+            if (stages > 4 && (early > 0 || given)) continue;  // the extra stages are q/k/v's, in the key buffers
+            for (bool wide : {false, true}) {
+              if (wide && given) continue;
+              const Knobs k{stages, early, wide};
+              absl::StatusOr<double> us = TimeGraph(s, reps, [&]() -> absl::Status {
+                if (given) {
+                  if (absl::Status e = qkv_gemm(); !e.ok()) return e;
+                }
+                return cuda::AttentionBlock(args(nullptr, k, given), s);
+              });
+              if (!us.ok()) return us.status();
+              absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k, given);
+              if (!v.ok()) return v.status();
+              absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %.1f | %.2f | %.2f | %.2f | %.2f |\n",
+                                                      rows, context, given ? "given" : "block", stages, early,
+                                                      wide ? "yes" : "no", *us, (*v)[1].first, (*v)[1].second,
+                                                      (*v)[3].first, (*v)[5].first));
+            }
           }
         }
       }

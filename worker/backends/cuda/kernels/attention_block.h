@@ -16,7 +16,10 @@
 // boundaries; every CTA of the grid is resident at once (one an SM, kv_heads · S ≤ SMs), so the
 // waits always end. Measured on the H200 (bench/CUDA_NOTES.md, 12-04 (35)): slower than the three
 // kernels (8B, 16 rows, 512 tokens: 50-59 µs against 45), because its q/k/v phase streams W at
-// ~2 TB/s; the engine runs it only when asked (CudaEngineOptions::fused_attention_block).
+// ~2 TB/s, while its attention and o phases took ~19.5 µs where PagedAttention and cuBLASLt's o
+// take ~29. Hence a second form: q/k/v given (AttentionBlockArgs::qkv_parts, cuBLASLt's split-K
+// outputs), the launch doing the attention and o only. The engine runs either only when asked
+// (CudaEngineOptions::attention_block).
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
