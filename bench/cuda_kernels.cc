@@ -1345,7 +1345,9 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
       for (bool given : {false, true}) {
         for (int stages : {2, 3, 4, 5, 6}) {
           for (int early : {0, 1, 2}) {
-            if (stages > 4 && (early > 0 || given)) continue;  // the extra stages are q/k/v's, in the key buffers
+            // Stages past 4 are q/k/v's, in the key buffers: none given, or with early key tiles.
+            const int most = cuda::AttentionBlockMaxRingStages(hd, early);
+            if (stages > (given ? std::min(4, most) : most)) continue;
             for (bool wide : {false, true}) {
               if (wide && given) continue;
               const Knobs k{stages, early, wide};

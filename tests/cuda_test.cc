@@ -1285,7 +1285,9 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     }
     Dev<float> qkv_halves(halves);
     const cuda::AttentionBlockArgs defaults{};
-    const int most_stages = hd == 128 ? 6 : hd == 64 ? 5 : 4;  // without early key tiles
+    const int most_stages = cuda::AttentionBlockMaxRingStages(hd, 0);
+    EXPECT_EQ(most_stages, hd == 128 ? 6 : hd == 64 ? 5 : 4) << "the key buffers hold 2 / 1 / 0 ring stages";
+    EXPECT_EQ(cuda::AttentionBlockMaxRingStages(hd, 1), 4);
     const Knobs knobs[] = {{defaults.ring_stages, defaults.early_key_tiles, defaults.wide_boxes},
                            {defaults.ring_stages, defaults.early_key_tiles, defaults.wide_boxes},
                            {2, 0, true},

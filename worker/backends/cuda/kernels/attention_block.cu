@@ -524,6 +524,11 @@ int GroupCtas(int sms, int kv_heads) { return std::min(kMaxGroupCtas, kv_heads >
 
 }  // namespace
 
+int AttentionBlockMaxRingStages(int head_dim, int early_key_tiles) {
+  if (early_key_tiles != 0) return kStages;
+  return kStages + (head_dim == 128 ? KeyBufferStages<128>() : head_dim == 64 ? KeyBufferStages<64>() : KeyBufferStages<32>());
+}
+
 absl::Status AttentionBlockTakes(int rows, int hidden, int heads, const KvGeometry& g, int sliding_window) {
   absl::StatusOr<int> sms = CurrentDeviceSmCount();
   if (!sms.ok()) return sms.status();
@@ -566,9 +571,7 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError(
         "AttentionBlock: w_o and attn 16-byte aligned; x, inv_freq, clamps, the row metadata and a workspace");
   }
-  const int hd = a.geometry.head_dim;
-  const int key_stages = hd == 128 ? KeyBufferStages<128>() : hd == 64 ? KeyBufferStages<64>() : KeyBufferStages<32>();
-  const int max_stages = kStages + (a.early_key_tiles == 0 ? key_stages : 0);
+  const int max_stages = AttentionBlockMaxRingStages(a.geometry.head_dim, a.early_key_tiles);
   if (a.ring_stages < 2 || a.ring_stages > max_stages || a.early_key_tiles < 0 || a.early_key_tiles > 2) {
     return absl::InvalidArgumentError(absl::StrCat("AttentionBlock: 0..2 early key tiles, 2..", max_stages,
                                                    " ring stages with ", a.early_key_tiles));

@@ -78,6 +78,10 @@ struct AttentionBlockArgs {
 
 inline constexpr int kAttentionBlockStamps = 6;
 
+// The most ring stages AttentionBlockArgs::ring_stages may ask for at this head_dim and early key
+// tile count.
+int AttentionBlockMaxRingStages(int head_dim, int early_key_tiles);
+
 // OK when AttentionBlock takes this shape on the current device; InvalidArgument says why not.
 absl::Status AttentionBlockTakes(int rows, int hidden, int heads, const KvGeometry& geometry, int sliding_window);
 
