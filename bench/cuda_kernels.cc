@@ -1324,7 +1324,8 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
                   *after_qkv, bytes / kCopyBandwidth * 1e6);
       // One launch's timeline of each form (after q/k/v: the launch alone, its partials left by the runs above).
       static const char* kNames[] = {"start", "q/k/v slice counted", "attention starts", "attention ends",
-                                     "o starts", "end"};
+                                     "o starts", "o products done (before the adds into x)", "end"};
+      static_assert(std::size(kNames) == cuda::kAttentionBlockStamps);
       for (bool given : {false, true}) {
         absl::StatusOr<std::vector<std::pair<double, double>>> t = stamps({}, given);
         if (!t.ok()) return t.status();
@@ -1363,7 +1364,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
               absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %.1f | %.2f | %.2f | %.2f | %.2f |\n",
                                                       rows, context, given ? "given" : "block", stages, early,
                                                       wide ? "yes" : "no", *us, (*v)[1].first, (*v)[1].second,
-                                                      (*v)[3].first, (*v)[5].first));
+                                                      (*v)[3].first, (*v)[6].first));
             }
           }
         }

@@ -478,6 +478,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
       if (lane == 0) tma::BarrierArrive(&empty_s[s]);
     }
+    if (tid == 0) Stamp(p, 5);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int t = warp + kWarps * i;
@@ -496,7 +497,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // wait before it counts itself finished.
   __syncthreads();
   if (threadIdx.x == 0) {
-    Stamp(p, 5);
+    Stamp(p, 6);
     __threadfence();
     const int total = static_cast<int>(gridDim.x * gridDim.y);
     if (atomicAdd(p.counters + 2 * p.kvh, 1) == total - 1) {

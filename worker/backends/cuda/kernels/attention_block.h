@@ -63,7 +63,7 @@ struct AttentionBlockArgs {
   // The kernel bench's timeline (null: none): CTA b (group · CTAs a group + its index) writes
   // timeline[kAttentionBlockStamps · b ..] = %globaltimer ns at its start, its q/k/v slice counted,
   // its attention's start (the group's q/k/v complete) and end (0, 0 without a row), o's start (the
-  // group's rows attended) and end.
+  // group's rows attended), o's products done (warp 0's, before the atomic adds into x) and end.
   uint64_t* timeline = nullptr;
   // Knobs the kernel bench sweeps to find what holds the q/k/v phase (bench/CUDA_NOTES.md, 12-04
   // (36)); the defaults are the measured design. early_key_tiles: 0-2 key tiles a warp copied at
@@ -76,7 +76,7 @@ struct AttentionBlockArgs {
   bool wide_boxes = false;
 };
 
-inline constexpr int kAttentionBlockStamps = 6;
+inline constexpr int kAttentionBlockStamps = 7;
 
 // The most ring stages AttentionBlockArgs::ring_stages may ask for at this head_dim and early key
 // tile count.
