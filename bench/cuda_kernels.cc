@@ -1232,8 +1232,9 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
               "AttentionBlock (attention + o) µs | bytes at 4.26 TB/s µs |\n|---:|---:|---:|---:|---:|---:|---:|\n");
   std::vector<std::string> timelines;
   std::string sweep = "\nAttentionBlock variants (µs, given: with cuBLASLt's q/k/v; stamps: median CTA after the first "
-                      "CTA's start, -1: none)\n\n| rows | context | q/k/v | ring stages | early key tiles | wide boxes | µs "
-                      "| q/k/v counted | max | attention ends | end |\n|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|\n";
+                      "CTA's start, -1: none)\n\n| rows | context | q/k/v | ring stages | early key tiles | wide boxes | "
+                      "vector adds | µs | q/k/v counted | max | attention ends | o products done | end |\n"
+                      "|---:|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|\n";
   for (int rows : rows_list) {
     if (rows < 2 || rows > max_rows) continue;
     for (int context : contexts) {
@@ -1266,7 +1267,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
       };
       struct Knobs {  // AttentionBlockArgs' defaults unless set
         int stages = cuda::AttentionBlockArgs{}.ring_stages, early = cuda::AttentionBlockArgs{}.early_key_tiles;
-        bool wide = cuda::AttentionBlockArgs{}.wide_boxes;
+        bool wide = cuda::AttentionBlockArgs{}.wide_boxes, vector = cuda::AttentionBlockArgs{}.vector_adds;
       };
       // given: q/k/v from qkv_gemm's partials, the launch after it programmatic as in the engine.
       auto args = [&](uint64_t* stamps, Knobs k = {}, bool given = false) {
@@ -1278,7 +1279,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
                                : cuda::Partials{},
             .attn = attn16, .x = static_cast<float*>(x->get()), .clamps = count, .workspace = block_ws->get(),
             .overlap_previous = given, .timeline = stamps, .ring_stages = k.stages, .early_key_tiles = k.early,
-            .wide_boxes = k.wide};
+            .wide_boxes = k.wide, .vector_adds = k.vector};
       };
       // One launch's stamps: [stamp] = {median, max} over CTAs in µs after the first CTA's start.
       const int ctas = std::min(16, sms / kvh) * kvh;
@@ -1343,6 +1344,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
       // What holds the q/k/v phase: in-flight W (ring stages), the key copies beside it, TMA box
       // count. Given q/k/v (timed with cuBLASLt's q/k/v before it, its stamps alone): how much of
       // W_o to stream during the attention, how many key tiles to copy before the RoPE.
+      std::vector<std::pair<bool, Knobs>> list;  // (given, knobs)
       for (bool given : {false, true}) {
         for (int stages : {2, 3, 4, 5, 6}) {
           for (int early : {0, 1, 2}) {
@@ -1350,24 +1352,26 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
             const int most = cuda::AttentionBlockMaxRingStages(hd, early);
             if (stages > (given ? std::min(4, most) : most)) continue;
             for (bool wide : {false, true}) {
-              if (wide && given) continue;
-              const Knobs k{stages, early, wide};
-              absl::StatusOr<double> us = TimeGraph(s, reps, [&]() -> absl::Status {
-                if (given) {
-                  if (absl::Status e = qkv_gemm(); !e.ok()) return e;
-                }
-                return cuda::AttentionBlock(args(nullptr, k, given), s);
-              });
-              if (!us.ok()) return us.status();
-              absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k, given);
-              if (!v.ok()) return v.status();
-              absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %.1f | %.2f | %.2f | %.2f | %.2f |\n",
-                                                      rows, context, given ? "given" : "block", stages, early,
-                                                      wide ? "yes" : "no", *us, (*v)[1].first, (*v)[1].second,
-                                                      (*v)[3].first, (*v)[6].first));
+              if (!(wide && given)) list.push_back({given, Knobs{.stages = stages, .early = early, .wide = wide}});
             }
           }
         }
+        list.push_back({given, Knobs{.vector = !Knobs{}.vector}});  // o's adds the other way
+      }
+      for (const auto& [given, k] : list) {
+        absl::StatusOr<double> us = TimeGraph(s, reps, [&]() -> absl::Status {
+          if (given) {
+            if (absl::Status e = qkv_gemm(); !e.ok()) return e;
+          }
+          return cuda::AttentionBlock(args(nullptr, k, given), s);
+        });
+        if (!us.ok()) return us.status();
+        absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k, given);
+        if (!v.ok()) return v.status();
+        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+                                                rows, context, given ? "given" : "block", k.stages, k.early,
+                                                k.wide ? "yes" : "no", k.vector ? "yes" : "no", *us, (*v)[1].first,
+                                                (*v)[1].second, (*v)[3].first, (*v)[5].first, (*v)[6].first));
       }
     }
   }

@@ -1275,7 +1275,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     // as two partials that sum to the projection (xn, W_qkv and the scratch then unused: null).
     struct Knobs {
       int stages, early;
-      bool wide, given = false;
+      bool wide, given = false, vector = true;
     };
     std::vector<float> halves(2 * dq.n);
     {
@@ -1290,11 +1290,11 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     EXPECT_EQ(cuda::AttentionBlockMaxRingStages(hd, 1), 4);
     const Knobs knobs[] = {{defaults.ring_stages, defaults.early_key_tiles, defaults.wide_boxes},
                            {defaults.ring_stages, defaults.early_key_tiles, defaults.wide_boxes},
-                           {2, 0, true},
+                           {2, 0, true, false, false},
                            {3, 1, true},
                            {most_stages, 0, false},
                            {defaults.ring_stages, defaults.early_key_tiles, false, true},
-                           {2, 0, false, true}};
+                           {2, 0, false, true, false}};
     for (int launch = 0; launch < 7; ++launch) {
       const Knobs k = knobs[launch];
       Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
@@ -1307,7 +1307,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
            .qkv = k.given ? nullptr : qkv_scratch.p,
            .qkv_parts = k.given ? cuda::Partials{qkv_halves.p, 2, int64_t(dq.n)} : cuda::Partials{}, .attn = got_attn.p,
            .x = dx.p, .clamps = clamps.p, .workspace = workspace.p, .ring_stages = k.stages,
-           .early_key_tiles = k.early, .wide_boxes = k.wide},
+           .early_key_tiles = k.early, .wide_boxes = k.wide, .vector_adds = k.vector},
           nullptr);
       ASSERT_TRUE(ran.ok()) << ran;
       CUDA_OK(cudaDeviceSynchronize());
@@ -1315,7 +1315,8 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                                std::to_string(kc.group) + " rows " + std::to_string(seqs) + " launch " +
                                std::to_string(launch) + " (stages " + std::to_string(k.stages) + ", early " +
                                std::to_string(k.early) + ", wide " + std::to_string(k.wide) + ", given " +
-                               std::to_string(k.given) + ") seed " + std::to_string(seed);
+                               std::to_string(k.given) + ", vector adds " + std::to_string(k.vector) + ") seed " +
+                               std::to_string(seed);
       // q/k/v sum in another order than the CPU's, so a K or V byte can round the other way.
       EXPECT_LE(RelL2(ToFloats(got_attn.Get()), want_a), 5e-3) << what;
       EXPECT_LE(RelL2(slot_values(), want_kv), 1e-2) << what;

@@ -50,6 +50,8 @@ constexpr int KeyBufferStages() {
 }
 constexpr int kMaxStages = kStages + 2;
 static_assert(KeyBufferStages<128>() <= kMaxStages - kStages, "the barriers cover every stage");
+static_assert(kWarps * 2 * 16 * 16 * 4 <= kWarps * 2 * static_cast<int>(sizeof(Stage<32>)),
+              "o's products of every warp fit the key buffers");
 
 template <int HD>
 constexpr int SmemBytes() {
@@ -82,6 +84,7 @@ struct Params {
   int stages;          // q/k/v's ring stages, 2..kStages (+ KeyBufferStages, AttentionBlockArgs::ring_stages)
   int early_tiles;     // AttentionBlockArgs::early_key_tiles
   bool wide;           // AttentionBlockArgs::wide_boxes
+  bool vector_adds;    // AttentionBlockArgs::vector_adds
 };
 
 __device__ __forceinline__ void Stamp(const Params& p, int which) {
@@ -101,6 +104,12 @@ __device__ __forceinline__ int UsesBefore(const Params& p, int st) {
   if (st < p.qkv_steps) return st / p.stages;
   const int b = st - p.qkv_steps, o_ring = min(p.stages, kStages), s = b % o_ring;
   return max(0, (p.qkv_steps - s + p.stages - 1) / p.stages) + b / o_ring;
+}
+
+// *p += v, four floats at a 16-byte-aligned address, as one L2 reduction (sm_90).
+__device__ __forceinline__ void RedAddV4(float* p, float4 v) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
 }
 
 __device__ __forceinline__ void ConsumerSync() { asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory"); }
@@ -479,16 +488,43 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) tma::BarrierArrive(&empty_s[s]);
     }
     if (tid == 0) Stamp(p, 5);
+    if (p.vector_adds) {
+      // Through 2 KB a warp of the key buffers (idle after the attention), so that each lane adds
+      // four adjacent columns of one row with one vector reduction: 4× fewer L2 reductions.
+      float* t_s = reinterpret_cast<float*>(&stages[0][0]) + warp * 2 * 256;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int t = warp + kWarps * i;
-      if (t >= p.o_tiles) continue;
+      for (int i = 0; i < 2; ++i) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+        for (int j = 0; j < 2; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = ci * o_rows + 16 * t + qg + 8 * (e >> 1), row = 8 * j + 2 * qc + (e & 1);
-          if (row < p.rows) atomicAdd(p.x + static_cast<int64_t>(row) * p.hidden + col, acc[i][j][e]);
+          for (int e = 0; e < 4; ++e) t_s[i * 256 + (8 * j + 2 * qc + (e & 1)) * 16 + qg + 8 * (e >> 1)] = acc[i][j][e];
+        }
+      }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int t = warp + kWarps * i;
+        if (t >= p.o_tiles) continue;
+#pragma unroll
+        for (int q = lane; q < 64; q += 32) {
+          const int row = q >> 2, c = 4 * (q & 3);
+          if (row >= p.rows) continue;
+          const float4 v = *reinterpret_cast<const float4*>(t_s + i * 256 + row * 16 + c);
+          RedAddV4(p.x + static_cast<int64_t>(row) * p.hidden + ci * o_rows + 16 * t + c, v);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int t = warp + kWarps * i;
+        if (t >= p.o_tiles) continue;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = ci * o_rows + 16 * t + qg + 8 * (e >> 1), row = 8 * j + 2 * qc + (e & 1);
+            if (row < p.rows) atomicAdd(p.x + static_cast<int64_t>(row) * p.hidden + col, acc[i][j][e]);
+          }
         }
       }
     }
@@ -566,11 +602,11 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
         "AttentionBlock: xn and w_qkv 16-byte aligned and a qkv scratch, or q/k/v given as 1..", kMaxPartials,
         " partials of a whole [rows, q/k/v width] each"));
   }
-  if (a.w_o == nullptr || !aligned(a.w_o) || !aligned(a.attn) || a.attn == nullptr || a.x == nullptr ||
+  if (a.w_o == nullptr || !aligned(a.w_o) || !aligned(a.attn) || a.attn == nullptr || a.x == nullptr || !aligned(a.x) ||
       a.inv_freq == nullptr || a.clamps == nullptr || a.workspace == nullptr || a.meta.pos == nullptr ||
       a.meta.seq == nullptr || a.meta.block_table == nullptr) {
     return absl::InvalidArgumentError(
-        "AttentionBlock: w_o and attn 16-byte aligned; x, inv_freq, clamps, the row metadata and a workspace");
+        "AttentionBlock: w_o, attn and x 16-byte aligned; inv_freq, clamps, the row metadata and a workspace");
   }
   const int max_stages = AttentionBlockMaxRingStages(a.geometry.head_dim, a.early_key_tiles);
   if (a.ring_stages < 2 || a.ring_stages > max_stages || a.early_key_tiles < 0 || a.early_key_tiles > 2) {
@@ -593,7 +629,7 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.meta = a.meta, p.g = g, p.layer = a.layer;
   p.qkv = a.qkv, p.attn = a.attn, p.x = a.x, p.clamps = a.clamps, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous, p.timeline = a.timeline;
-  p.stages = a.ring_stages, p.early_tiles = a.early_key_tiles, p.wide = a.wide_boxes;
+  p.stages = a.ring_stages, p.early_tiles = a.early_key_tiles, p.wide = a.wide_boxes, p.vector_adds = a.vector_adds;
   CUtensorMap maps[4] = {};  // given: q/k/v's three stay zero, never read
   if (!given) {
     if (absl::Status s = tma::Map(&maps[0], a.w_qkv, a.hidden, p.qkvw, 16); !s.ok()) return s;

@@ -70,10 +70,12 @@ struct AttentionBlockArgs {
   // the kernel's start (the rest of the first two after the q/k/v phase); ring_stages: q/k/v's
   // ring stages (24 KB of W each at the 8B shape), 2-4, or with no early key tiles up to 6 at
   // head_dim 128 (5 at 64), the key buffers holding the extra ones; wide_boxes: one 48-row TMA box
-  // a k box where the CTA's three W tiles are contiguous rows (else three 16-row boxes).
+  // a k box where the CTA's three W tiles are contiguous rows (else three 16-row boxes);
+  // vector_adds: o's sums go into x as 4-float vector reductions (else one atomic add a float).
   int ring_stages = 4;
   int early_key_tiles = 2;
   bool wide_boxes = false;
+  bool vector_adds = true;
 };
 
 inline constexpr int kAttentionBlockStamps = 7;
