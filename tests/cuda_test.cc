@@ -1338,6 +1338,20 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
       EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
       EXPECT_EQ(dx.Get(), x0) << "nothing launched";
     }
+    // Given q/k/v: too many partials, or partials closer than a whole [rows, width]: refused.
+    for (const cuda::Partials& bad : {cuda::Partials{qkv_halves.p, cuda::kMaxPartials + 1, int64_t(dq.n)},
+                                      cuda::Partials{qkv_halves.p, 2, int64_t(dq.n) - 1}}) {
+      Dev<float> dx(x0);
+      Dev<__half> got_attn(size_t(seqs) * qd);
+      const absl::Status refused =
+          cuda::AttentionBlock({.rows = seqs, .hidden = hidden, .heads = heads, .bias = dbias.p, .w_o = dwo.p,
+                                .inv_freq = dinv.p, .scale = 1.0f, .meta = meta, .geometry = f.g, .layer = f.view(),
+                                .qkv_parts = bad, .attn = got_attn.p, .x = dx.p, .clamps = clamps.p,
+                                .workspace = workspace.p},
+                               nullptr);
+      EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+      EXPECT_EQ(dx.Get(), x0) << "nothing launched";
+    }
   }
   EXPECT_EQ(clamps.Get()[0], 0u);
   // More rows than a group has CTAs, or an fp16 cache: not taken.

@@ -563,7 +563,8 @@ int GroupCtas(int sms, int kv_heads) { return std::min(kMaxGroupCtas, kv_heads >
 
 int AttentionBlockMaxRingStages(int head_dim, int early_key_tiles) {
   if (early_key_tiles != 0) return kStages;
-  return kStages + (head_dim == 128 ? KeyBufferStages<128>() : head_dim == 64 ? KeyBufferStages<64>() : KeyBufferStages<32>());
+  if (head_dim == 128) return kStages + KeyBufferStages<128>();
+  return kStages + (head_dim == 64 ? KeyBufferStages<64>() : KeyBufferStages<32>());
 }
 
 absl::Status AttentionBlockTakes(int rows, int hidden, int heads, const KvGeometry& g, int sliding_window) {
@@ -595,12 +596,14 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const Partials parts = a.qkv_parts.OrNone();
   const bool given = parts.count > 0;
-  if (given ? parts.count > kMaxPartials || parts.stride < int64_t{a.rows} * (a.heads + 2 * a.geometry.kv_heads) *
-                                                                 a.geometry.head_dim
-            : a.xn == nullptr || a.w_qkv == nullptr || !aligned(a.xn) || !aligned(a.w_qkv) || a.qkv == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AttentionBlock: xn and w_qkv 16-byte aligned and a qkv scratch, or q/k/v given as 1..", kMaxPartials,
-        " partials of a whole [rows, q/k/v width] each"));
+  if (given) {
+    const int64_t width = int64_t{a.rows} * (a.heads + 2 * a.geometry.kv_heads) * a.geometry.head_dim;
+    if (parts.count > kMaxPartials || parts.stride < width) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AttentionBlock: q/k/v given as 1..", kMaxPartials, " partials of [rows, q/k/v width] each"));
+    }
+  } else if (a.xn == nullptr || a.w_qkv == nullptr || !aligned(a.xn) || !aligned(a.w_qkv) || a.qkv == nullptr) {
+    return absl::InvalidArgumentError("AttentionBlock: xn and w_qkv 16-byte aligned and a qkv scratch, or q/k/v given");
   }
   if (a.w_o == nullptr || !aligned(a.w_o) || !aligned(a.attn) || a.attn == nullptr || a.x == nullptr || !aligned(a.x) ||
       a.inv_freq == nullptr || a.clamps == nullptr || a.workspace == nullptr || a.meta.pos == nullptr ||
