@@ -50,8 +50,8 @@ constexpr int KeyBufferStages() {
 }
 constexpr int kMaxStages = kStages + 2;
 static_assert(KeyBufferStages<128>() <= kMaxStages - kStages, "the barriers cover every stage");
-static_assert(kWarps * 2 * 16 * 16 * 4 <= kWarps * 2 * static_cast<int>(sizeof(Stage<32>)),
-              "o's products of every warp fit the key buffers");
+static_assert(kWarps * 2 * 16 * 20 * 4 <= kWarps * 2 * static_cast<int>(sizeof(Stage<32>)),
+              "o's products of every warp (16 rows 20 floats apart, two tiles) fit the key buffers");
 
 template <int HD>
 constexpr int SmemBytes() {
@@ -489,15 +489,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (tid == 0) Stamp(p, 5);
     if (p.vector_adds) {
-      // Through 2 KB a warp of the key buffers (idle after the attention), so that each lane adds
-      // four adjacent columns of one row with one vector reduction: 4× fewer L2 reductions.
-      float* t_s = reinterpret_cast<float*>(&stages[0][0]) + warp * 2 * 256;
+      // Through 2.5 KB a warp of the key buffers (idle after the attention), so that each lane adds
+      // four adjacent columns of one row with one vector reduction: 4× fewer L2 reductions. Rows
+      // kOStride floats apart: the quad's four lanes store into different banks.
+      constexpr int kOStride = 20, kOTile = 16 * kOStride;
+      float* t_s = reinterpret_cast<float*>(&stages[0][0]) + warp * 2 * kOTile;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) t_s[i * 256 + (8 * j + 2 * qc + (e & 1)) * 16 + qg + 8 * (e >> 1)] = acc[i][j][e];
+          for (int e = 0; e < 4; ++e) {
+            t_s[i * kOTile + (8 * j + 2 * qc + (e & 1)) * kOStride + qg + 8 * (e >> 1)] = acc[i][j][e];
+          }
         }
       }
       __syncwarp();
@@ -509,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int q = lane; q < 64; q += 32) {
           const int row = q >> 2, c = 4 * (q & 3);
           if (row >= p.rows) continue;
-          const float4 v = *reinterpret_cast<const float4*>(t_s + i * 256 + row * 16 + c);
+          const float4 v = *reinterpret_cast<const float4*>(t_s + i * kOTile + row * kOStride + c);
           RedAddV4(p.x + static_cast<int64_t>(row) * p.hidden + ci * o_rows + 16 * t + c, v);
         }
       }
