@@ -15,13 +15,11 @@ namespace {
 
 using mma_attention::DecodeMergeAt;
 using mma_attention::DecodeMergeStride;
-using mma_attention::Fp8x2ToHalf2;
 using mma_attention::kDecodeMergeRows;
 using mma_attention::kKeys;
 using mma_attention::kLog2e;
 using mma_attention::Mma;
 using mma_attention::PackHalf2;
-using mma_attention::RowBytes;
 using mma_attention::Stage;
 using tma::Swizzled;
 
@@ -153,8 +151,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     AttentionBlockKernel(const __grid_constant__ CUtensorMap wqkv_map, const __grid_constant__ CUtensorMap wqkv_wide_map,
                          const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap wo_map,
                          const __grid_constant__ Params p) {
-  constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
-  constexpr int kRow = RowBytes<HD>();
   constexpr int kChunks = HD / 16;
   constexpr int kOTiles = HD / 16, kSpan = HD / 8;
   extern __shared__ unsigned char smem_raw[];
@@ -366,18 +362,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint8_t* vs = stages[warp][s].v;
         // S = Q · Kᵀ (keys 8j + 2qc, +1 of row qg in sc[j][0..1]), then the online softmax with
         // the V scales folded into P, then Oᵀ += Vᵀ · Pᵀ: attention_mma.cuh's decode path.
-        float sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const uint8_t* krow = ks + (8 * j + qg) * kRow + 2 * qc;
-#pragma unroll
-          for (int kc = 0; kc < kChunks; ++kc) {
-            const uint32_t b0 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16), kKind);
-            const uint32_t b1 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16 + 8), kKind);
-            const uint32_t a[4] = {qa[kc][0], 0u, qa[kc][1], 0u};
-            Mma(sc[j], a, b0, b1);
-          }
-        }
+        float sc[2][4];
+        mma_attention::QkScores<D, HD, 1>(ks, qa, sc);
         float pr[2][2], vsc[2][2], tmax = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {

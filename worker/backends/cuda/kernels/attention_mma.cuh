@@ -281,6 +281,30 @@ __device__ __forceinline__ void DecodePv(const uint8_t* vs, const uint32_t (&pa)
   }
 }
 
+// S = Q · Kᵀ over one tile of K rows at ks: n-tile j covers keys 8j .. 8j + 7; this lane's
+// columns are keys 8j + 2qc, +1, in sc[j][0..1] for row qg and (two row halves) sc[j][2..3] for
+// row qg + 8. qa[kc]: Q's A fragment of dims 16kc .. 16kc + 15, rows qg (and qg + 8).
+template <KvDtype D, int HD, int kHalves>
+__device__ __forceinline__ void QkScores(const uint8_t* ks, const uint32_t (&qa)[HD / 16][2 * kHalves],
+                                         float (&sc)[2][4]) {
+  constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
+  constexpr int kRow = RowBytes<HD>();
+  const int lane = threadIdx.x & 31, qg = lane >> 2, qc = lane & 3;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+    const uint8_t* krow = ks + (8 * j + qg) * kRow + 2 * qc;
+#pragma unroll
+    for (int kc = 0; kc < HD / 16; ++kc) {
+      const uint32_t b0 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16), kKind);
+      const uint32_t b1 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16 + 8), kKind);
+      const uint32_t a[4] = {qa[kc][0], kHalves == 2 ? qa[kc][1] : 0u, qa[kc][kHalves],
+                             kHalves == 2 ? qa[kc][kHalves + 1] : 0u};
+      Mma(sc[j], a, b0, b1);
+    }
+  }
+}
+
 constexpr int StageBytes(int hd, int warps) { return warps * 2 * 2 * kKeys * (hd + 16); }
 
 // Dynamic shared memory a CTA of `warps` takes: the 4-warp kernel keeps its two stages a warp in
@@ -510,20 +534,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
       const uint8_t* ks = stages[warp][s].k;
       const uint8_t* vs = stages[warp][s].v;
 
-      // S = Q · Kᵀ: n-tile j covers keys 8j .. 8j + 7; this lane's columns are keys 8j + 2qc, +1,
-      // in sc[j][0..1] for row qg and sc[j][2..3] for row qg + 8.
-      float sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint8_t* krow = ks + (8 * j + qg) * kRow + 2 * qc;
-#pragma unroll
-        for (int kc = 0; kc < kChunks; ++kc) {
-          const uint32_t b0 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16), kKind);
-          const uint32_t b1 = Fp8x2ToHalf2(*reinterpret_cast<const uint16_t*>(krow + kc * 16 + 8), kKind);
-          const uint32_t a[4] = {qa[kc][0], kTiled ? qa[kc][1] : 0u, qa[kc][kHalves], kTiled ? qa[kc][kHalves + 1] : 0u};
-          Mma(sc[j], a, b0, b1);
-        }
-      }
+      float sc[2][4];
+      QkScores<D, HD, kHalves>(ks, qa, sc);
       // Scales of this lane's four keys (8j + 2qc + e) from the lanes that loaded them.
       float p[kHalves][2][2], vsc[2][2];
       float tmax[kHalves];
