@@ -741,6 +741,22 @@ void PoisonSlots(PagedFixture& f, const std::vector<int32_t>& slots) {
   }
 }
 
+// What f's cache holds at `slots`, as floats: [slot][kv head][K, V][head_dim].
+std::vector<float> SlotValues(PagedFixture& f, const std::vector<int32_t>& slots) {
+  std::vector<float> out;
+  Dev<float> head(f.g.head_dim);
+  for (int32_t slot : slots) {
+    for (int kh = 0; kh < f.g.kv_heads; ++kh) {
+      for (int value = 0; value < 2; ++value) {
+        EXPECT_TRUE(cuda::ReadKvForTest(f.g, f.view(), value, slot / 16, slot % 16, kh, head.p, nullptr).ok());
+        const auto h = head.Get();
+        out.insert(out.end(), h.begin(), h.end());
+      }
+    }
+  }
+  return out;
+}
+
 struct KvCase {
   int head_dim;
   KvDtype dtype;
@@ -1141,22 +1157,10 @@ TEST_P(CudaKvTest, DecodeWithRopeMatchesRopeWriteKv) {
     last_seq[s] = s, last_pos[s] = lens[s] - 1;
     slots[s] = f.table[size_t(s) * f.g.max_blocks_per_seq + last_pos[s] / 16] * 16 + last_pos[s] % 16;
   }
-  Dev<float> dparts(parts), dbias(bias), dinv(inv), head(hd);
+  Dev<float> dparts(parts), dbias(bias), dinv(inv);
   Dev<int32_t> dlast_seq(last_seq), dlast_pos(last_pos);
   const RowMeta meta{dlast_seq.p, dlast_pos.p, dtable.p};
-  auto slot_values = [&]() {  // the last positions' cached K and V, as floats
-    std::vector<float> out;
-    for (int s = 0; s < seqs; ++s) {
-      for (int kh = 0; kh < kv_heads; ++kh) {
-        for (int value = 0; value < 2; ++value) {
-          EXPECT_TRUE(cuda::ReadKvForTest(f.g, f.view(), value, slots[s] / 16, slots[s] % 16, kh, head.p, nullptr).ok());
-          const auto h = head.Get();
-          out.insert(out.end(), h.begin(), h.end());
-        }
-      }
-    }
-    return out;
-  };
+  auto slot_values = [&]() { return SlotValues(f, slots); };  // the last positions' cached K and V
   struct Run {
     int splits, window, warps, partials;
   };
@@ -1244,20 +1248,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     const auto xn_h = RoundToHalf(xn);
     const auto x0 = Random(size_t(seqs) * hidden, rng);
     Dev<__half> dxn(xn_h);
-    Dev<float> head(hd);
-    auto slot_values = [&]() {
-      std::vector<float> out;
-      for (int sq = 0; sq < seqs; ++sq) {
-        for (int kh = 0; kh < kv_heads; ++kh) {
-          for (int value = 0; value < 2; ++value) {
-            EXPECT_TRUE(cuda::ReadKvForTest(f.g, f.view(), value, slots[sq] / 16, slots[sq] % 16, kh, head.p, nullptr).ok());
-            const auto h = head.Get();
-            out.insert(out.end(), h.begin(), h.end());
-          }
-        }
-      }
-      return out;
-    };
+    auto slot_values = [&]() { return SlotValues(f, slots); };
     // The parts.
     Dev<float> dq(XWt(xn, wqkv.data(), seqs, hidden, width, hidden));
     cuda::AttentionShape shape{.rows = seqs, .heads = heads, .q_stride = width, .scale = 1.0f / std::sqrt(float(hd)),
