@@ -14,7 +14,6 @@ namespace tailserve::cuda {
 namespace {
 
 using mma_attention::DecodeMergeAt;
-using mma_attention::DecodeMergeStride;
 using mma_attention::kDecodeMergeRows;
 using mma_attention::kKeys;
 using mma_attention::kLog2e;
@@ -152,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap wo_map,
                          const __grid_constant__ Params p) {
   constexpr int kChunks = HD / 16;
-  constexpr int kOTiles = HD / 16, kSpan = HD / 8;
+  constexpr int kOTiles = HD / 16;
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_s[kMaxStages], empty_s[kMaxStages];
   __shared__ alignas(16) float fresh_s[2][HD];
@@ -410,32 +409,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       static_assert(sizeof(Stage<HD>) * kWarps * 2 >= (kWarps * 16 * HD + kWarps * 32) * sizeof(float), "merge buffer");
       ConsumerSync();
       if (qc == 0) ml_s[(warp * 16 + qg) * 2] = m, ml_s[(warp * 16 + qg) * 2 + 1] = l;
-      {
-        float* row_a = o_s + DecodeMergeAt<HD>(warp * kDecodeMergeRows + 2 * qc, qg * kSpan);
-        float* row_b = row_a + DecodeMergeStride<HD>();
-#pragma unroll
-        for (int mt = 0; mt < kOTiles; ++mt) {
-          *reinterpret_cast<float2*>(row_a + 2 * mt) = make_float2(o[mt][0] * o_scale, o[mt][2] * o_scale);
-          *reinterpret_cast<float2*>(row_b + 2 * mt) = make_float2(o[mt][1] * o_scale, o[mt][3] * o_scale);
-        }
-      }
+      mma_attention::StoreDecodeO<HD>(o_s, warp, o, o_scale);
       ConsumerSync();
       __half* out = p.attn + (static_cast<int64_t>(r0) * p.heads + g * group) * HD;
       for (int i = tid; i < group * HD; i += kWarps * 32) {
         const int r = i / HD, d = i % HD;
-        float mm = -INFINITY;
-#pragma unroll
-        for (int w2 = 0; w2 < kWarps; ++w2) mm = fmaxf(mm, ml_s[(w2 * 16 + r) * 2]);
-        float acc = 0.0f, sum = 0.0f;
-#pragma unroll
-        for (int w2 = 0; w2 < kWarps; ++w2) {
-          const float mw = ml_s[(w2 * 16 + r) * 2];
-          if (mw == -INFINITY) continue;
-          const float c = exp2f(mw - mm);
-          acc += o_s[DecodeMergeAt<HD>(w2 * kDecodeMergeRows + r, d)] * c;
-          sum += ml_s[(w2 * 16 + r) * 2 + 1] * c;
-        }
-        out[i] = __float2half(acc / sum);
+        const mma_attention::WarpMerge w = mma_attention::MergeWarps<kWarps>(
+            o_s, ml_s, r, [&](int w2) { return DecodeMergeAt<HD>(w2 * kDecodeMergeRows + r, d); });
+        out[i] = __float2half(w.acc / w.sum);
       }
       ConsumerSync();
       if (tid == 0) {

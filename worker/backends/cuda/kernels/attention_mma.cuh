@@ -85,6 +85,42 @@ __device__ __forceinline__ int DecodeMergeAt(int row, int d) {
 }
 constexpr int kDecodeMergeRows = 8;  // query heads a warp's Oᵀ covers (G ≤ 8)
 
+// Decode: this warp's Oᵀ fragments (dims qg·kSpan + 2mt (+1), query heads 2qc, 2qc + 1), times
+// o_scale, into its rows of the decode merge buffer at o_s.
+template <int HD>
+__device__ __forceinline__ void StoreDecodeO(float* o_s, int warp, const float (&o)[HD / 16][4], float o_scale) {
+  const int lane = threadIdx.x & 31, qg = lane >> 2, qc = lane & 3;
+  float* row_a = o_s + DecodeMergeAt<HD>(warp * kDecodeMergeRows + 2 * qc, qg * (HD / 8));
+  float* row_b = row_a + DecodeMergeStride<HD>();  // head 2qc + 1
+#pragma unroll
+  for (int mt = 0; mt < HD / 16; ++mt) {
+    *reinterpret_cast<float2*>(row_a + 2 * mt) = make_float2(o[mt][0] * o_scale, o[mt][2] * o_scale);
+    *reinterpret_cast<float2*>(row_b + 2 * mt) = make_float2(o[mt][1] * o_scale, o[mt][3] * o_scale);
+  }
+}
+
+// Row r's merge of kWarps warps' partial softmaxes at one element: warp w's max (log2 domain) and
+// sum at ml_s[2(16w + r)], [+1], its unnormalised value at o_s[slot(w)]. A warp with max -inf had
+// no key for the row and is skipped.
+struct WarpMerge {
+  float max, acc, sum;
+};
+template <int kWarps, typename Slot>
+__device__ __forceinline__ WarpMerge MergeWarps(const float* o_s, const float* ml_s, int r, Slot slot) {
+  WarpMerge out{-INFINITY, 0.0f, 0.0f};
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) out.max = fmaxf(out.max, ml_s[(w * 16 + r) * 2]);
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const float mw = ml_s[(w * 16 + r) * 2];
+    if (mw == -INFINITY) continue;
+    const float c = exp2f(mw - out.max);
+    out.acc += o_s[slot(w)] * c;
+    out.sum += ml_s[(w * 16 + r) * 2 + 1] * c;
+  }
+  return out;
+}
+
 // cluster_merge: after each CTA of the cluster (one a split, rank = split) has left its
 // unnormalised output in acc_s[DecodeMergeAt(r, d)] and its max (log2 domain) and sum in
 // ml_s[2r], [2r + 1] (max -inf: no keys, and then its values are garbage), CTA `rank` merges a
@@ -349,8 +385,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
   constexpr int kChunks = HD / 16;  // k-steps of Q·Kᵀ
   constexpr int kDimTiles = HD / 8;  // n-tiles of P·V (prefill)
   // Decode computes Oᵀ = Vᵀ · Pᵀ instead (see below): HD / 16 m-tiles, and each lane multiplies
-  // kSpan contiguous bytes of a V row.
-  constexpr int kOTiles = kTiled ? kDimTiles : HD / 16, kSpan = HD / 8;
+  // HD / 8 contiguous bytes of a V row.
+  constexpr int kOTiles = kTiled ? kDimTiles : HD / 16;
   constexpr int kHalves = kTiled ? 2 : 1;  // mma row halves in use: rows qg (and qg + 8)
   __shared__ Stage<HD> static_stages[kWarps == kDefaultWarps ? kWarps : 1][2];
   Stage<HD>(*const stages)[2] = kWarps == kDefaultWarps ? static_stages : DynamicStages<HD, kWarps>();
@@ -626,15 +662,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
       }
       if (qc == 0) ml_s[(warp * 16 + r) * 2] = m[h], ml_s[(warp * 16 + r) * 2 + 1] = l[h];
     }
-    if constexpr (!kTiled) {  // Oᵀ fragments: dims qg·kSpan + 2mt (+1), query heads 2qc, 2qc + 1
-      float* row_a = o_s + DecodeMergeAt<HD>(warp * kDecodeMergeRows + 2 * qc, qg * kSpan);
-      float* row_b = row_a + DecodeMergeStride<HD>();  // head 2qc + 1
-#pragma unroll
-      for (int mt = 0; mt < kOTiles; ++mt) {
-        *reinterpret_cast<float2*>(row_a + 2 * mt) = make_float2(o[mt][0] * o_scale, o[mt][2] * o_scale);
-        *reinterpret_cast<float2*>(row_b + 2 * mt) = make_float2(o[mt][1] * o_scale, o[mt][3] * o_scale);
-      }
-    }
+    if constexpr (!kTiled) StoreDecodeO<HD>(o_s, warp, o, o_scale);
     __syncthreads();
     for (int i = threadIdx.x; i < mma_rows * HD; i += blockDim.x) {
       const int r = i / HD, d = i % HD;
@@ -642,18 +670,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
       auto slot = [&](int w) {
         return kTiled ? (w * 16 + r) * HD + d : DecodeMergeAt<HD>(w * kDecodeMergeRows + r, d);
       };
-      float mm = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, ml_s[(w * 16 + r) * 2]);
-      float acc = 0.0f, sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = ml_s[(w * 16 + r) * 2];
-        if (mw == -INFINITY) continue;  // a warp that had no key for this row
-        const float c = exp2f(mw - mm);
-        acc += o_s[slot(w)] * c;
-        sum += ml_s[(w * 16 + r) * 2 + 1] * c;
-      }
+      const auto [mm, acc, sum] = MergeWarps<kWarps>(o_s, ml_s, r, slot);
       if (splits == 1) {
         final_at(r)[d] = __float2half(acc / sum);
         continue;
