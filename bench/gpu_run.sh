@@ -10,7 +10,9 @@
 # AB_FLAGS (e.g. --attention-splits 8) makes the A/B this build without those flags against with them,
 # and AB_ARMS lists arms of either binary with flags ("base;new;new:--attention-splits 8");
 # trace: the 8B (TRACE_MODEL=l1b: the 1B) decode at TRACE_BATCHES (1,16,64), with TRACE_FLAGS (files named by TRACE_TAG), under
-# bench/cupti_trace.cc, then bench/trace_table.py: what each kernel of the replayed step costs it)
+# bench/cupti_trace.cc, then bench/trace_table.py: what each kernel of the replayed step costs it;
+# BENCH_FLAGS: engine options for check, bench, bench8b and soak, e.g. to measure an option before it
+# becomes the default)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -90,13 +92,17 @@ elif [ "$MODE" = trace ]; then
   xz -T0 -c /tmp/trace.tsv > "$OUT/trace$tag.tsv.xz"
 elif [ "$MODE" = bench8b ]; then
   echo "== bench 8B (decode only)"
-  $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512,2048 --prefills 512 2>&1 | tee "$OUT/bench_8b.md"
+  # shellcheck disable=SC2086  # BENCH_FLAGS: words
+  $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512,2048 --prefills 512 ${BENCH_FLAGS:-} 2>&1 | tee "$OUT/bench_8b.md"
 elif [ "$MODE" = check ] || [ "$MODE" = bench ]; then
   echo "== bench 1B"
-  $R tailserve-bench-cuda --model /tmp/ckpt/l1b --batches 1,16,64 --contexts 512,2048 --prefills 512,2048 2>&1 | tee "$OUT/bench_1b.md"
+  # shellcheck disable=SC2086  # BENCH_FLAGS: words
+  $R tailserve-bench-cuda --model /tmp/ckpt/l1b --batches 1,16,64 --contexts 512,2048 --prefills 512,2048 ${BENCH_FLAGS:-} 2>&1 | tee "$OUT/bench_1b.md"
   echo "== bench 8B"
-  $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512,2048 --prefills 512,2048 2>&1 | tee "$OUT/bench_8b.md"
+  # shellcheck disable=SC2086  # BENCH_FLAGS: words
+  $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 1,16,64 --contexts 512,2048 --prefills 512,2048 ${BENCH_FLAGS:-} 2>&1 | tee "$OUT/bench_8b.md"
 else
   echo "== soak 8B batch 64, 180 s"
-  $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 64 --prefills 512 --steps 20 --soak-seconds 180 2>&1 | tee "$OUT/soak_8b.md"
+  # shellcheck disable=SC2086  # BENCH_FLAGS: words
+  $R tailserve-bench-cuda --model /tmp/ckpt/l8b --batches 64 --prefills 512 --steps 20 --soak-seconds 180 ${BENCH_FLAGS:-} 2>&1 | tee "$OUT/soak_8b.md"
 fi
