@@ -2,7 +2,7 @@
 # One device run (see ../shared/gpu/README.md): GPU tests, kernel tests under compute-sanitizer,
 # then the decode/prefill benchmark on synthetic Llama-3.2-1B and Llama-3.1-8B checkpoints.
 # Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|tests|bench|bench8b|ab|soak|kernels|kvlayout|trace]
-# (tests: check's GPU tests and memcheck without its benchmarks)
+# (tests: check's GPU tests and memcheck without its benchmarks; MEMCHECK_TIMEOUT (300) bounds memcheck)
 # (kernels [args]: the projections and attention alone at the 8B shape, no checkpoint: seconds, for kernel work;
 # args go to tailserve-bench-kernels, e.g. --gemm-search, --ksplit, --gemv-splits or --stream-gemm; ab: decode at 512 tokens, batch 1/16/64, of a baseline
 # build packed as .gpu/bin/tailserve-bench-cuda-base against this one, in alternating processes, AB_ROUNDS (2)
@@ -29,14 +29,15 @@ if [ "$MODE" = check ] || [ "$MODE" = tests ]; then
   echo "== GPU tests"
   # Bounded: a persistent kernel that waits on other CTAs (StreamFfn's test) would hang rather than fail.
   timeout 240 $R tailserve_cuda_tests > "$OUT/cuda_tests.log" 2>&1
-  echo "exit code $? (124: timed out)"
+  echo "exit code $? (124: timed out), ${SECONDS} s into the run"
   grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|worst rel|PASSED|FAILED TEST" "$OUT/cuda_tests.log" | head -60
   echo "== compute-sanitizer (memcheck) on the kernel tests"
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [ -x "$CS" ]; then
-    timeout 300 $R "$CS" --tool memcheck --leak-check full --error-exitcode 9 .gpu/bin/tailserve_cuda_tests \
+    timeout "${MEMCHECK_TIMEOUT:-300}" $R "$CS" --tool memcheck --leak-check full --error-exitcode 9 .gpu/bin/tailserve_cuda_tests \
       --gtest_filter='CudaKernelTest.*:Dtypes/*:Ffn/*' > "$OUT/sanitizer.log" 2>&1
-    echo "memcheck exit code $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/sanitizer.log") clean summaries)"; tail -3 "$OUT/sanitizer.log"
+    echo "memcheck exit code $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/sanitizer.log") clean summaries), ${SECONDS} s into the run"
+    tail -3 "$OUT/sanitizer.log"
   else
     echo "compute-sanitizer not found"
   fi
