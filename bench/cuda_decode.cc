@@ -98,6 +98,7 @@ int Main(int argc, char** argv) {
   int64_t ffn_halves_min_bytes = CudaEngineOptions{}.ffn_halves_min_bytes;
   int in_situ_candidates = CudaEngineOptions{}.in_situ_candidates;
   int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
+  int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
@@ -123,6 +124,10 @@ int Main(int argc, char** argv) {
                  "launch; 2 cuBLASLt's q/k/v, then the attention and o in one launch; 0 neither")
       ->check(CLI::Range(0, 2))
       ->capture_default_str();
+  app.add_option("--attention-block-key-stages", block_key_stages,
+                 "with --fused-attention-block 2: key tiles a warp keeps in flight (more take W_o's ring stages)")
+      ->check(CLI::Range(2, 4))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
   for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
@@ -139,7 +144,8 @@ int Main(int argc, char** argv) {
                                          .ffn_halves_min_bytes = ffn_halves_min_bytes,
                                          .in_situ_candidates = in_situ_candidates,
                                          .attention_block =
-                                             static_cast<CudaEngineOptions::AttentionBlockUse>(attention_block)});
+                                             static_cast<CudaEngineOptions::AttentionBlockUse>(attention_block),
+                                         .attention_block_key_stages = block_key_stages});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

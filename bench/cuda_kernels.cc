@@ -1233,8 +1233,8 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
   std::vector<std::string> timelines;
   std::string sweep = "\nAttentionBlock variants (µs, given: with cuBLASLt's q/k/v; stamps: median CTA after the first "
                       "CTA's start, -1: none)\n\n| rows | context | q/k/v | ring stages | early key tiles | wide boxes | "
-                      "vector adds | µs | q/k/v counted | max | attention ends | o products done | end |\n"
-                      "|---:|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|\n";
+                      "vector adds | key stages | µs | q/k/v counted | max | attention ends | o products done | end |\n"
+                      "|---:|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
   for (int rows : rows_list) {
     if (rows < 2 || rows > max_rows) continue;
     for (int context : contexts) {
@@ -1268,6 +1268,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
       struct Knobs {  // AttentionBlockArgs' defaults unless set
         int stages = cuda::AttentionBlockArgs{}.ring_stages, early = cuda::AttentionBlockArgs{}.early_key_tiles;
         bool wide = cuda::AttentionBlockArgs{}.wide_boxes, vector = cuda::AttentionBlockArgs{}.vector_adds;
+        int keys = cuda::AttentionBlockArgs{}.key_stages;
       };
       // given: q/k/v from qkv_gemm's partials, the launch after it programmatic as in the engine.
       auto args = [&](uint64_t* stamps, Knobs k = {}, bool given = false) {
@@ -1279,7 +1280,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
                                : cuda::Partials{},
             .attn = attn16, .x = static_cast<float*>(x->get()), .clamps = count, .workspace = block_ws->get(),
             .overlap_previous = given, .timeline = stamps, .ring_stages = k.stages, .early_key_tiles = k.early,
-            .wide_boxes = k.wide, .vector_adds = k.vector};
+            .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys};
       };
       // One launch's stamps: [stamp] = {median, max} over CTAs in µs after the first CTA's start.
       const int ctas = std::min(16, sms / kvh) * kvh;
@@ -1343,7 +1344,8 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
       if (!variants) continue;
       // What holds the q/k/v phase: in-flight W (ring stages), the key copies beside it, TMA box
       // count. Given q/k/v (timed with cuBLASLt's q/k/v before it, its stamps alone): how much of
-      // W_o to stream during the attention, how many key tiles to copy before the RoPE.
+      // W_o to stream during the attention, how many key tiles to copy before the RoPE, and how
+      // many to keep in flight (more key stages take the ring stages a shallower W_o ring frees).
       std::vector<std::pair<bool, Knobs>> list;  // (given, knobs)
       for (bool given : {false, true}) {
         for (int stages : {2, 3, 4, 5, 6}) {
@@ -1353,6 +1355,10 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
             if (stages > (given ? std::min(4, most) : most)) continue;
             for (bool wide : {false, true}) {
               if (!(wide && given)) list.push_back({given, Knobs{.stages = stages, .early = early, .wide = wide}});
+            }
+            if (!given || stages > 4) continue;
+            for (int keys = 3; keys <= cuda::AttentionBlockMaxKeyStages(hd, stages); ++keys) {
+              list.push_back({given, Knobs{.stages = stages, .early = early, .keys = keys}});
             }
           }
         }
@@ -1368,9 +1374,9 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         if (!us.ok()) return us.status();
         absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k, given);
         if (!v.ok()) return v.status();
-        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
                                                 rows, context, given ? "given" : "block", k.stages, k.early,
-                                                k.wide ? "yes" : "no", k.vector ? "yes" : "no", *us, (*v)[1].first,
+                                                k.wide ? "yes" : "no", k.vector ? "yes" : "no", k.keys, *us, (*v)[1].first,
                                                 (*v)[1].second, (*v)[3].first, (*v)[5].first, (*v)[6].first));
       }
     }
@@ -1422,7 +1428,8 @@ int main(int argc, char** argv) {
   app.add_flag("--attention-block", attention_block,
                "only: q/k/v + attention + o as the engine runs them at 2-16 rows against AttentionBlock, and its timeline");
   app.add_flag("--attention-block-variants", attention_block_variants,
-               "--attention-block: also every ring depth × early key tiles × W box shape, with each one's q/k/v phase");
+               "--attention-block: also every ring depth × early key tiles × W box shape (× key stages given q/k/v), "
+               "with each one's phases");
   CLI11_PARSE(app, argc, argv);
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) {

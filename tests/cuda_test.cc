@@ -1228,9 +1228,10 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
   Dev<char> workspace(cuda::kAttentionBlockWorkspaceBytes);
   CUDA_OK(cudaMemset(workspace.p, 0, workspace.n));
   for (int seqs : {5, 16}) {
+    // Row 1's 650 tokens: five rounds of the 8 warps' 16-key tiles, so four key stages wrap too.
     std::vector<int> lens(seqs);
-    for (int i = 0; i < seqs; ++i) lens[i] = 1 + (i * 37 + (i == 3 ? 100 : 0)) % 200;
-    PagedFixture f(seqs, 200, kv_heads, hd, kc.dtype);
+    for (int i = 0; i < seqs; ++i) lens[i] = i == 1 ? 650 : 1 + (i * 37 + (i == 3 ? 100 : 0)) % 200;
+    PagedFixture f(seqs, 650, kv_heads, hd, kc.dtype);
     std::vector<int32_t> row_seq, row_pos;
     for (int sq = 0; sq < seqs; ++sq) {
       for (int p = 0; p + 1 < lens[sq]; ++p) row_seq.push_back(sq), row_pos.push_back(p);
@@ -1263,10 +1264,12 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     for (size_t i = 0; i < want_x.size(); ++i) want_x[i] += x0[i];
     // The block, twice as the engine runs it, then with the kernel bench's knobs (shallower ring,
     // key tiles copied after q/k/v, one W box for a CTA's contiguous tiles), then with q/k/v given
-    // as two partials that sum to the projection (xn, W_qkv and the scratch then unused: null).
+    // as two partials that sum to the projection (xn, W_qkv and the scratch then unused: null),
+    // also with the most key stages a ring of 2 and of 3 stages leaves room for.
     struct Knobs {
       int stages, early;
       bool wide, given = false, vector = true;
+      int keys = 2;
     };
     std::vector<float> halves(2 * dq.n);
     {
@@ -1279,14 +1282,20 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     const int most_stages = cuda::AttentionBlockMaxRingStages(hd, 0);
     EXPECT_EQ(most_stages, hd == 128 ? 6 : hd == 64 ? 5 : 4) << "the key buffers hold 2 / 1 / 0 ring stages";
     EXPECT_EQ(cuda::AttentionBlockMaxRingStages(hd, 1), 4);
+    EXPECT_EQ(defaults.key_stages, 2);
+    EXPECT_EQ(cuda::AttentionBlockMaxKeyStages(hd, 2), 4) << "a 2-stage ring leaves room for 4 key stages";
+    EXPECT_EQ(cuda::AttentionBlockMaxKeyStages(hd, 3), hd == 128 ? 3 : 4);
+    EXPECT_EQ(cuda::AttentionBlockMaxKeyStages(hd, 4), hd == 32 ? 3 : 2);
     const Knobs knobs[] = {{defaults.ring_stages, defaults.early_key_tiles, defaults.wide_boxes},
                            {defaults.ring_stages, defaults.early_key_tiles, defaults.wide_boxes},
                            {2, 0, true, false, false},
                            {3, 1, true},
                            {most_stages, 0, false},
                            {defaults.ring_stages, defaults.early_key_tiles, false, true},
-                           {2, 0, false, true, false}};
-    for (int launch = 0; launch < 7; ++launch) {
+                           {2, 0, false, true, false},
+                           {2, 2, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2)},
+                           {3, 1, false, true, false, cuda::AttentionBlockMaxKeyStages(hd, 3)}};
+    for (int launch = 0; launch < static_cast<int>(std::size(knobs)); ++launch) {
       const Knobs k = knobs[launch];
       Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
       Dev<__half> got_attn(size_t(seqs) * qd);
@@ -1298,7 +1307,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
            .qkv = k.given ? nullptr : qkv_scratch.p,
            .qkv_parts = k.given ? cuda::Partials{qkv_halves.p, 2, int64_t(dq.n)} : cuda::Partials{}, .attn = got_attn.p,
            .x = dx.p, .clamps = clamps.p, .workspace = workspace.p, .ring_stages = k.stages,
-           .early_key_tiles = k.early, .wide_boxes = k.wide, .vector_adds = k.vector},
+           .early_key_tiles = k.early, .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys},
           nullptr);
       ASSERT_TRUE(ran.ok()) << ran;
       CUDA_OK(cudaDeviceSynchronize());
@@ -1306,8 +1315,8 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                                std::to_string(kc.group) + " rows " + std::to_string(seqs) + " launch " +
                                std::to_string(launch) + " (stages " + std::to_string(k.stages) + ", early " +
                                std::to_string(k.early) + ", wide " + std::to_string(k.wide) + ", given " +
-                               std::to_string(k.given) + ", vector adds " + std::to_string(k.vector) + ") seed " +
-                               std::to_string(seed);
+                               std::to_string(k.given) + ", vector adds " + std::to_string(k.vector) + ", key stages " +
+                               std::to_string(k.keys) + ") seed " + std::to_string(seed);
       // q/k/v sum in another order than the CPU's, so a K or V byte can round the other way.
       EXPECT_LE(RelL2(ToFloats(got_attn.Get()), want_a), 5e-3) << what;
       EXPECT_LE(RelL2(slot_values(), want_kv), 1e-2) << what;
@@ -1316,7 +1325,8 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     EXPECT_EQ(std::vector<char>(workspace.Get()), std::vector<char>(workspace.n, 0)) << "counters left zeroed";
     // Knobs out of range are refused before anything launches.
     for (const Knobs& bad : {Knobs{1, 2, false}, Knobs{defaults.ring_stages + 1, 1, false},
-                             Knobs{most_stages + 1, 0, false}, Knobs{4, 3, false}}) {
+                             Knobs{most_stages + 1, 0, false}, Knobs{4, 3, false}, Knobs{2, 2, false, false, true, 3},
+                             Knobs{2, 2, false, false, true, 1}}) {
       Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
       Dev<__half> got_attn(size_t(seqs) * qd);
       const absl::Status refused =
@@ -1324,8 +1334,23 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                                 .bias = dbias.p, .w_o = dwo.p, .inv_freq = dinv.p, .scale = 1.0f,
                                 .meta = meta, .geometry = f.g, .layer = f.view(), .qkv = qkv_scratch.p,
                                 .attn = got_attn.p, .x = dx.p, .clamps = clamps.p, .workspace = workspace.p,
-                                .ring_stages = bad.stages, .early_key_tiles = bad.early, .wide_boxes = bad.wide},
+                                .ring_stages = bad.stages, .early_key_tiles = bad.early, .wide_boxes = bad.wide,
+                                .key_stages = bad.keys},
                                nullptr);
+      EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+      EXPECT_EQ(dx.Get(), x0) << "nothing launched";
+    }
+    // Given q/k/v: more key stages than the ring leaves room for: refused.
+    for (int ring : {2, 3, 4}) {
+      Dev<float> dx(x0);
+      Dev<__half> got_attn(size_t(seqs) * qd);
+      const absl::Status refused = cuda::AttentionBlock(
+          {.rows = seqs, .hidden = hidden, .heads = heads, .bias = dbias.p, .w_o = dwo.p, .inv_freq = dinv.p,
+           .scale = 1.0f, .meta = meta, .geometry = f.g, .layer = f.view(),
+           .qkv_parts = cuda::Partials{qkv_halves.p, 2, int64_t(dq.n)}, .attn = got_attn.p, .x = dx.p,
+           .clamps = clamps.p, .workspace = workspace.p, .ring_stages = ring,
+           .key_stages = cuda::AttentionBlockMaxKeyStages(hd, ring) + 1},
+          nullptr);
       EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
       EXPECT_EQ(dx.Get(), x0) << "nothing launched";
     }
@@ -1637,7 +1662,8 @@ INSTANTIATE_TEST_SUITE_P(
 // branches. Together the 19 rows take the split-K projections (partials summed by the attention and
 // the norms); alone each row takes the batch-1 Gemv path. FusedBlock: an FP8 cache, and the first 7
 // rows (a bucket of 8) run q/k/v, the attention and o as one AttentionBlock launch; BlockAfterQkv:
-// likewise the attention and o after cuBLASLt's q/k/v.
+// likewise the attention and o after cuBLASLt's q/k/v, with four key tiles a warp in flight (the
+// kernel test covers two).
 enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
@@ -1651,7 +1677,8 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
                                   .ffn_halves_min_bytes = mode == kHalves ? 0 : std::numeric_limits<int64_t>::max(),
                                   .attention_block = mode == kFusedBlock      ? CudaEngineOptions::AttentionBlockUse::kWhole
                                                      : mode == kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
-                                                                              : CudaEngineOptions::AttentionBlockUse::kOff});
+                                                                              : CudaEngineOptions::AttentionBlockUse::kOff,
+                                  .attention_block_key_stages = mode == kBlockAfterQkv ? 4 : 2});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;

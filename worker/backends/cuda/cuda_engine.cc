@@ -491,6 +491,13 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       split_k && mma_decode && options_.attention_block != BlockUse::kOff &&
       cuda::AttentionBlockTakes(rows, h, static_cast<int>(c.num_heads), kv_, shape.sliding_window).ok();
   const bool block_qkv = attention_block && options_.attention_block == BlockUse::kWhole;
+  // The deepest W_o ring that leaves room for the key stages asked for (the kernel's own default
+  // at 2); more than any ring allows is refused by the launch.
+  int block_ring_stages = cuda::AttentionBlockArgs{}.ring_stages;
+  while (block_ring_stages > 2 &&
+         cuda::AttentionBlockMaxKeyStages(kv_.head_dim, block_ring_stages) < options_.attention_block_key_stages) {
+    --block_ring_stages;
+  }
   cuda::Partials pending;
   // Decode through cuBLASLt (above batch 1, or a model the batch-1 Gemv does not take; dense, large
   // FFN): the FFN in two halves along its width, each gate/up → SwiGLU → down over its f / 2
@@ -550,7 +557,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                 .geometry = kv_, .layer = L.kv, .qkv = b.qkv,
                                 .qkv_parts = block_qkv ? cuda::Partials{} : qkv_in, .attn = b.attn, .x = b.x,
                                 .clamps = b.clamps, .workspace = b.attention_block_workspace,
-                                .overlap_previous = shape.overlap_previous},
+                                .overlap_previous = shape.overlap_previous, .ring_stages = block_ring_stages,
+                                .key_stages = options_.attention_block_key_stages},
                                s));
     } else if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,

@@ -51,6 +51,9 @@ struct CudaEngineOptions {
   // kAfterQkv is not measured yet.
   enum class AttentionBlockUse { kOff, kWhole, kAfterQkv };
   AttentionBlockUse attention_block = AttentionBlockUse::kOff;
+  // kAfterQkv: key tiles a warp keeps in flight (AttentionBlockArgs::key_stages, 2-4); above 2 the
+  // W_o ring keeps only the stages that leave room for them. Not measured yet.
+  int attention_block_key_stages = 2;
 };
 
 class CudaEngine final : public Engine {

@@ -47,6 +47,19 @@ constexpr int KeyBufferStages() {
 }
 constexpr int kMaxStages = kStages + 2;
 static_assert(KeyBufferStages<128>() <= kMaxStages - kStages, "the barriers cover every stage");
+
+// Key tiles in flight a warp (AttentionBlockArgs::key_stages): two in the key buffers; with q/k/v
+// given, more in the ring stages o leaves unused and in the aux buffer, idle until o's phase.
+constexpr int kMaxKeyStages = 4;
+template <int HD>
+constexpr int RingKeyStages(int ring_stages) {  // extra key stages that fit the ring's unused stages
+  return (ring_stages < kStages ? (kStages - ring_stages) * kStageBytes : 0) / static_cast<int>(sizeof(Stage<HD>));
+}
+template <int HD>
+constexpr int MaxKeyStages(int ring_stages) {
+  const int room = RingKeyStages<HD>(ring_stages) + kAuxBytes / static_cast<int>(sizeof(Stage<HD>));
+  return std::min(kMaxKeyStages, 2 + room / kWarps);
+}
 static_assert(kWarps * 2 * 16 * 20 * 4 <= kWarps * 2 * static_cast<int>(sizeof(Stage<32>)),
               "o's products of every warp (16 rows 20 floats apart, two tiles) fit the key buffers");
 
@@ -54,8 +67,13 @@ template <int HD>
 constexpr int SmemBytes() {
   return 1024 + kStages * kStageBytes + kWarps * 2 * static_cast<int>(sizeof(Stage<HD>)) + 8 * HD * 4 + kAuxBytes;
 }
+// The kernel's static shared memory: the ring's barriers, the fresh K/V, the key tiles' scales.
+template <int HD>
+constexpr int StaticSmemBytes() {
+  return 2 * kMaxStages * 8 + 2 * HD * 4 + kWarps * kMaxKeyStages * 32 * 4;
+}
 static_assert(16 * kMaxOTiles * 128 <= kStageBytes, "o's W box fits a stage");
-static_assert(SmemBytes<128>() + 2 * 1024 <= 227 * 1024, "one CTA an SM, with its static shared memory");
+static_assert(SmemBytes<128>() + StaticSmemBytes<128>() <= 227 * 1024, "one CTA an SM");
 
 struct Params {
   int rows, hidden, heads, kvh, group, qkvw, qd, ctas;  // ctas: S
@@ -82,6 +100,8 @@ struct Params {
   int early_tiles;     // AttentionBlockArgs::early_key_tiles
   bool wide;           // AttentionBlockArgs::wide_boxes
   bool vector_adds;    // AttentionBlockArgs::vector_adds
+  int key_stages;      // AttentionBlockArgs::key_stages
+  int ring_key_stages;  // of the key stages past each warp's first two, how many the ring holds (RingKeyStages)
 };
 
 __device__ __forceinline__ void Stamp(const Params& p, int which) {
@@ -155,6 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_s[kMaxStages], empty_s[kMaxStages];
   __shared__ alignas(16) float fresh_s[2][HD];
+  __shared__ alignas(16) float scale_s[kWarps][kMaxKeyStages][32];  // each key stage's scales, copied with it
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   Stage<HD>(*const stages)[2] = reinterpret_cast<Stage<HD>(*)[2]>(ring + kStages * kStageBytes);
   float* q_s = reinterpret_cast<float*>(ring + kStages * kStageBytes + kWarps * 2 * sizeof(Stage<HD>));
@@ -247,17 +268,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int begin = p.sliding_window > 0 ? max(0, pos0 - p.sliding_window + 1) : 0, end = pos0 + 1;
     const int kvh = p.kvh, group = p.group;
     const int32_t* blocks = attends ? BlockTableRow(p.meta, p.g, r0) : nullptr;
-    auto issue = [&](int t0, int s, float* scale_out) {
-      mma_attention::IssueTile<HD>(stages[warp][s], blocks, p.g, p.layer, g, t0, end, scale_out);
+    // The warp's key stage s: two in the key buffers, then (key_stages > 2, q/k/v given) the ring
+    // stages o leaves unused, then the aux buffer.
+    auto key_stage = [&](int s) -> Stage<HD>& {
+      if (s < 2) return stages[warp][s];
+      const int i = warp * (p.key_stages - 2) + s - 2;
+      unsigned char* at = i < p.ring_key_stages ? ring + p.stages * kStageBytes + i * sizeof(Stage<HD>)
+                                                : aux + (i - p.ring_key_stages) * sizeof(Stage<HD>);
+      return *reinterpret_cast<Stage<HD>*>(at);
+    };
+    // Copies the tile at key t into key stage s, its scales into scale_s[warp][s]: one commit group,
+    // an empty one past the row's end, so that when the loop waits for a tile, key_stages - 1 groups
+    // were committed after its own.
+    auto issue = [&](int t, int s) {
+      if (t < end) {
+        mma_attention::IssueTile<HD, true>(key_stage(s), blocks, p.g, p.layer, g, t, end, scale_s[warp][s]);
+      } else {
+        __pipeline_commit();
+      }
     };
     int t0 = begin + warp * kKeys;
-    float scale_cur = 0.0f, scale_next = 0.0f;
-    // issued: the first two tiles' copies started; those not started here start after q/k/v.
+    // issued: the warp's first key_stages tiles started (tile i in stage i); those not started here
+    // start after q/k/v.
     int issued = 0;
     auto issue_first = [&](int upto) {
       if (!attends) return;
-      if (issued == 0 && upto >= 1 && t0 < end) issue(t0, 0, &scale_cur), issued = 1;
-      if (issued == 1 && upto >= 2 && t0 + kWarps * kKeys < end) issue(t0 + kWarps * kKeys, 1, &scale_next), issued = 2;
+      for (; issued < min(upto, p.key_stages); ++issued) issue(t0 + issued * kWarps * kKeys, issued);
     };
     issue_first(p.early_tiles);
     GridDependencyWait();  // x, the cache and the scratch buffers are the previous kernels' before
@@ -307,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         Stamp(p, 1);
       }
     }
-    issue_first(2);
+    issue_first(p.key_stages);
 
     if (attends) {
       // The group's q/k/v are complete once its S CTAs have counted themselves (given: at the wait).
@@ -342,23 +378,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int t = 0; t < kOTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
       float m = -INFINITY, l = 0.0f, o_scale = 1.0f;
-      for (int it = 0; t0 < end; ++it, t0 += kWarps * kKeys) {
-        const int s = it & 1, t_next = t0 + kWarps * kKeys;
-        if (!(it == 0 && issued == 2)) {
-          if (t_next < end) {
-            issue(t_next, s ^ 1, &scale_next);
-          } else {
-            __pipeline_commit();  // an empty group keeps the wait count uniform
-          }
+      for (int s = 0; t0 < end; s = s + 1 == p.key_stages ? 0 : s + 1, t0 += kWarps * kKeys) {
+        // This tile's group and every older one have landed.
+        if (p.key_stages == 2) {
+          __pipeline_wait_prior(1);
+        } else if (p.key_stages == 3) {
+          __pipeline_wait_prior(2);
+        } else {
+          __pipeline_wait_prior(3);
         }
-        __pipeline_wait_prior(1);
         __syncwarp();
+        Stage<HD>& stage = key_stage(s);
+        float scale_cur = scale_s[warp][s][lane];
         if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {
-          mma_attention::WriteNewKv<D, HD>(fresh_s, stages[warp][s], pos0 - t0, CacheSlot(blocks, p.g.block_size, pos0),
-                                           g, p.g, p.layer, &scale_cur, p.clamps);
+          mma_attention::WriteNewKv<D, HD>(fresh_s, stage, pos0 - t0, CacheSlot(blocks, p.g.block_size, pos0), g, p.g,
+                                           p.layer, &scale_cur, p.clamps);
         }
-        const uint8_t* ks = stages[warp][s].k;
-        const uint8_t* vs = stages[warp][s].v;
+        const uint8_t* ks = stage.k;
+        const uint8_t* vs = stage.v;
         // S = Q · Kᵀ (keys 8j + 2qc, +1 of row qg in sc[j][0..1]), then the online softmax with
         // the V scales folded into P, then Oᵀ += Vᵀ · Pᵀ: attention_mma.cuh's decode path.
         float sc[2][4];
@@ -397,8 +434,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float f = corr * o_scale * inv_vmax;
         o_scale = vmax;
         mma_attention::DecodePv<D, HD>(vs, pa, f, o);
-        scale_cur = scale_next;
-        __syncwarp();  // this stage is refilled by the next iteration's issue
+        __syncwarp();  // every lane is done with this stage: its next tile
+        issue(t0 + p.key_stages * kWarps * kKeys, s);
       }
       __pipeline_wait_prior(0);
       l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -532,6 +569,11 @@ int GroupCtas(int sms, int kv_heads) { return std::min(kMaxGroupCtas, kv_heads >
 
 }  // namespace
 
+int AttentionBlockMaxKeyStages(int head_dim, int ring_stages) {
+  if (head_dim == 128) return MaxKeyStages<128>(ring_stages);
+  return head_dim == 64 ? MaxKeyStages<64>(ring_stages) : MaxKeyStages<32>(ring_stages);
+}
+
 int AttentionBlockMaxRingStages(int head_dim, int early_key_tiles) {
   if (early_key_tiles != 0) return kStages;
   if (head_dim == 128) return kStages + KeyBufferStages<128>();
@@ -587,6 +629,11 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError(absl::StrCat("AttentionBlock: 0..2 early key tiles, 2..", max_stages,
                                                    " ring stages with ", a.early_key_tiles));
   }
+  const int max_keys = given ? AttentionBlockMaxKeyStages(a.geometry.head_dim, a.ring_stages) : 2;
+  if (a.key_stages < 2 || a.key_stages > max_keys) {
+    return absl::InvalidArgumentError(absl::StrCat("AttentionBlock: 2..", max_keys, " key stages with ",
+                                                   a.ring_stages, " ring stages", given ? "" : " (more need q/k/v given)"));
+  }
   absl::StatusOr<int> sms = CurrentDeviceSmCount();
   if (!sms.ok()) return sms.status();
   const KvGeometry& g = a.geometry;
@@ -604,6 +651,10 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.qkv = a.qkv, p.attn = a.attn, p.x = a.x, p.clamps = a.clamps, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous, p.timeline = a.timeline;
   p.stages = a.ring_stages, p.early_tiles = a.early_key_tiles, p.wide = a.wide_boxes, p.vector_adds = a.vector_adds;
+  p.key_stages = a.key_stages;
+  p.ring_key_stages = g.head_dim == 128  ? RingKeyStages<128>(a.ring_stages)
+                      : g.head_dim == 64 ? RingKeyStages<64>(a.ring_stages)
+                                         : RingKeyStages<32>(a.ring_stages);
   CUtensorMap maps[4] = {};  // given: q/k/v's three stay zero, never read
   if (!given) {
     if (absl::Status s = tma::Map(&maps[0], a.w_qkv, a.hidden, p.qkvw, 16); !s.ok()) return s;

@@ -72,10 +72,14 @@ struct AttentionBlockArgs {
   // head_dim 128 (5 at 64), the key buffers holding the extra ones; wide_boxes: one 48-row TMA box
   // a k box where the CTA's three W tiles are contiguous rows (else three 16-row boxes);
   // vector_adds: o's sums go into x as 4-float vector reductions (else one atomic add a float).
+  // key_stages: key tiles a warp keeps in flight during the attention, 2-4 (at 512 tokens a warp
+  // has 4); above 2 only with q/k/v given, the extra tiles taking the ring stages o does not use
+  // (ring_stages below 4) and o's input buffer, so AttentionBlockMaxKeyStages bounds it.
   int ring_stages = 4;
   int early_key_tiles = 2;
   bool wide_boxes = false;
   bool vector_adds = true;
+  int key_stages = 2;
 };
 
 inline constexpr int kAttentionBlockStamps = 7;
@@ -83,6 +87,10 @@ inline constexpr int kAttentionBlockStamps = 7;
 // The most ring stages AttentionBlockArgs::ring_stages may ask for at this head_dim and early key
 // tile count.
 int AttentionBlockMaxRingStages(int head_dim, int early_key_tiles);
+
+// The most key stages AttentionBlockArgs::key_stages may ask for with q/k/v given, at this head_dim
+// and ring depth (2 without q/k/v given).
+int AttentionBlockMaxKeyStages(int head_dim, int ring_stages);
 
 // OK when AttentionBlock takes this shape on the current device; InvalidArgument says why not.
 absl::Status AttentionBlockTakes(int rows, int hidden, int heads, const KvGeometry& geometry, int sliding_window);

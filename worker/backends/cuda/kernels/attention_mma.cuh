@@ -207,7 +207,11 @@ struct Stage {
 // past `end` read the last valid key: finite values, masked out of the scores. Each lane looks up
 // one key's slot (key lane & 15) and the pieces take theirs by shuffles: a lookup per piece put
 // each copy behind its own block-table load, in the PTX one after the other. One commit group.
-template <int HD>
+// kScaleToShared: scale_out is a warp's 32 floats of shared memory and the scale is copied into
+// scale_out[lane] in the tile's group. A scale loaded into a register holds the warp at the first
+// instruction that reads it (a loop's scale_cur = scale_next, right after the issue), about a
+// DRAM round trip, so such a loop never has more than one tile's copies outstanding for long.
+template <int HD, bool kScaleToShared = false>
 __device__ __forceinline__ void IssueTile(Stage<HD>& stage, const int32_t* blocks, const KvGeometry& g,
                                           const KvLayerView& layer, int kv_head, int t0, int end, float* scale_out) {
   constexpr int kRow = RowBytes<HD>(), kPieces = kKeys * HD / 16, kPerLane = (kPieces + 31) / 32;
@@ -226,8 +230,13 @@ __device__ __forceinline__ void IssueTile(Stage<HD>& stage, const int32_t* block
       __pipeline_memcpy_async(stage.v + key * kRow + part * 16, vbase + at, 16);
     }
   }
-  __pipeline_commit();
-  *scale_out = (lane < 16 ? layer.k_scale : layer.v_scale)[my_slot * kvh + kv_head];
+  if constexpr (kScaleToShared) {
+    __pipeline_memcpy_async(scale_out + lane, &(lane < 16 ? layer.k_scale : layer.v_scale)[my_slot * kvh + kv_head], 4);
+    __pipeline_commit();
+  } else {
+    __pipeline_commit();
+    *scale_out = (lane < 16 ? layer.k_scale : layer.v_scale)[my_slot * kvh + kv_head];
+  }
 }
 
 // Decode with new_kv, the writer warp at the tile (in `stage`) holding the row's own position,
