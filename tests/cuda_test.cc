@@ -1228,9 +1228,13 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
   Dev<char> workspace(cuda::kAttentionBlockWorkspaceBytes);
   CUDA_OK(cudaMemset(workspace.p, 0, workspace.n));
   for (int seqs : {5, 16}) {
-    // Row 1's 650 tokens: five rounds of the 8 warps' 16-key tiles, so four key stages wrap too.
+    // Row 1's 650 tokens: six rounds of the 8 warps' 16-key tiles, so four key stages wrap too. Row
+    // 2's new key (position 379) falls in warp 7's third tile, at 4 key stages (head_dim 128) and at
+    // 3 or 4 beside a 3-stage ring one of the extra stages in the aux buffer.
     std::vector<int> lens(seqs);
-    for (int i = 0; i < seqs; ++i) lens[i] = i == 1 ? 650 : 1 + (i * 37 + (i == 3 ? 100 : 0)) % 200;
+    for (int i = 0; i < seqs; ++i) {
+      lens[i] = i == 1 ? 650 : i == 2 ? 380 : 1 + (i * 37 + (i == 3 ? 100 : 0)) % 200;
+    }
     PagedFixture f(seqs, 650, kv_heads, hd, kc.dtype);
     std::vector<int32_t> row_seq, row_pos;
     for (int sq = 0; sq < seqs; ++sq) {
@@ -1662,8 +1666,9 @@ INSTANTIATE_TEST_SUITE_P(
 // branches. Together the 19 rows take the split-K projections (partials summed by the attention and
 // the norms); alone each row takes the batch-1 Gemv path. FusedBlock: an FP8 cache, and the first 7
 // rows (a bucket of 8) run q/k/v, the attention and o as one AttentionBlock launch; BlockAfterQkv:
-// likewise the attention and o after cuBLASLt's q/k/v, with four key tiles a warp in flight (the
-// kernel test covers two).
+// likewise the attention and o after cuBLASLt's q/k/v, with 4 key stages asked for (the engine's
+// ring choice; these contexts, ≤ ~105 tokens, give a warp one tile, so the kernel test is what
+// exercises the extra stages).
 enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
@@ -1753,6 +1758,25 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   EXPECT_TRUE((*engine)->Reserve(3, total * 16).ok());
   (*engine)->Release(3);
   EXPECT_EQ((*engine)->stats()->kv_blocks_free, total);
+}
+
+// More key stages than 2 only for the block after q/k/v, and at most 4: refused at load, before
+// anything touches a GPU (so this runs without one).
+TEST(CudaEngineOptionsTest, AttentionBlockKeyStagesOnlyAfterQkv) {
+  TAILSERVE_REQUIRE_SHARED();
+  using Use = CudaEngineOptions::AttentionBlockUse;
+  for (const auto& [use, keys] : std::vector<std::pair<Use, int>>{{Use::kOff, 3}, {Use::kWhole, 4}, {Use::kAfterQkv, 5},
+                                                                 {Use::kAfterQkv, 1}}) {
+    auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
+                                   {.kv_dtype = KvDtype::kFp8E4M3, .attention_block = use,
+                                    .attention_block_key_stages = keys});
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << keys << " key stages";
+  }
+  // The control: 4 after q/k/v loads on a GPU, and without one fails for another reason.
+  auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
+                                 {.kv_dtype = KvDtype::kFp8E4M3, .kv_memory_fraction = 0.05,
+                                  .attention_block = Use::kAfterQkv, .attention_block_key_stages = 4});
+  EXPECT_NE(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
 }
 
 std::string BatchCaseName(const ::testing::TestParamInfo<BatchCase>& info) {

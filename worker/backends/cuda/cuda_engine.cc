@@ -103,6 +103,11 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   config_ = ckpt.config;
   const ModelConfig& c = config_;
   if (options_.buckets.empty()) return absl::InvalidArgumentError("cuda: at least one batch bucket is needed");
+  if (options_.attention_block_key_stages != 2 &&
+      (options_.attention_block != CudaEngineOptions::AttentionBlockUse::kAfterQkv ||
+       options_.attention_block_key_stages < 2 || options_.attention_block_key_stages > 4)) {
+    return absl::InvalidArgumentError("cuda: 3-4 attention block key stages only with the block after q/k/v");
+  }
   std::sort(options_.buckets.begin(), options_.buckets.end());
   max_bucket_ = options_.buckets.back();
   max_rows_ = std::max(options_.prefill_chunk, max_bucket_);
