@@ -472,12 +472,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     ConsumerSync();
     {
+      // A thread's loads all go out before its stores: in one loop each store (to a generic
+      // address, which may alias the next load) held the next load back, a round trip each.
       const int group_dims = p.group * HD, chunks = group_dims / 8;  // 16-byte chunks a row
-      for (int i = tid; i < kMaxRows * chunks; i += kWarps * 32) {
-        const int row = i / chunks, c = i % chunks;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (row < p.rows) v = *reinterpret_cast<const uint4*>(p.attn + static_cast<int64_t>(row) * p.qd + g * group_dims + 8 * c);
-        *reinterpret_cast<uint4*>(aux + (c / 8) * kBoxBytes + Swizzled(row, c % 8)) = v;
+      constexpr int kPerThread = kMaxRows * (kMaxGroupDims / 8) / (kWarps * 32);
+      static_assert(kMaxRows * (kMaxGroupDims / 8) % (kWarps * 32) == 0, "whole chunks a thread");
+      uint4 v[kPerThread];
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        const int i = tid + j * kWarps * 32, row = i / chunks, c = i % chunks;
+        v[j] = make_uint4(0u, 0u, 0u, 0u);
+        if (i < kMaxRows * chunks && row < p.rows) {
+          v[j] = *reinterpret_cast<const uint4*>(p.attn + static_cast<int64_t>(row) * p.qd + g * group_dims + 8 * c);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        const int i = tid + j * kWarps * 32, row = i / chunks, c = i % chunks;
+        if (i < kMaxRows * chunks) *reinterpret_cast<uint4*>(aux + (c / 8) * kBoxBytes + Swizzled(row, c % 8)) = v[j];
       }
     }
     ConsumerSync();
