@@ -353,9 +353,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       ConsumerSync();
       AttentionRope rope{.inv_freq = p.inv_freq, .parts = given ? p.parts : Partials{}, .bias = p.bias};
-      mma_attention::RopeIntoShared<HD>(given ? nullptr : p.qkv + static_cast<int64_t>(r0) * p.qkvw, rope,
-                                        static_cast<int64_t>(r0) * p.qkvw, static_cast<float>(pos0), p.heads, kvh,
-                                        group, g, q_s, &fresh_s[0][0], kWarps * 32);
+      // Two rotation pairs a thread (384 at the 8B shape over 256 threads), loaded together.
+      mma_attention::RopeIntoShared<HD, 2>(given ? nullptr : p.qkv + static_cast<int64_t>(r0) * p.qkvw, rope,
+                                           static_cast<int64_t>(r0) * p.qkvw, static_cast<float>(pos0), p.heads,
+                                           kvh, group, g, q_s, &fresh_s[0][0], kWarps * 32);
       ConsumerSync();
       // Q fragments (scaled into the exp2 domain): row qg is query head qg of the group.
       uint32_t qa[kChunks][2];

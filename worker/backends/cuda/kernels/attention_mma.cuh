@@ -167,32 +167,46 @@ __device__ __forceinline__ void ClusterMerge(float* acc_s, float* ml_s, int rows
 // plus the bias, its q heads kv_head·group.. rotated into q_s[group][HD] and its K (rotated) and V
 // into fresh[2][HD]. A thread a rotation pair, as RopeWriteKv computes it (same sums, same angle),
 // so the cache bytes match the RoPE kernel's; threads [0, threads) take part. The caller syncs them
-// before reading the results.
-template <int HD>
+// before reading the results. kBatch: pairs a thread loads before it stores any (a store to a
+// generic address may alias the next pair's loads, so one pair at a time is a round trip each).
+template <int HD, int kBatch = 1>
 __device__ __forceinline__ void RopeIntoShared(const float* row, const AttentionRope& rope, int64_t row_offset,
                                                float pos, int heads, int kvh, int group, int kv_head, float* q_s,
                                                float* fresh, int threads) {
   constexpr int kHalf = HD / 2;
   const float* src = rope.parts.count > 0 ? rope.parts.data + row_offset : row;
   const int parts = rope.parts.count > 0 ? rope.parts.count : 1;
-  for (int it = threadIdx.x; it < (group + 2) * kHalf; it += threads) {
-    const int j = it / kHalf, i = it % kHalf;  // j < group: a q head; group: K; group + 1: V
-    const int head = j < group ? kv_head * group + j : heads + (j - group) * kvh + kv_head;
-    const int col = head * HD + i;
-    float a = 0.0f, c = 0.0f;
+  const int pairs = (group + 2) * kHalf;
+  for (int base = threadIdx.x; base < pairs; base += kBatch * threads) {
+    float a[kBatch], c[kBatch];
 #pragma unroll
-    for (int p = 0; p < kMaxPartials; ++p) {
-      if (p < parts) a += src[p * rope.parts.stride + col], c += src[p * rope.parts.stride + col + kHalf];
+    for (int b = 0; b < kBatch; ++b) {
+      const int it = base + b * threads;
+      if (b > 0 && it >= pairs) break;
+      const int j = it / kHalf, i = it % kHalf;  // j < group: a q head; group: K; group + 1: V
+      const int head = j < group ? kv_head * group + j : heads + (j - group) * kvh + kv_head;
+      const int col = head * HD + i;
+      a[b] = 0.0f, c[b] = 0.0f;
+#pragma unroll
+      for (int p = 0; p < kMaxPartials; ++p) {
+        if (p < parts) a[b] += src[p * rope.parts.stride + col], c[b] += src[p * rope.parts.stride + col + kHalf];
+      }
+      if (rope.bias) a[b] += rope.bias[col], c[b] += rope.bias[col + kHalf];
     }
-    if (rope.bias) a += rope.bias[col], c += rope.bias[col + kHalf];
-    if (j <= group) {
-      float sn, cs;
-      sincosf(pos * rope.inv_freq[i], &sn, &cs);
-      const float ra = a * cs - c * sn, rc = c * cs + a * sn;
-      a = ra, c = rc;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int it = base + b * threads;
+      if (b > 0 && it >= pairs) break;
+      const int j = it / kHalf, i = it % kHalf;
+      if (j <= group) {
+        float sn, cs;
+        sincosf(pos * rope.inv_freq[i], &sn, &cs);
+        const float ra = a[b] * cs - c[b] * sn, rc = c[b] * cs + a[b] * sn;
+        a[b] = ra, c[b] = rc;
+      }
+      float* dst = j < group ? q_s + j * HD : fresh + (j - group) * HD;
+      dst[i] = a[b], dst[i + kHalf] = c[b];
     }
-    float* dst = j < group ? q_s + j * HD : fresh + (j - group) * HD;
-    dst[i] = a, dst[i + kHalf] = c;
   }
 }
 
