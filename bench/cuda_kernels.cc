@@ -1233,8 +1233,8 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
   std::vector<std::string> timelines;
   std::string sweep = "\nAttentionBlock variants (µs, given: with cuBLASLt's q/k/v; stamps: median CTA after the first "
                       "CTA's start, -1: none)\n\n| rows | context | q/k/v | ring stages | early key tiles | wide boxes | "
-                      "vector adds | key stages | µs | q/k/v counted | max | attention ends | o products done | end |\n"
-                      "|---:|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+                      "vector adds | key stages | late o stages | µs | q/k/v counted | max | attention ends | o products "
+                      "done | end |\n|---:|---:|---|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|\n";
   for (int rows : rows_list) {
     if (rows < 2 || rows > max_rows) continue;
     for (int context : contexts) {
@@ -1269,6 +1269,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         int stages = cuda::AttentionBlockArgs{}.ring_stages, early = cuda::AttentionBlockArgs{}.early_key_tiles;
         bool wide = cuda::AttentionBlockArgs{}.wide_boxes, vector = cuda::AttentionBlockArgs{}.vector_adds;
         int keys = cuda::AttentionBlockArgs{}.key_stages;
+        bool late = cuda::AttentionBlockArgs{}.late_o_stages;
       };
       // given: q/k/v from qkv_gemm's partials, the launch after it programmatic as in the engine.
       auto args = [&](uint64_t* stamps, Knobs k = {}, bool given = false) {
@@ -1280,7 +1281,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
                                : cuda::Partials{},
             .attn = attn16, .x = static_cast<float*>(x->get()), .clamps = count, .workspace = block_ws->get(),
             .overlap_previous = given, .timeline = stamps, .ring_stages = k.stages, .early_key_tiles = k.early,
-            .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys};
+            .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys, .late_o_stages = k.late};
       };
       // One launch's stamps: [stamp] = {median, max} over CTAs in µs after the first CTA's start.
       const int ctas = std::min(16, sms / kvh) * kvh;
@@ -1357,8 +1358,9 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
               if (!(wide && given)) list.push_back({given, Knobs{.stages = stages, .early = early, .wide = wide}});
             }
             if (!given || stages > 4) continue;
-            for (int keys = 3; keys <= cuda::AttentionBlockMaxKeyStages(hd, stages); ++keys) {
-              list.push_back({given, Knobs{.stages = stages, .early = early, .keys = keys}});
+            for (int keys = 2; keys <= cuda::AttentionBlockMaxKeyStages(hd, stages); ++keys) {
+              if (keys > 2) list.push_back({given, Knobs{.stages = stages, .early = early, .keys = keys}});
+              list.push_back({given, Knobs{.stages = stages, .early = early, .keys = keys, .late = !Knobs{}.late}});
             }
           }
         }
@@ -1374,9 +1376,11 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         if (!us.ok()) return us.status();
         absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k, given);
         if (!v.ok()) return v.status();
-        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %.1f | %.2f | %.2f | %.2f | "
+                                                "%.2f | %.2f |\n",
                                                 rows, context, given ? "given" : "block", k.stages, k.early,
-                                                k.wide ? "yes" : "no", k.vector ? "yes" : "no", k.keys, *us, (*v)[1].first,
+                                                k.wide ? "yes" : "no", k.vector ? "yes" : "no", k.keys,
+                                                given && k.late ? "yes" : "no", *us, (*v)[1].first,
                                                 (*v)[1].second, (*v)[3].first, (*v)[5].first, (*v)[6].first));
       }
     }

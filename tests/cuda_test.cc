@@ -1269,11 +1269,13 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     // The block, twice as the engine runs it, then with the kernel bench's knobs (shallower ring,
     // key tiles copied after q/k/v, one W box for a CTA's contiguous tiles), then with q/k/v given
     // as two partials that sum to the projection (xn, W_qkv and the scratch then unused: null),
-    // also with the most key stages a ring of 2 and of 3 stages leaves room for.
+    // also with the most key stages a ring of 2 and of 3 stages leaves room for, and with o's ring
+    // kept to its first stages (late o stages off).
     struct Knobs {
       int stages, early;
       bool wide, given = false, vector = true;
       int keys = 2;
+      bool late = true;
     };
     std::vector<float> halves(2 * dq.n);
     {
@@ -1296,9 +1298,10 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                            {3, 1, true},
                            {most_stages, 0, false},
                            {defaults.ring_stages, defaults.early_key_tiles, false, true},
-                           {2, 0, false, true, false},
+                           {2, 0, false, true, false, 2, false},
                            {2, 2, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2)},
-                           {3, 1, false, true, false, cuda::AttentionBlockMaxKeyStages(hd, 3)}};
+                           {3, 1, false, true, false, cuda::AttentionBlockMaxKeyStages(hd, 3)},
+                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false}};
     for (int launch = 0; launch < static_cast<int>(std::size(knobs)); ++launch) {
       const Knobs k = knobs[launch];
       Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
@@ -1311,7 +1314,8 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
            .qkv = k.given ? nullptr : qkv_scratch.p,
            .qkv_parts = k.given ? cuda::Partials{qkv_halves.p, 2, int64_t(dq.n)} : cuda::Partials{}, .attn = got_attn.p,
            .x = dx.p, .clamps = clamps.p, .workspace = workspace.p, .ring_stages = k.stages,
-           .early_key_tiles = k.early, .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys},
+           .early_key_tiles = k.early, .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys,
+           .late_o_stages = k.late},
           nullptr);
       ASSERT_TRUE(ran.ok()) << ran;
       CUDA_OK(cudaDeviceSynchronize());
@@ -1320,7 +1324,8 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                                std::to_string(launch) + " (stages " + std::to_string(k.stages) + ", early " +
                                std::to_string(k.early) + ", wide " + std::to_string(k.wide) + ", given " +
                                std::to_string(k.given) + ", vector adds " + std::to_string(k.vector) + ", key stages " +
-                               std::to_string(k.keys) + ") seed " + std::to_string(seed);
+                               std::to_string(k.keys) + ", late o stages " + std::to_string(k.late) + ") seed " +
+                               std::to_string(seed);
       // q/k/v sum in another order than the CPU's, so a K or V byte can round the other way.
       EXPECT_LE(RelL2(ToFloats(got_attn.Get()), want_a), 5e-3) << what;
       EXPECT_LE(RelL2(slot_values(), want_kv), 1e-2) << what;

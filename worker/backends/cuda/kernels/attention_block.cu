@@ -67,10 +67,11 @@ template <int HD>
 constexpr int SmemBytes() {
   return 1024 + kStages * kStageBytes + kWarps * 2 * static_cast<int>(sizeof(Stage<HD>)) + 8 * HD * 4 + kAuxBytes;
 }
-// The kernel's static shared memory: the ring's barriers, the fresh K/V, the key tiles' scales.
+// The kernel's static shared memory: the ring's barriers and keys_done_s, the fresh K/V, the key
+// tiles' scales (ptxas: 5,232 B at head_dim 128, alignment included).
 template <int HD>
 constexpr int StaticSmemBytes() {
-  return 2 * kMaxStages * 8 + 2 * HD * 4 + kWarps * kMaxKeyStages * 32 * 4;
+  return (2 * kMaxStages + 2) * 8 + 2 * HD * 4 + kWarps * kMaxKeyStages * 32 * 4;
 }
 static_assert(16 * kMaxOTiles * 128 <= kStageBytes, "o's W box fits a stage");
 static_assert(SmemBytes<128>() + StaticSmemBytes<128>() <= 227 * 1024, "one CTA an SM");
@@ -102,6 +103,11 @@ struct Params {
   bool vector_adds;    // AttentionBlockArgs::vector_adds
   int key_stages;      // AttentionBlockArgs::key_stages
   int ring_key_stages;  // of the key stages past each warp's first two, how many the ring holds (RingKeyStages)
+  // o's ring: o_ring stages, the first min(stages, kStages) from the start; with late_o (q/k/v
+  // given, AttentionBlockArgs::late_o_stages) also the ring's other stages and the key buffers'
+  // once the CTA's attention is merged.
+  int o_ring;
+  bool late_o;
 };
 
 __device__ __forceinline__ void Stamp(const Params& p, int which) {
@@ -115,12 +121,12 @@ __device__ __forceinline__ void Stamp(const Params& p, int which) {
 // used that stage, so it is that stage's phase st waits for (mod 2). o's steps cycle the first
 // min(stages, kStages) stages only.
 __device__ __forceinline__ int StageOf(const Params& p, int st) {
-  return st < p.qkv_steps ? st % p.stages : (st - p.qkv_steps) % min(p.stages, kStages);
+  return st < p.qkv_steps ? st % p.stages : (st - p.qkv_steps) % p.o_ring;
 }
 __device__ __forceinline__ int UsesBefore(const Params& p, int st) {
   if (st < p.qkv_steps) return st / p.stages;
-  const int b = st - p.qkv_steps, o_ring = min(p.stages, kStages), s = b % o_ring;
-  return max(0, (p.qkv_steps - s + p.stages - 1) / p.stages) + b / o_ring;
+  const int b = st - p.qkv_steps, s = b % p.o_ring;
+  return max(0, (p.qkv_steps - s + p.stages - 1) / p.stages) + b / p.o_ring;
 }
 
 // *p += v, four floats at a 16-byte-aligned address, as one L2 reduction (sm_90).
@@ -174,6 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kOTiles = HD / 16;
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_s[kMaxStages], empty_s[kMaxStages];
+  __shared__ __align__(8) uint64_t keys_done_s;  // late_o: the key buffers and stages are o's now
   __shared__ alignas(16) float fresh_s[2][HD];
   __shared__ alignas(16) float scale_s[kWarps][kMaxKeyStages][32];  // each key stage's scales, copied with it
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -196,6 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&wo_map)) : "memory");
     for (int s = 0; s < kMaxStages; ++s) tma::BarrierInit(&full_s[s], 1), tma::BarrierInit(&empty_s[s], kWarps);
+    tma::BarrierInit(&keys_done_s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     Stamp(p, 0);
   }
@@ -230,6 +238,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         const int s = StageOf(p, st), uses = UsesBefore(p, st);
         if (uses > 0) tma::BarrierWait(&empty_s[s], (uses - 1) & 1);
+        // A late stage's first use: the consumers' key tiles and merge are done with its bytes.
+        if (p.late_o && uses == 0 && s >= min(p.stages, kStages)) tma::BarrierWait(&keys_done_s, 0);
         unsigned char* stage = ring + s * kStageBytes;
         if (st < p.qkv_steps) {
           tma::BarrierExpect(&full_s[s], kQkvBoxes * (tile_count + 1) * kBoxBytes);
@@ -296,6 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (; issued < min(upto, p.key_stages); ++issued) issue(t0 + issued * kWarps * kKeys, issued);
     };
     issue_first(p.early_tiles);
+    if (p.late_o && !attends && tid == 0) tma::BarrierArrive(&keys_done_s);  // no keys: o's from the start
     GridDependencyWait();  // x, the cache and the scratch buffers are the previous kernels' before
 
     // q/k/v: warp w takes k box w % 4 of each stage and tiles w / 4, w / 4 + 2 of the CTA's.
@@ -456,7 +467,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             o_s, ml_s, r, [&](int w2) { return DecodeMergeAt<HD>(w2 * kDecodeMergeRows + r, d); });
         out[i] = __float2half(w.acc / w.sum);
       }
+      // late_o: TMA (the async proxy) writes W_o over what these threads wrote there.
+      if (p.late_o) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       ConsumerSync();
+      if (p.late_o && tid == 0) tma::BarrierArrive(&keys_done_s);
       if (tid == 0) {
         __threadfence();
         atomicAdd(p.counters + kvh + g, 1);
@@ -506,6 +520,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (tid == 0) Stamp(p, 5);
     if (p.vector_adds) {
+      if (p.late_o) ConsumerSync();  // late stages share the transpose's bytes: every warp done reading
       // Through 2.5 KB a warp of the key buffers (idle after the attention), so that each lane adds
       // four adjacent columns of one row with one vector reduction: 4× fewer L2 reductions. Rows
       // kOStride floats apart: the quad's four lanes store into different banks.
@@ -665,6 +680,11 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.overlap = a.overlap_previous, p.timeline = a.timeline;
   p.stages = a.ring_stages, p.early_tiles = a.early_key_tiles, p.wide = a.wide_boxes, p.vector_adds = a.vector_adds;
   p.key_stages = a.key_stages;
+  p.late_o = given && a.late_o_stages;
+  const int key_buffer_stages = g.head_dim == 128  ? KeyBufferStages<128>()
+                                : g.head_dim == 64 ? KeyBufferStages<64>()
+                                                   : KeyBufferStages<32>();
+  p.o_ring = p.late_o ? kStages + key_buffer_stages : std::min(a.ring_stages, kStages);
   p.ring_key_stages = g.head_dim == 128  ? RingKeyStages<128>(a.ring_stages)
                       : g.head_dim == 64 ? RingKeyStages<64>(a.ring_stages)
                                          : RingKeyStages<32>(a.ring_stages);

@@ -80,6 +80,10 @@ struct AttentionBlockArgs {
   bool wide_boxes = false;
   bool vector_adds = true;
   int key_stages = 2;
+  // late_o_stages (q/k/v given; ignored otherwise): once its attention is merged, a CTA's W_o ring
+  // also takes the ring stages it did not start with and the key buffers (2 more 32 KB stages at
+  // head_dim 128), so more of W_o streams during the group wait and o's staging.
+  bool late_o_stages = true;
 };
 
 inline constexpr int kAttentionBlockStamps = 7;
