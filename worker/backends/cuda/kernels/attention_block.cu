@@ -39,8 +39,9 @@ constexpr int kAuxBytes = 16 * 1024;           // q/k/v's cross-warp sums, then 
 constexpr int kMaxGroupDims = kAuxBytes / (kMaxRows * 2);  // G · head_dim: o's k a group, 512
 
 // Without key tiles copied during q/k/v (early_key_tiles 0) the key buffers hold more stages of
-// q/k/v's ring: kStages + this many. o's stages stay in the first kStages (its W streams during
-// the attention, whose key tiles then fill those buffers).
+// q/k/v's ring: kStages + this many. o's stages start in the first kStages (its W streams during
+// the attention, whose key tiles then fill those buffers); with q/k/v given and late_o they grow
+// into these buffers once the attention is merged.
 template <int HD>
 constexpr int KeyBufferStages() {
   return kWarps * 2 * static_cast<int>(sizeof(Stage<HD>)) / kStageBytes;
@@ -118,8 +119,9 @@ __device__ __forceinline__ void Stamp(const Params& p, int which) {
 }
 
 // Ring step st (q/k/v's steps, then o's) uses stage StageOf(st); UsesBefore(st) earlier steps
-// used that stage, so it is that stage's phase st waits for (mod 2). o's steps cycle the first
-// min(stages, kStages) stages only.
+// used that stage, so it is that stage's phase st waits for (mod 2). o's steps cycle p.o_ring
+// stages: the first min(stages, kStages), with late_o also the rest of the ring and the key
+// buffers' (their first use waits for keys_done_s).
 __device__ __forceinline__ int StageOf(const Params& p, int st) {
   return st < p.qkv_steps ? st % p.stages : (st - p.qkv_steps) % p.o_ring;
 }

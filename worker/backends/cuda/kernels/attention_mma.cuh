@@ -178,7 +178,7 @@ __device__ __forceinline__ void RopeIntoShared(const float* row, const Attention
   const int parts = rope.parts.count > 0 ? rope.parts.count : 1;
   const int pairs = (group + 2) * kHalf;
   for (int base = threadIdx.x; base < pairs; base += kBatch * threads) {
-    float a[kBatch], c[kBatch];
+    float a[kBatch], c[kBatch], freq[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int it = base + b * threads;
@@ -192,6 +192,8 @@ __device__ __forceinline__ void RopeIntoShared(const float* row, const Attention
         if (p < parts) a[b] += src[p * rope.parts.stride + col], c[b] += src[p * rope.parts.stride + col + kHalf];
       }
       if (rope.bias) a[b] += rope.bias[col], c[b] += rope.bias[col + kHalf];
+      // With one pair a thread the frequency loads after the sums (PagedAttention's code, kept).
+      if constexpr (kBatch > 1) freq[b] = j <= group ? rope.inv_freq[i] : 0.0f;
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -200,7 +202,13 @@ __device__ __forceinline__ void RopeIntoShared(const float* row, const Attention
       const int j = it / kHalf, i = it % kHalf;
       if (j <= group) {
         float sn, cs;
-        sincosf(pos * rope.inv_freq[i], &sn, &cs);
+        float f;
+        if constexpr (kBatch > 1) {
+          f = freq[b];
+        } else {
+          f = rope.inv_freq[i];
+        }
+        sincosf(pos * f, &sn, &cs);
         const float ra = a[b] * cs - c[b] * sn, rc = c[b] * cs + a[b] * sn;
         a[b] = ra, c[b] = rc;
       }
