@@ -48,11 +48,13 @@ struct CudaEngineOptions {
   // PagedAttention and cuBLASLt; kAfterQkv keeps cuBLASLt's q/k/v and runs the attention and o as
   // one launch, W_o streaming during the attention. kWhole measured slower on the H200 (8B batch
   // 16 4.612 → 4.879 ms, its q/k/v phase streaming at ~2 TB/s; bench/CUDA_NOTES.md, 12-04 (35));
-  // kAfterQkv is not measured yet.
+  // kAfterQkv (2026-12-05, 8B, 512 tokens, two rounds): b8 4.504 → 4.42 ms, b16 4.518 → 4.521 (a
+  // tie), b1 untouched; not measured on the 1B or at 2-4 rows, so still off.
   enum class AttentionBlockUse { kOff, kWhole, kAfterQkv };
   AttentionBlockUse attention_block = AttentionBlockUse::kOff;
   // kAfterQkv: key tiles a warp keeps in flight (AttentionBlockArgs::key_stages, 2-4); above 2 the
-  // W_o ring keeps only the stages that leave room for them. Not measured yet.
+  // W_o ring keeps only the stages that leave room for them. The kernel bench found 4 no faster
+  // (16 rows: 43.0-43.5 µs against 42.1-42.5 with 2).
   int attention_block_key_stages = 2;
 };
 
