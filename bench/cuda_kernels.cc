@@ -1285,7 +1285,9 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
       };
       // One launch's stamps: [stamp] = {median, max} over CTAs in µs after the first CTA's start.
       const int ctas = std::min(16, sms / kvh) * kvh;
-      auto stamps = [&](Knobs k, bool given = false) -> absl::StatusOr<std::vector<std::pair<double, double>>> {
+      // tiles (if given): the key tiles' stamps as a table, median and p90 over CTAs and warps.
+      auto stamps = [&](Knobs k, bool given = false,
+                        std::string* tiles = nullptr) -> absl::StatusOr<std::vector<std::pair<double, double>>> {
         TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(timeline->get(), 0, size_t(sms) * cuda::kAttentionBlockStamps * 8));
         if (absl::Status e = cuda::AttentionBlock(args(static_cast<uint64_t*>(timeline->get()), k, given), s); !e.ok()) {
           return e;
@@ -1305,6 +1307,39 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
           if (v.empty()) continue;
           std::sort(v.begin(), v.end());
           out[which] = {v[v.size() / 2], v.back()};
+        }
+        if (tiles != nullptr) {
+          auto at = [&](int b, int w, int i, int e) {
+            return t[size_t(b) * cuda::kAttentionBlockStamps + cuda::kAttentionBlockCtaStamps +
+                     (w * cuda::kAttentionBlockStampedTiles + i) * cuda::kAttentionBlockTileEvents + e];
+          };
+          auto cell = [](std::vector<double> v) {
+            if (v.empty()) return std::string("-");
+            std::sort(v.begin(), v.end());
+            return absl::StrFormat("%.2f (%.2f)", v[v.size() / 2], v[v.size() * 9 / 10]);
+          };
+          absl::StrAppend(tiles, "| key tile of a warp | issue begun | issued | landed | computed | block-table load "
+                                 "(issued − begun) | in flight (landed − issued) | compute (computed − landed) |\n"
+                                 "|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+          for (int i = 0; i < cuda::kAttentionBlockStampedTiles; ++i) {
+            std::vector<double> ev[cuda::kAttentionBlockTileEvents], gap[3];
+            for (int b = 0; b < ctas; ++b) {
+              for (int w = 0; w < cuda::kAttentionBlockStampedWarps; ++w) {
+                bool all = true;
+                for (int e = 0; e < cuda::kAttentionBlockTileEvents; ++e) {
+                  if (at(b, w, i, e) == 0) {
+                    all = false;
+                    continue;
+                  }
+                  ev[e].push_back((double(at(b, w, i, e)) - double(t0)) / 1e3);
+                }
+                if (!all) continue;
+                for (int e = 0; e < 3; ++e) gap[e].push_back((double(at(b, w, i, e + 1)) - double(at(b, w, i, e))) / 1e3);
+              }
+            }
+            absl::StrAppend(tiles, "| ", i, " | ", cell(ev[0]), " | ", cell(ev[1]), " | ", cell(ev[2]), " | ",
+                            cell(ev[3]), " | ", cell(gap[0]), " | ", cell(gap[1]), " | ", cell(gap[2]), " |\n");
+          }
         }
         return out;
       };
@@ -1327,19 +1362,23 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
                   *after_qkv, bytes / kCopyBandwidth * 1e6);
       // One launch's timeline of each form (after q/k/v: the launch alone, its partials left by the runs above).
       static const char* kNames[] = {"start", "q/k/v slice counted", "attention starts", "attention ends",
-                                     "o starts", "o products done (before the adds into x)", "end"};
-      static_assert(std::size(kNames) == cuda::kAttentionBlockStamps);
+                                     "o starts", "o products done (before the adds into x)", "end",
+                                     "RoPE done (q in shared memory)"};
+      static_assert(std::size(kNames) == cuda::kAttentionBlockCtaStamps);
       for (bool given : {false, true}) {
-        absl::StatusOr<std::vector<std::pair<double, double>>> t = stamps({}, given);
+        std::string tiles;
+        absl::StatusOr<std::vector<std::pair<double, double>>> t = stamps({}, given, &tiles);
         if (!t.ok()) return t.status();
         std::string table = absl::StrCat("\ntimeline", given ? " (q/k/v given)" : "", ", ", rows, " rows, ", context,
                                          " tokens (µs after the first CTA's start)\n\n",
                                          "| stamp | median | max |\n|---|---:|---:|\n");
-        for (int k = 0; k < cuda::kAttentionBlockStamps; ++k) {
+        for (int k : {0, 1, 2, 7, 3, 4, 5, 6}) {
           if ((*t)[k].first < 0) continue;
           absl::StrAppend(&table, "| ", kNames[k], " | ", absl::StrFormat("%.2f", (*t)[k].first), " | ",
                           absl::StrFormat("%.2f", (*t)[k].second), " |\n");
         }
+        absl::StrAppend(&table, "\nits key tiles (µs after the first CTA's start; median (p90) over CTAs and warps)\n\n",
+                        tiles);
         timelines.push_back(table);
       }
       if (!variants) continue;

@@ -24,6 +24,7 @@ using tma::Swizzled;
 
 constexpr int kWarps = 8;                      // consumer warps: the GEMM's MMAs and the attention
 constexpr int kThreads = (kWarps + 1) * 32;    // + the producer warp
+static_assert(kWarps == kAttentionBlockStampedWarps, "the timeline has a warp's tiles for each consumer warp");
 constexpr int kMaxRows = 16;                   // an MMA's n: the rows ride in one m16n8k16 B fragment pair
 constexpr int kMaxGroupCtas = 16;              // S, the CTAs of a KV-head group
 constexpr int kBoxBytes = 16 * tma::kBoxK * 2;  // a 16-row box of 64 k: 2 KB
@@ -116,6 +117,15 @@ __device__ __forceinline__ void Stamp(const Params& p, int which) {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   p.timeline[(blockIdx.y * gridDim.x + blockIdx.x) * kAttentionBlockStamps + which] = t;
+}
+
+// Lane 0 stamps event e (AttentionBlockArgs::timeline) of the warp's key tile at key t, the
+// warp's first at t_first: where a tile's time goes (block-table load, landing, compute).
+__device__ __forceinline__ void TileStamp(const Params& p, int t, int t_first, int e) {
+  if (p.timeline == nullptr || (threadIdx.x & 31) != 0) return;
+  const int warp = threadIdx.x >> 5, tile = (t - t_first) / (kWarps * mma_attention::kKeys);
+  if (tile >= kAttentionBlockStampedTiles) return;
+  Stamp(p, kAttentionBlockCtaStamps + (warp * kAttentionBlockStampedTiles + tile) * kAttentionBlockTileEvents + e);
 }
 
 // Ring step st (q/k/v's steps, then o's) uses stage StageOf(st); UsesBefore(st) earlier steps
@@ -292,14 +302,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Copies the tile at key t into key stage s, its scales into scale_s[warp][s]: one commit group,
     // an empty one past the row's end, so that when the loop waits for a tile, key_stages - 1 groups
     // were committed after its own.
+    const int t_first = begin + warp * kKeys;
     auto issue = [&](int t, int s) {
+      TileStamp(p, t, t_first, 0);
       if (t < end) {
         mma_attention::IssueTile<HD, true>(key_stage(s), blocks, p.g, p.layer, g, t, end, scale_s[warp][s]);
       } else {
         __pipeline_commit();
       }
+      TileStamp(p, t, t_first, 1);
     };
-    int t0 = begin + warp * kKeys;
+    int t0 = t_first;
     // issued: the warp's first key_stages tiles started (tile i in stage i); those not started here
     // start after q/k/v.
     int issued = 0;
@@ -371,6 +384,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                            static_cast<int64_t>(r0) * p.qkvw, static_cast<float>(pos0), p.heads,
                                            kvh, group, g, q_s, &fresh_s[0][0], kWarps * 32);
       ConsumerSync();
+      if (tid == 0) Stamp(p, 7);
       // Q fragments (scaled into the exp2 domain): row qg is query head qg of the group.
       uint32_t qa[kChunks][2];
       {
@@ -402,6 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           __pipeline_wait_prior(3);
         }
         __syncwarp();
+        TileStamp(p, t0, t_first, 2);
         Stage<HD>& stage = key_stage(s);
         float scale_cur = scale_s[warp][s][lane];
         if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {
@@ -448,6 +463,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float f = corr * o_scale * inv_vmax;
         o_scale = vmax;
         mma_attention::DecodePv<D, HD>(vs, pa, f, o);
+        TileStamp(p, t0, t_first, 3);
         __syncwarp();  // every lane is done with this stage: its next tile
         issue(t0 + p.key_stages * kWarps * kKeys, s);
       }

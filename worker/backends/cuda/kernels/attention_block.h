@@ -63,7 +63,10 @@ struct AttentionBlockArgs {
   // The kernel bench's timeline (null: none): CTA b (group · CTAs a group + its index) writes
   // timeline[kAttentionBlockStamps · b ..] = %globaltimer ns at its start, its q/k/v slice counted,
   // its attention's start (the group's q/k/v complete) and end (0, 0 without a row), o's start (the
-  // group's rows attended), o's products done (warp 0's, before the atomic adds into x) and end.
+  // group's rows attended), o's products done (warp 0's, before the atomic adds into x), end and
+  // the RoPE done (its q in shared memory); then per warp and key tile (the first
+  // kAttentionBlockStampedTiles a warp) kAttentionBlockTileEvents stamps: issue begun, issue done
+  // (its block-table entry loaded, the copies out), landed (the wait for it done), computed.
   uint64_t* timeline = nullptr;
   // Knobs the kernel bench sweeps to find what holds the q/k/v phase (bench/CUDA_NOTES.md, 12-04
   // (36)); the defaults are the measured design. early_key_tiles: 0-2 key tiles a warp copied at
@@ -88,7 +91,10 @@ struct AttentionBlockArgs {
   bool late_o_stages = false;
 };
 
-inline constexpr int kAttentionBlockStamps = 7;
+inline constexpr int kAttentionBlockCtaStamps = 8;
+inline constexpr int kAttentionBlockStampedWarps = 8, kAttentionBlockStampedTiles = 4, kAttentionBlockTileEvents = 4;
+inline constexpr int kAttentionBlockStamps =
+    kAttentionBlockCtaStamps + kAttentionBlockStampedWarps * kAttentionBlockStampedTiles * kAttentionBlockTileEvents;
 
 // The most ring stages AttentionBlockArgs::ring_stages may ask for at this head_dim and early key
 // tile count.
