@@ -99,6 +99,7 @@ int Main(int argc, char** argv) {
   int in_situ_candidates = CudaEngineOptions{}.in_situ_candidates;
   int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
   int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
+  bool block_o_waits = CudaEngineOptions{}.attention_block_o_waits_for_keys;
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
@@ -128,6 +129,8 @@ int Main(int argc, char** argv) {
                  "with --fused-attention-block 2: key tiles a warp keeps in flight (more take W_o's ring stages)")
       ->check(CLI::Range(2, 4))
       ->capture_default_str();
+  app.add_flag("--attention-block-o-waits", block_o_waits,
+               "with --fused-attention-block 2: W_o's stream starts once the key tiles are asked for");
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
   for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
@@ -145,7 +148,8 @@ int Main(int argc, char** argv) {
                                          .in_situ_candidates = in_situ_candidates,
                                          .attention_block =
                                              static_cast<CudaEngineOptions::AttentionBlockUse>(attention_block),
-                                         .attention_block_key_stages = block_key_stages});
+                                         .attention_block_key_stages = block_key_stages,
+                                         .attention_block_o_waits_for_keys = block_o_waits});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

@@ -1229,12 +1229,13 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
   std::printf("\nattention block: %s cache, weights %.1f MB, rotating past L2\n\n", KvDtypeName(dtype),
               (double(qkvw) * h + double(h) * qd) * 2 / 1e6);
   std::printf("| rows | context | cuBLASLt q/k/v µs | q/k/v + attention + o µs | AttentionBlock µs | cuBLASLt q/k/v + "
-              "AttentionBlock (attention + o) µs | bytes at 4.26 TB/s µs |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+              "AttentionBlock (attention + o) µs | the same, o_waits_for_keys %s | bytes at 4.26 TB/s µs |\n"
+              "|---:|---:|---:|---:|---:|---:|---:|---:|\n", cuda::AttentionBlockArgs{}.o_waits_for_keys ? "off" : "on");
   std::vector<std::string> timelines;
   std::string sweep = "\nAttentionBlock variants (µs, given: with cuBLASLt's q/k/v; stamps: median CTA after the first "
                       "CTA's start, -1: none)\n\n| rows | context | q/k/v | ring stages | early key tiles | wide boxes | "
-                      "vector adds | key stages | late o stages | µs | q/k/v counted | max | attention ends | o products "
-                      "done | end |\n|---:|---:|---|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|\n";
+                      "vector adds | key stages | late o stages | o waits for keys | µs | q/k/v counted | max | attention ends | "
+                      "o products done | end |\n|---:|---:|---|---:|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|\n";
   for (int rows : rows_list) {
     if (rows < 2 || rows > max_rows) continue;
     for (int context : contexts) {
@@ -1270,6 +1271,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         bool wide = cuda::AttentionBlockArgs{}.wide_boxes, vector = cuda::AttentionBlockArgs{}.vector_adds;
         int keys = cuda::AttentionBlockArgs{}.key_stages;
         bool late = cuda::AttentionBlockArgs{}.late_o_stages;
+        bool o_waits = cuda::AttentionBlockArgs{}.o_waits_for_keys;
       };
       // given: q/k/v from qkv_gemm's partials, the launch after it programmatic as in the engine.
       auto args = [&](uint64_t* stamps, Knobs k = {}, bool given = false) {
@@ -1281,7 +1283,8 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
                                : cuda::Partials{},
             .attn = attn16, .x = static_cast<float*>(x->get()), .clamps = count, .workspace = block_ws->get(),
             .overlap_previous = given, .timeline = stamps, .ring_stages = k.stages, .early_key_tiles = k.early,
-            .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys, .late_o_stages = k.late};
+            .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys, .late_o_stages = k.late,
+            .o_waits_for_keys = k.o_waits};
       };
       // One launch's stamps: [stamp] = {median, max} over CTAs in µs after the first CTA's start.
       const int ctas = std::min(16, sms / kvh) * kvh;
@@ -1357,19 +1360,27 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         return cuda::AttentionBlock(args(nullptr, {}, true), s);
       });
       if (!after_qkv.ok()) return after_qkv.status();
+      const Knobs waits{.o_waits = !Knobs{}.o_waits};
+      absl::StatusOr<double> after_qkv_waits = TimeGraph(s, reps, [&]() -> absl::Status {
+        if (absl::Status e = qkv_gemm(); !e.ok()) return e;
+        return cuda::AttentionBlock(args(nullptr, waits, true), s);
+      });
+      if (!after_qkv_waits.ok()) return after_qkv_waits.status();
       const double bytes = (double(qkvw) * h + double(h) * qd) * 2 + in->kv_bytes;
-      std::printf("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", rows, context, *qkv_alone, *base, *fused,
-                  *after_qkv, bytes / kCopyBandwidth * 1e6);
+      std::printf("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", rows, context, *qkv_alone, *base, *fused,
+                  *after_qkv, *after_qkv_waits, bytes / kCopyBandwidth * 1e6);
       // One launch's timeline of each form (after q/k/v: the launch alone, its partials left by the runs above).
       static const char* kNames[] = {"start", "q/k/v slice counted", "attention starts", "attention ends",
                                      "o starts", "o products done (before the adds into x)", "end",
                                      "RoPE done (q in shared memory)"};
       static_assert(std::size(kNames) == cuda::kAttentionBlockCtaStamps);
-      for (bool given : {false, true}) {
+      for (const auto& [given, k] : {std::pair<bool, Knobs>{false, {}}, {true, {}}, {true, waits}}) {
         std::string tiles;
-        absl::StatusOr<std::vector<std::pair<double, double>>> t = stamps({}, given, &tiles);
+        absl::StatusOr<std::vector<std::pair<double, double>>> t = stamps(k, given, &tiles);
         if (!t.ok()) return t.status();
-        std::string table = absl::StrCat("\ntimeline", given ? " (q/k/v given)" : "", ", ", rows, " rows, ", context,
+        std::string table = absl::StrCat("\ntimeline", given ? " (q/k/v given" : "",
+                                         given && k.o_waits ? ", o waits for the keys)" : given ? ")" : "", ", ", rows,
+                                         " rows, ", context,
                                          " tokens (µs after the first CTA's start)\n\n",
                                          "| stamp | median | max |\n|---|---:|---:|\n");
         for (int k : {0, 1, 2, 7, 3, 4, 5, 6}) {
@@ -1404,6 +1415,8 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
           }
         }
         list.push_back({given, Knobs{.vector = !Knobs{}.vector}});  // o's adds the other way
+        if (!given) continue;
+        for (int stages : {2, 3, 4}) list.push_back({given, Knobs{.stages = stages, .o_waits = !Knobs{}.o_waits}});
       }
       for (const auto& [given, k] : list) {
         absl::StatusOr<double> us = TimeGraph(s, reps, [&]() -> absl::Status {
@@ -1415,11 +1428,12 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         if (!us.ok()) return us.status();
         absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k, given);
         if (!v.ok()) return v.status();
-        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %.1f | %.2f | %.2f | %.2f | "
-                                                "%.2f | %.2f |\n",
+        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %s | %.1f | %.2f | %.2f | "
+                                                "%.2f | %.2f | %.2f |\n",
                                                 rows, context, given ? "given" : "block", k.stages, k.early,
                                                 k.wide ? "yes" : "no", k.vector ? "yes" : "no", k.keys,
-                                                given && k.late ? "yes" : "no", *us, (*v)[1].first,
+                                                given && k.late ? "yes" : "no", given && k.o_waits ? "yes" : "no", *us,
+                                                (*v)[1].first,
                                                 (*v)[1].second, (*v)[3].first, (*v)[5].first, (*v)[6].first));
       }
     }

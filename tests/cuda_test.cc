@@ -1269,13 +1269,13 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     // The block, twice as the engine runs it, then with the kernel bench's knobs (shallower ring,
     // key tiles copied after q/k/v, one W box for a CTA's contiguous tiles), then with q/k/v given
     // as two partials that sum to the projection (xn, W_qkv and the scratch then unused: null),
-    // also with the most key stages a ring of 2 and of 3 stages leaves room for, and with o's ring
-    // kept to its first stages (late o stages off).
+    // also with the most key stages a ring of 2 and of 3 stages leaves room for, with o's ring
+    // kept to its first stages (late o stages off), and with W_o's stream waiting for the key tiles.
     struct Knobs {
       int stages, early;
       bool wide, given = false, vector = true;
       int keys = 2;
-      bool late = true;
+      bool late = true, o_waits = false;
     };
     std::vector<float> halves(2 * dq.n);
     {
@@ -1301,7 +1301,10 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                            {2, 0, false, true, false, 2, false},
                            {2, 2, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2)},
                            {3, 1, false, true, false, cuda::AttentionBlockMaxKeyStages(hd, 3)},
-                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false}};
+                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false},
+                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true},
+                           {2, 0, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true},
+                           {defaults.ring_stages, defaults.early_key_tiles, false, false, true, 2, false, true}};
     for (int launch = 0; launch < static_cast<int>(std::size(knobs)); ++launch) {
       const Knobs k = knobs[launch];
       Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
@@ -1315,7 +1318,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
            .qkv_parts = k.given ? cuda::Partials{qkv_halves.p, 2, int64_t(dq.n)} : cuda::Partials{}, .attn = got_attn.p,
            .x = dx.p, .clamps = clamps.p, .workspace = workspace.p, .ring_stages = k.stages,
            .early_key_tiles = k.early, .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys,
-           .late_o_stages = k.late},
+           .late_o_stages = k.late, .o_waits_for_keys = k.o_waits},
           nullptr);
       ASSERT_TRUE(ran.ok()) << ran;
       CUDA_OK(cudaDeviceSynchronize());
@@ -1324,7 +1327,8 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                                std::to_string(launch) + " (stages " + std::to_string(k.stages) + ", early " +
                                std::to_string(k.early) + ", wide " + std::to_string(k.wide) + ", given " +
                                std::to_string(k.given) + ", vector adds " + std::to_string(k.vector) + ", key stages " +
-                               std::to_string(k.keys) + ", late o stages " + std::to_string(k.late) + ") seed " +
+                               std::to_string(k.keys) + ", late o stages " + std::to_string(k.late) +
+                               ", o waits for keys " + std::to_string(k.o_waits) + ") seed " +
                                std::to_string(seed);
       // q/k/v sum in another order than the CPU's, so a K or V byte can round the other way.
       EXPECT_LE(RelL2(ToFloats(got_attn.Get()), want_a), 5e-3) << what;

@@ -56,6 +56,9 @@ struct CudaEngineOptions {
   // W_o ring keeps only the stages that leave room for them. The kernel bench found 4 no faster
   // (16 rows: 43.0-43.5 µs against 42.1-42.5 with 2).
   int attention_block_key_stages = 2;
+  // kAfterQkv: W_o's stream waits until each warp has asked for its key tiles
+  // (AttentionBlockArgs::o_waits_for_keys).
+  bool attention_block_o_waits_for_keys = false;
 };
 
 class CudaEngine final : public Engine {

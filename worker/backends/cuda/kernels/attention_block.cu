@@ -69,11 +69,11 @@ template <int HD>
 constexpr int SmemBytes() {
   return 1024 + kStages * kStageBytes + kWarps * 2 * static_cast<int>(sizeof(Stage<HD>)) + 8 * HD * 4 + kAuxBytes;
 }
-// The kernel's static shared memory: the ring's barriers and keys_done_s, the fresh K/V, the key
-// tiles' scales (ptxas: 5,232 B at head_dim 128, alignment included).
+// The kernel's static shared memory: the ring's barriers, keys_done_s and keys_issued_s, the fresh K/V, the key
+// tiles' scales (alignment included).
 template <int HD>
 constexpr int StaticSmemBytes() {
-  return (2 * kMaxStages + 2) * 8 + 2 * HD * 4 + kWarps * kMaxKeyStages * 32 * 4;
+  return (2 * kMaxStages + 3) * 8 + 2 * HD * 4 + kWarps * kMaxKeyStages * 32 * 4;
 }
 static_assert(16 * kMaxOTiles * 128 <= kStageBytes, "o's W box fits a stage");
 static_assert(SmemBytes<128>() + StaticSmemBytes<128>() <= 227 * 1024, "one CTA an SM");
@@ -110,6 +110,7 @@ struct Params {
   // once the CTA's attention is merged.
   int o_ring;
   bool late_o;
+  bool o_waits;  // AttentionBlockArgs::o_waits_for_keys, with q/k/v given
 };
 
 __device__ __forceinline__ void Stamp(const Params& p, int which) {
@@ -193,6 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_s[kMaxStages], empty_s[kMaxStages];
   __shared__ __align__(8) uint64_t keys_done_s;  // late_o: the key buffers and stages are o's now
+  __shared__ __align__(8) uint64_t keys_issued_s;  // o_waits: every consumer warp has issued its key tiles
   __shared__ alignas(16) float fresh_s[2][HD];
   __shared__ alignas(16) float scale_s[kWarps][kMaxKeyStages][32];  // each key stage's scales, copied with it
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -216,6 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&wo_map)) : "memory");
     for (int s = 0; s < kMaxStages; ++s) tma::BarrierInit(&full_s[s], 1), tma::BarrierInit(&empty_s[s], kWarps);
     tma::BarrierInit(&keys_done_s, 1);
+    tma::BarrierInit(&keys_issued_s, kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     Stamp(p, 0);
   }
@@ -248,6 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           GridDependencyWait();
           for (int e = 0; e < early; ++e) load_x(e);
         }
+        if (p.o_waits && st == p.qkv_steps) tma::BarrierWait(&keys_issued_s, 0);
         const int s = StageOf(p, st), uses = UsesBefore(p, st);
         if (uses > 0) tma::BarrierWait(&empty_s[s], (uses - 1) & 1);
         // A late stage's first use: the consumers' key tiles and merge are done with its bytes.
@@ -303,10 +307,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // an empty one past the row's end, so that when the loop waits for a tile, key_stages - 1 groups
     // were committed after its own.
     const int t_first = begin + warp * kKeys;
+    // o_waits: lane 0 arrives once, at the warp's last tile (at once if it has none).
+    if (p.o_waits && lane == 0 && (!attends || t_first >= end)) tma::BarrierArrive(&keys_issued_s);
     auto issue = [&](int t, int s) {
       TileStamp(p, t, t_first, 0);
       if (t < end) {
         mma_attention::IssueTile<HD, true>(key_stage(s), blocks, p.g, p.layer, g, t, end, scale_s[warp][s]);
+        if (p.o_waits && lane == 0 && t + kWarps * kKeys >= end) tma::BarrierArrive(&keys_issued_s);
       } else {
         __pipeline_commit();
       }
@@ -699,6 +706,7 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.stages = a.ring_stages, p.early_tiles = a.early_key_tiles, p.wide = a.wide_boxes, p.vector_adds = a.vector_adds;
   p.key_stages = a.key_stages;
   p.late_o = given && a.late_o_stages;
+  p.o_waits = given && a.o_waits_for_keys;
   const int key_buffer_stages = g.head_dim == 128  ? KeyBufferStages<128>()
                                 : g.head_dim == 64 ? KeyBufferStages<64>()
                                                    : KeyBufferStages<32>();

@@ -89,6 +89,10 @@ struct AttentionBlockArgs {
   // bench measured it no faster (16 rows 42.2 against 42.1 µs, 8 rows 40.1 against 39.7), its
   // attention phase ~1 µs longer.
   bool late_o_stages = false;
+  // o_waits_for_keys (q/k/v given; ignored otherwise): W_o's stream starts only once every
+  // consumer warp has issued its last key tile, so that a CTA asks the DRAM for its keys (and the
+  // RoPE for q) before the 128 KB of W_o its ring takes, rather than beside them.
+  bool o_waits_for_keys = false;
 };
 
 inline constexpr int kAttentionBlockCtaStamps = 8;
