@@ -1372,18 +1372,19 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
       // One launch's timeline of each form (after q/k/v: the launch alone, its partials left by the runs above).
       static const char* kNames[] = {"start", "q/k/v slice counted", "attention starts", "attention ends",
                                      "o starts", "o products done (before the adds into x)", "end",
-                                     "RoPE done (q in shared memory)"};
+                                     "RoPE done (q in shared memory)", "every warp's keys computed",
+                                     "heads merged and written (before the count)"};
       static_assert(std::size(kNames) == cuda::kAttentionBlockCtaStamps);
       for (const auto& [given, k] : {std::pair<bool, Knobs>{false, {}}, {true, {}}, {true, waits}}) {
         std::string tiles;
         absl::StatusOr<std::vector<std::pair<double, double>>> t = stamps(k, given, &tiles);
         if (!t.ok()) return t.status();
         std::string table = absl::StrCat("\ntimeline", given ? " (q/k/v given" : "",
-                                         given && k.o_waits ? ", o waits for the keys)" : given ? ")" : "", ", ", rows,
+                                         given && k.o_waits ? ", o waits for the keys" : "", given ? ")" : "", ", ", rows,
                                          " rows, ", context,
                                          " tokens (µs after the first CTA's start)\n\n",
                                          "| stamp | median | max |\n|---|---:|---:|\n");
-        for (int k : {0, 1, 2, 7, 3, 4, 5, 6}) {
+        for (int k : {0, 1, 2, 7, 8, 9, 3, 4, 5, 6}) {
           if ((*t)[k].first < 0) continue;
           absl::StrAppend(&table, "| ", kNames[k], " | ", absl::StrFormat("%.2f", (*t)[k].first), " | ",
                           absl::StrFormat("%.2f", (*t)[k].second), " |\n");

@@ -482,6 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float* ml_s = o_s + kWarps * 16 * HD;
       static_assert(sizeof(Stage<HD>) * kWarps * 2 >= (kWarps * 16 * HD + kWarps * 32) * sizeof(float), "merge buffer");
       ConsumerSync();
+      if (tid == 0) Stamp(p, 8);
       if (qc == 0) ml_s[(warp * 16 + qg) * 2] = m, ml_s[(warp * 16 + qg) * 2 + 1] = l;
       mma_attention::StoreDecodeO<HD>(o_s, warp, o, o_scale);
       ConsumerSync();
@@ -497,6 +498,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ConsumerSync();
       if (p.late_o && tid == 0) tma::BarrierArrive(&keys_done_s);
       if (tid == 0) {
+        Stamp(p, 9);
         __threadfence();
         atomicAdd(p.counters + kvh + g, 1);
         Stamp(p, 3);
