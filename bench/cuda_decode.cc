@@ -99,7 +99,7 @@ int Main(int argc, char** argv) {
   int in_situ_candidates = CudaEngineOptions{}.in_situ_candidates;
   int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
   int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
-  bool block_o_waits = CudaEngineOptions{}.attention_block_o_waits_for_keys;
+  int block_min_rows = CudaEngineOptions{}.attention_block_min_rows;
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
@@ -121,7 +121,8 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
   app.add_option("--fused-attention-block", attention_block,
-                 "decode at 2-16 rows (kernels/attention_block.h): 1 q/k/v, the attention and o in one persistent "
+                 "decode at --attention-block-min-rows to 16 rows (kernels/attention_block.h): 1 q/k/v, the attention "
+                 "and o in one persistent "
                  "launch; 2 cuBLASLt's q/k/v, then the attention and o in one launch; 0 neither")
       ->check(CLI::Range(0, 2))
       ->capture_default_str();
@@ -129,8 +130,9 @@ int Main(int argc, char** argv) {
                  "with --fused-attention-block 2: key tiles a warp keeps in flight (more take W_o's ring stages)")
       ->check(CLI::Range(2, 4))
       ->capture_default_str();
-  app.add_flag("--attention-block-o-waits", block_o_waits,
-               "with --fused-attention-block 2: W_o's stream starts once the key tiles are asked for");
+  app.add_option("--attention-block-min-rows", block_min_rows, "the fewest decode rows (a bucket) that take the block")
+      ->check(CLI::Range(2, 16))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::vector<int> context_list;
   for (const auto& x : absl::StrSplit(contexts, ',')) context_list.push_back(std::stoi(std::string(x)));
@@ -148,8 +150,8 @@ int Main(int argc, char** argv) {
                                          .in_situ_candidates = in_situ_candidates,
                                          .attention_block =
                                              static_cast<CudaEngineOptions::AttentionBlockUse>(attention_block),
-                                         .attention_block_key_stages = block_key_stages,
-                                         .attention_block_o_waits_for_keys = block_o_waits});
+                                         .attention_block_min_rows = block_min_rows,
+                                         .attention_block_key_stages = block_key_stages});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

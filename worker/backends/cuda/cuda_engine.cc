@@ -489,11 +489,11 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // until a norm.
   const bool split_k = decode && !fused && rows <= max_bucket_;
   const int64_t qkv_stride = int64_t{max_bucket_} * qkvw, residual_stride = int64_t{max_bucket_} * h;
-  // Decode at 2-16 rows on an FP8 cache (options_.attention_block): the attention and o (and with
-  // kWhole q/k/v) in one launch, o added into the residual.
+  // Decode at attention_block_min_rows-16 rows on an FP8 cache (options_.attention_block): the
+  // attention and o (and with kWhole q/k/v) in one launch, o added into the residual.
   using BlockUse = CudaEngineOptions::AttentionBlockUse;
   const bool attention_block =
-      split_k && mma_decode && options_.attention_block != BlockUse::kOff &&
+      split_k && mma_decode && options_.attention_block != BlockUse::kOff && rows >= options_.attention_block_min_rows &&
       cuda::AttentionBlockTakes(rows, h, static_cast<int>(c.num_heads), kv_, shape.sliding_window).ok();
   const bool block_qkv = attention_block && options_.attention_block == BlockUse::kWhole;
   // The deepest W_o ring that leaves room for the key stages asked for (the kernel's own default
@@ -563,8 +563,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                 .qkv_parts = block_qkv ? cuda::Partials{} : qkv_in, .attn = b.attn, .x = b.x,
                                 .clamps = b.clamps, .workspace = b.attention_block_workspace,
                                 .overlap_previous = shape.overlap_previous, .ring_stages = block_ring_stages,
-                                .key_stages = options_.attention_block_key_stages,
-                                .o_waits_for_keys = options_.attention_block_o_waits_for_keys},
+                                .key_stages = options_.attention_block_key_stages},
                                s));
     } else if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,

@@ -46,19 +46,15 @@ struct CudaEngineOptions {
   // Decode at 2-16 rows on an FP8 cache, where the shape allows (kernels/attention_block.h):
   // kWhole runs q/k/v, the attention and o as one persistent launch instead of cuBLASLt,
   // PagedAttention and cuBLASLt; kAfterQkv keeps cuBLASLt's q/k/v and runs the attention and o as
-  // one launch, W_o streaming during the attention. kWhole measured slower on the H200 (8B batch
-  // 16 4.612 → 4.879 ms, its q/k/v phase streaming at ~2 TB/s; bench/CUDA_NOTES.md, 12-04 (35));
-  // kAfterQkv (2026-12-05, 8B, 512 tokens, two rounds): b8 4.504 → 4.42 ms, b16 4.518 → 4.521 (a
-  // tie), b1 untouched; not measured on the 1B or at 2-4 rows, so still off.
+  // one launch, W_o streaming once the key tiles are asked for. kWhole measured slower on the H200
+  // (8B batch 16 4.612 → 4.879 ms, its q/k/v phase streaming at ~2 TB/s; bench/CUDA_NOTES.md,
+  // 12-04 (35)). kAfterQkv against kOff (bench/CUDA_NOTES.md, 12-05 (39), H100, 512 tokens): 8B
+  // b4 −0.07, b8 −0.17, b16 −0.06 ms; 1B b8 −0.015, b16 −0.056; but b2 +0.013 (8B) and +0.052
+  // (1B), hence from attention_block_min_rows.
   enum class AttentionBlockUse { kOff, kWhole, kAfterQkv };
-  AttentionBlockUse attention_block = AttentionBlockUse::kOff;
-  // kAfterQkv: key tiles a warp keeps in flight (AttentionBlockArgs::key_stages, 2-4); above 2 the
-  // W_o ring keeps only the stages that leave room for them. The kernel bench found 4 no faster
-  // (16 rows: 43.0-43.5 µs against 42.1-42.5 with 2).
+  AttentionBlockUse attention_block = AttentionBlockUse::kAfterQkv;
+  int attention_block_min_rows = 4;
   int attention_block_key_stages = 2;
-  // kAfterQkv: W_o's stream waits until each warp has asked for its key tiles
-  // (AttentionBlockArgs::o_waits_for_keys).
-  bool attention_block_o_waits_for_keys = false;
 };
 
 class CudaEngine final : public Engine {
