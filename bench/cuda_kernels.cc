@@ -1302,6 +1302,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         for (int b = 0; b < ctas; ++b) t0 = std::min(t0, t[size_t(b) * cuda::kAttentionBlockStamps]);
         std::vector<std::pair<double, double>> out(cuda::kAttentionBlockStamps, {-1.0, -1.0});
         for (int which = 0; which < cuda::kAttentionBlockStamps; ++which) {
+          if (which == cuda::kAttentionBlockSmSlot) continue;
           std::vector<double> v;
           for (int b = 0; b < ctas; ++b) {
             const uint64_t x0 = t[size_t(b) * cuda::kAttentionBlockStamps + which];
@@ -1343,6 +1344,46 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
             absl::StrAppend(tiles, "| ", i, " | ", cell(ev[0]), " | ", cell(ev[1]), " | ", cell(ev[2]), " | ",
                             cell(ev[3]), " | ", cell(gap[0]), " | ", cell(gap[1]), " | ", cell(gap[2]), " |\n");
           }
+          // o waits for its group's last CTA: the four whose keys were computed last, the warp that
+          // held each (the writer of the new position is warp (pos / 16) % 8) and its tiles.
+          const int per_group = ctas / kvh;
+          auto us = [&](uint64_t x) {
+            return x == 0 ? std::string("-") : absl::StrFormat("%.2f", (double(x) - double(t0)) / 1e3);
+          };
+          std::vector<int> late;
+          for (int b = 0; b < ctas; ++b) {
+            if (t[size_t(b) * cuda::kAttentionBlockStamps + 8] != 0) late.push_back(b);
+          }
+          std::sort(late.begin(), late.end(), [&](int a, int b) {
+            return t[size_t(a) * cuda::kAttentionBlockStamps + 8] > t[size_t(b) * cuda::kAttentionBlockStamps + 8];
+          });
+          absl::StrAppend(tiles, "\nits slowest CTAs (every warp's keys computed, latest first; µs as above)\n\n"
+                                 "| CTA (group.index) | SM | keys computed | warp last done | its tiles landed | its tiles "
+                                 "computed | the CTA's median warp done |\n|---|---:|---:|---:|---|---|---:|\n");
+          for (size_t j = 0; j < std::min<size_t>(4, late.size()); ++j) {
+            const int b = late[j];
+            auto last = [&](int w) {
+              uint64_t x = 0;
+              for (int i = 0; i < cuda::kAttentionBlockStampedTiles; ++i) x = std::max(x, at(b, w, i, 3));
+              return x;
+            };
+            std::vector<uint64_t> done;
+            int slow = 0;
+            for (int w = 0; w < cuda::kAttentionBlockStampedWarps; ++w) {
+              done.push_back(last(w));
+              if (last(w) > last(slow)) slow = w;
+            }
+            std::sort(done.begin(), done.end());
+            std::string landed, computed;
+            for (int i = 0; i < cuda::kAttentionBlockStampedTiles; ++i) {
+              absl::StrAppend(&landed, i ? " / " : "", us(at(b, slow, i, 2)));
+              absl::StrAppend(&computed, i ? " / " : "", us(at(b, slow, i, 3)));
+            }
+            absl::StrAppend(tiles, "| ", b / per_group, ".", b % per_group, " | ",
+                            int64_t(t[size_t(b) * cuda::kAttentionBlockStamps + cuda::kAttentionBlockSmSlot]) - 1,
+                            " | ", us(t[size_t(b) * cuda::kAttentionBlockStamps + 8]), " | ", slow, " | ", landed, " | ",
+                            computed, " | ", us(done[done.size() / 2]), " |\n");
+          }
         }
         return out;
       };
@@ -1373,7 +1414,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
       static const char* kNames[] = {"start", "q/k/v slice counted", "attention starts", "attention ends",
                                      "o starts", "o products done (before the adds into x)", "end",
                                      "RoPE done (q in shared memory)", "every warp's keys computed",
-                                     "heads merged and written (before the count)"};
+                                     "heads merged and written (before the count)", "SM + 1 (not a time)"};
       static_assert(std::size(kNames) == cuda::kAttentionBlockCtaStamps);
       for (const auto& [given, k] : {std::pair<bool, Knobs>{false, {}}, {true, {}}, {true, waits}}) {
         std::string tiles;

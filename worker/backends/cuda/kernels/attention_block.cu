@@ -221,6 +221,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma::BarrierInit(&keys_issued_s, kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     Stamp(p, 0);
+    if (p.timeline != nullptr) {  // not a time: the SM, + 1 (0 reads as no stamp)
+      uint32_t sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      p.timeline[(blockIdx.y * gridDim.x + blockIdx.x) * kAttentionBlockStamps + kAttentionBlockSmSlot] = sm + 1;
+    }
   }
   __syncthreads();
 

@@ -65,7 +65,8 @@ struct AttentionBlockArgs {
   // its attention's start (the group's q/k/v complete) and end (0, 0 without a row), o's start (the
   // group's rows attended), o's products done (warp 0's, before the atomic adds into x), end and
   // the RoPE done (its q in shared memory), every warp's keys computed, the heads merged and
-  // written (before the count); then per warp and key tile (the first
+  // written (before the count), and in slot kAttentionBlockSmSlot its SM + 1 (not a time); then
+  // per warp and key tile (the first
   // kAttentionBlockStampedTiles a warp) kAttentionBlockTileEvents stamps: issue begun, issue done
   // (its block-table entry loaded, the copies out), landed (the wait for it done), computed.
   uint64_t* timeline = nullptr;
@@ -98,7 +99,7 @@ struct AttentionBlockArgs {
   bool o_waits_for_keys = true;
 };
 
-inline constexpr int kAttentionBlockCtaStamps = 10;
+inline constexpr int kAttentionBlockCtaStamps = 11, kAttentionBlockSmSlot = 10;
 inline constexpr int kAttentionBlockStampedWarps = 8, kAttentionBlockStampedTiles = 4, kAttentionBlockTileEvents = 4;
 inline constexpr int kAttentionBlockStamps =
     kAttentionBlockCtaStamps + kAttentionBlockStampedWarps * kAttentionBlockStampedTiles * kAttentionBlockTileEvents;
