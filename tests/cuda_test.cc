@@ -1675,10 +1675,11 @@ INSTANTIATE_TEST_SUITE_P(
 // branches. Together the 19 rows take the split-K projections (partials summed by the attention and
 // the norms); alone each row takes the batch-1 Gemv path. FusedBlock: an FP8 cache, and the first 7
 // rows (a bucket of 8) run q/k/v, the attention and o as one AttentionBlock launch; BlockAfterQkv:
-// likewise the attention and o after cuBLASLt's q/k/v, with 4 key stages asked for (the engine's
-// ring choice; these contexts, ≤ ~105 tokens, give a warp one tile, so the kernel test is what
-// exercises the extra stages).
-enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv };
+// likewise the attention and o after cuBLASLt's q/k/v, as the engine does by default;
+// BlockLateO: that with 4 key stages asked for (the engine's ring choice; these contexts, ≤ ~105
+// tokens, give a warp one tile, so the kernel test is what exercises the extra stages) and W_o's
+// ring growing into the key buffers after the merge.
+enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
@@ -1689,10 +1690,11 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
                                  {.kv_dtype = mode >= kFusedBlock ? KvDtype::kFp8E4M3 : KvDtype::kFp16,
                                   .kv_memory_fraction = 0.05,
                                   .ffn_halves_min_bytes = mode == kHalves ? 0 : std::numeric_limits<int64_t>::max(),
-                                  .attention_block = mode == kFusedBlock      ? CudaEngineOptions::AttentionBlockUse::kWhole
-                                                     : mode == kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
+                                  .attention_block = mode == kFusedBlock ? CudaEngineOptions::AttentionBlockUse::kWhole
+                                                     : mode >= kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
                                                                               : CudaEngineOptions::AttentionBlockUse::kOff,
-                                  .attention_block_key_stages = mode == kBlockAfterQkv ? 4 : 2});
+                                  .attention_block_key_stages = mode == kBlockLateO ? 4 : 2,
+                                  .attention_block_late_o_stages = mode == kBlockLateO});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;
@@ -1789,11 +1791,11 @@ TEST(CudaEngineOptionsTest, AttentionBlockKeyStagesOnlyAfterQkv) {
 }
 
 std::string BatchCaseName(const ::testing::TestParamInfo<BatchCase>& info) {
-  static const char* kNames[] = {"OneStream", "Halves", "FusedBlock", "BlockAfterQkv"};
+  static const char* kNames[] = {"OneStream", "Halves", "FusedBlock", "BlockAfterQkv", "BlockLateO"};
   return kNames[info.param];
 }
-INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest, ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv),
-                         BatchCaseName);
+INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
+                         ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO), BatchCaseName);
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current
 // CUDA device is per thread: an engine on device 1 must make it current itself.

@@ -563,7 +563,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                 .qkv_parts = block_qkv ? cuda::Partials{} : qkv_in, .attn = b.attn, .x = b.x,
                                 .clamps = b.clamps, .workspace = b.attention_block_workspace,
                                 .overlap_previous = shape.overlap_previous, .ring_stages = block_ring_stages,
-                                .key_stages = options_.attention_block_key_stages},
+                                .key_stages = options_.attention_block_key_stages,
+                                .late_o_stages = options_.attention_block_late_o_stages},
                                s));
     } else if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,

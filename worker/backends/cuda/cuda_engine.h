@@ -55,6 +55,12 @@ struct CudaEngineOptions {
   AttentionBlockUse attention_block = AttentionBlockUse::kAfterQkv;
   int attention_block_min_rows = 4;
   int attention_block_key_stages = 2;
+  // kAfterQkv: once a CTA's attention is merged, W_o's ring also takes the ring stages it did not
+  // start with and the key buffers (AttentionBlockArgs::late_o_stages), so 6 of a CTA's 8 W_o boxes
+  // (8B shape) can be in before o starts, where 4 are now. Off: with W_o streaming from the start it
+  // measured no faster (12-05 (37)); with W_o waiting for the keys the DRAM idles ~5 µs before o
+  // starts at 16 rows (12-05 (40)), so it is worth an A/B.
+  bool attention_block_late_o_stages = false;
 };
 
 class CudaEngine final : public Engine {
