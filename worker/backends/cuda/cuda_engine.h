@@ -48,12 +48,15 @@ struct CudaEngineOptions {
   // PagedAttention and cuBLASLt; kAfterQkv keeps cuBLASLt's q/k/v and runs the attention and o as
   // one launch, W_o streaming once the key tiles are asked for. kWhole measured slower on the H200
   // (8B batch 16 4.612 → 4.879 ms, its q/k/v phase streaming at ~2 TB/s; bench/CUDA_NOTES.md,
-  // 12-04 (35)). kAfterQkv against kOff (bench/CUDA_NOTES.md, 12-05 (39), H100, 512 tokens): 8B
+  // 12-04 (35)). kAfterQkv against kOff (bench/CUDA_NOTES.md, 12-05 (40), H100, 512 tokens): 8B
   // b4 −0.07, b8 −0.17, b16 −0.06 ms; 1B b8 −0.015, b16 −0.056; but b2 +0.013 (8B) and +0.052
   // (1B), hence from attention_block_min_rows.
   enum class AttentionBlockUse { kOff, kWhole, kAfterQkv };
   AttentionBlockUse attention_block = AttentionBlockUse::kAfterQkv;
-  int attention_block_min_rows = 4;
+  int attention_block_min_rows = 4;  // the smallest bucket that takes the block
+  // kAfterQkv: key tiles a warp keeps in flight (AttentionBlockArgs::key_stages, 2-4); above 2 the
+  // W_o ring keeps only the stages that leave room for them. The kernel bench found 4 no faster
+  // while W_o streamed from the start (16 rows: 43.0-43.5 µs against 42.1-42.5 with 2).
   int attention_block_key_stages = 2;
   // kAfterQkv: once a CTA's attention is merged, W_o's ring also takes the ring stages it did not
   // start with and the key buffers (AttentionBlockArgs::late_o_stages), so 6 of a CTA's 8 W_o boxes
