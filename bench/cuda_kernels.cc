@@ -1350,29 +1350,22 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
           auto us = [&](uint64_t x) {
             return x == 0 ? std::string("-") : absl::StrFormat("%.2f", (double(x) - double(t0)) / 1e3);
           };
+          auto cta = [&](int b, int which) { return t[size_t(b) * cuda::kAttentionBlockStamps + which]; };
           std::vector<int> late;
           for (int b = 0; b < ctas; ++b) {
-            if (t[size_t(b) * cuda::kAttentionBlockStamps + 8] != 0) late.push_back(b);
+            if (cta(b, 8) != 0) late.push_back(b);
           }
-          std::sort(late.begin(), late.end(), [&](int a, int b) {
-            return t[size_t(a) * cuda::kAttentionBlockStamps + 8] > t[size_t(b) * cuda::kAttentionBlockStamps + 8];
-          });
+          std::sort(late.begin(), late.end(), [&](int a, int b) { return cta(a, 8) > cta(b, 8); });
           absl::StrAppend(tiles, "\nits slowest CTAs (every warp's keys computed, latest first; µs as above)\n\n"
                                  "| CTA (group.index) | SM | keys computed | warp last done | its tiles landed | its tiles "
                                  "computed | the CTA's median warp done |\n|---|---:|---:|---:|---|---|---:|\n");
           for (size_t j = 0; j < std::min<size_t>(4, late.size()); ++j) {
             const int b = late[j];
-            auto last = [&](int w) {
-              uint64_t x = 0;
-              for (int i = 0; i < cuda::kAttentionBlockStampedTiles; ++i) x = std::max(x, at(b, w, i, 3));
-              return x;
-            };
-            std::vector<uint64_t> done;
-            int slow = 0;
+            std::vector<uint64_t> done(cuda::kAttentionBlockStampedWarps, 0);  // a warp's last tile computed
             for (int w = 0; w < cuda::kAttentionBlockStampedWarps; ++w) {
-              done.push_back(last(w));
-              if (last(w) > last(slow)) slow = w;
+              for (int i = 0; i < cuda::kAttentionBlockStampedTiles; ++i) done[w] = std::max(done[w], at(b, w, i, 3));
             }
+            const int slow = static_cast<int>(std::max_element(done.begin(), done.end()) - done.begin());
             std::sort(done.begin(), done.end());
             std::string landed, computed;
             for (int i = 0; i < cuda::kAttentionBlockStampedTiles; ++i) {
@@ -1380,9 +1373,8 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
               absl::StrAppend(&computed, i ? " / " : "", us(at(b, slow, i, 3)));
             }
             absl::StrAppend(tiles, "| ", b / per_group, ".", b % per_group, " | ",
-                            int64_t(t[size_t(b) * cuda::kAttentionBlockStamps + cuda::kAttentionBlockSmSlot]) - 1,
-                            " | ", us(t[size_t(b) * cuda::kAttentionBlockStamps + 8]), " | ", slow, " | ", landed, " | ",
-                            computed, " | ", us(done[done.size() / 2]), " |\n");
+                            int64_t(cta(b, cuda::kAttentionBlockSmSlot)) - 1, " | ", us(cta(b, 8)), " | ", slow, " | ",
+                            landed, " | ", computed, " | ", us(done[done.size() / 2]), " |\n");
           }
         }
         return out;
