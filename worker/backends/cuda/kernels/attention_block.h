@@ -100,7 +100,7 @@ struct AttentionBlockArgs {
 };
 
 inline constexpr int kAttentionBlockCtaStamps = 11, kAttentionBlockSmSlot = 10;
-inline constexpr int kAttentionBlockStampedWarps = 8, kAttentionBlockStampedTiles = 4, kAttentionBlockTileEvents = 4;
+inline constexpr int kAttentionBlockStampedWarps = 8, kAttentionBlockStampedTiles = 5, kAttentionBlockTileEvents = 4;
 inline constexpr int kAttentionBlockStamps =
     kAttentionBlockCtaStamps + kAttentionBlockStampedWarps * kAttentionBlockStampedTiles * kAttentionBlockTileEvents;
 
