@@ -69,11 +69,11 @@ template <int HD>
 constexpr int SmemBytes() {
   return 1024 + kStages * kStageBytes + kWarps * 2 * static_cast<int>(sizeof(Stage<HD>)) + 8 * HD * 4 + kAuxBytes;
 }
-// The kernel's static shared memory: the ring's barriers, keys_done_s and keys_issued_s, the fresh K/V, the key
-// tiles' scales (alignment included).
+// The kernel's static shared memory: the ring's barriers, keys_done_s and keys_issued_s, the fresh K/V and
+// its encoded row, the key tiles' scales (alignment included).
 template <int HD>
 constexpr int StaticSmemBytes() {
-  return (2 * kMaxStages + 3) * 8 + 2 * HD * 4 + kWarps * kMaxKeyStages * 32 * 4;
+  return (2 * kMaxStages + 3) * 8 + 2 * HD * 4 + 2 * HD + 2 * 4 + kWarps * kMaxKeyStages * 32 * 4;
 }
 static_assert(16 * kMaxOTiles * 128 <= kStageBytes, "o's W box fits a stage");
 static_assert(SmemBytes<128>() + StaticSmemBytes<128>() <= 227 * 1024, "one CTA an SM");
@@ -111,6 +111,7 @@ struct Params {
   int o_ring;
   bool late_o;
   bool o_waits;  // AttentionBlockArgs::o_waits_for_keys, with q/k/v given
+  bool encode_off_writer;  // AttentionBlockArgs::encode_off_writer
 };
 
 __device__ __forceinline__ void Stamp(const Params& p, int which) {
@@ -149,6 +150,7 @@ __device__ __forceinline__ void RedAddV4(float* p, float4 v) {
 }
 
 __device__ __forceinline__ void ConsumerSync() { asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory"); }
+constexpr int kNewKvBarrier = 2;  // encode_off_writer: the encoding warp and the writer (64 threads)
 
 // Column of the q/k/v projection (= row of W_qkv) at column c of group g's slice: its query heads,
 // then its K head, then its V head.
@@ -196,6 +198,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(8) uint64_t keys_done_s;  // late_o: the key buffers and stages are o's now
   __shared__ __align__(8) uint64_t keys_issued_s;  // o_waits: every consumer warp has issued its key tiles
   __shared__ alignas(16) float fresh_s[2][HD];
+  __shared__ alignas(16) uint8_t new_row_s[2][HD];  // encode_off_writer: the new K and V, encoded, and
+  __shared__ float new_scale_s[2];                   // their scales
   __shared__ alignas(16) float scale_s[kWarps][kMaxKeyStages][32];  // each key stage's scales, copied with it
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   Stage<HD>(*const stages)[2] = reinterpret_cast<Stage<HD>(*)[2]>(ring + kStages * kStageBytes);
@@ -413,7 +417,22 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-      const bool writer = warp == (pos0 - begin) / kKeys % kWarps;
+      const int writer_warp = (pos0 - begin) / kKeys % kWarps;
+      const bool writer = warp == writer_warp;
+      // encode_off_writer: the warp after the writer encodes the new K and V (and writes them to the
+      // cache) now and hands them over through new_row_s / new_scale_s and a named barrier. The
+      // writer holds the row's last tile, so it has as many tiles as any warp, and encoding at its
+      // tile (WriteNewKv) cost it ~1 µs; the warp after it has one tile fewer unless the row's
+      // tiles are a multiple of kWarps.
+      if (p.encode_off_writer && warp == (writer_warp + 1) % kWarps) {
+        float scales[2];
+        int clamped = 0;
+        mma_attention::EncodeNewKv<D, HD>(fresh_s, new_row_s[0], new_row_s[1], CacheSlot(blocks, p.g.block_size, pos0),
+                                          g, p.g, p.layer, scales, &clamped);
+        if (clamped) atomicAdd(p.clamps, static_cast<unsigned long long>(clamped));
+        if (lane == 0) new_scale_s[0] = scales[0], new_scale_s[1] = scales[1];
+        asm volatile("bar.arrive %0, %1;" ::"n"(kNewKvBarrier), "n"(64) : "memory");  // release: the row is written
+      }
       float o[kOTiles][4];
 #pragma unroll
       for (int t = 0; t < kOTiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
@@ -431,9 +450,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         TileStamp(p, t0, t_first, 2);
         Stage<HD>& stage = key_stage(s);
         float scale_cur = scale_s[warp][s][lane];
-        if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {
+        if (writer && t0 <= pos0 && pos0 < t0 + kKeys && !p.encode_off_writer) {
           mma_attention::WriteNewKv<D, HD>(fresh_s, stage, pos0 - t0, CacheSlot(blocks, p.g.block_size, pos0), g, p.g,
                                            p.layer, &scale_cur, p.clamps);
+        } else if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {  // the tile's copy of the new key is stale
+          asm volatile("bar.sync %0, %1;" ::"n"(kNewKvBarrier), "n"(64) : "memory");  // the encoder's row
+          constexpr int kRow = mma_attention::RowBytes<HD>(), kWords = HD / 4;
+          for (int i = lane; i < 2 * kWords; i += 32) {
+            const int which = i / kWords, w = i % kWords;
+            *reinterpret_cast<uint32_t*>((which ? stage.v : stage.k) + (pos0 - t0) * kRow + 4 * w) =
+                *reinterpret_cast<const uint32_t*>(&new_row_s[which][4 * w]);
+          }
+          const float new_scale[2] = {new_scale_s[0], new_scale_s[1]};
+          mma_attention::MaskPastNewKey<HD>(stage, pos0 - t0, new_scale, &scale_cur);
+          __syncwarp();
         }
         const uint8_t* ks = stage.k;
         const uint8_t* vs = stage.v;
@@ -714,6 +744,7 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.key_stages = a.key_stages;
   p.late_o = given && a.late_o_stages;
   p.o_waits = given && a.o_waits_for_keys;
+  p.encode_off_writer = a.encode_off_writer;
   const int key_buffer_stages = g.head_dim == 128  ? KeyBufferStages<128>()
                                 : g.head_dim == 64 ? KeyBufferStages<64>()
                                                    : KeyBufferStages<32>();

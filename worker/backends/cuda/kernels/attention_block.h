@@ -97,6 +97,11 @@ struct AttentionBlockArgs {
   // (H100, 2026-12-05): q/k/v + block 16 rows 55.3 → 52.5 µs, 8 rows 51.8 → 49.2; its first key
   // tile lands 4.4 µs after it is asked for instead of 11.
   bool o_waits_for_keys = true;
+  // encode_off_writer: the new position's K and V are encoded (and written to the cache) right
+  // after RoPE by the warp after the one whose tile holds the position, and handed to it through
+  // shared memory; off, that warp encodes them at its tile (bench/CUDA_NOTES.md, 12-05 (41): ~1 µs
+  // on the warp with the most tiles). Not yet measured.
+  bool encode_off_writer = false;
 };
 
 inline constexpr int kAttentionBlockCtaStamps = 11, kAttentionBlockSmSlot = 10;

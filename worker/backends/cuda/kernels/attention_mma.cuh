@@ -261,23 +261,16 @@ __device__ __forceinline__ void IssueTile(Stage<HD>& stage, const int32_t* block
   }
 }
 
-// Decode with new_kv, the writer warp at the tile (in `stage`) holding the row's own position,
-// its key `key`, cache slot `slot`: the tile's copy of it is stale. K and V (fresh, fp32) are
-// encoded as RopeWriteKv would (scale = amax / max, clamps counted) into the cache and into the
-// tile's row, with their scales (*scale_cur: the lanes' scales of the tile's keys). The rows past
-// it repeat the stale slot and are masked: their scores are dropped, but P · V still multiplies
-// their V by 0 and a never-written slot may hold NaN bytes, so those V rows are zeroed (16-byte
-// stores; rewriting them byte by byte cost the writer warp up to 128 stores a lane) and their
-// scales set finite.
+// The new position's K and V (fresh, fp32), encoded as RopeWriteKv would (scale = amax / max,
+// clamps added to *clamped, the lane's), into the cache at `slot` and into k_row / v_row;
+// new_scale: their scales. WriteNewKv's first half, for a warp with time to spare before the
+// position's tile.
 template <KvDtype D, int HD>
-__device__ __forceinline__ void WriteNewKv(const float (&fresh)[2][HD], Stage<HD>& stage, int key, int64_t slot,
-                                           int kv_head, const KvGeometry& g, const KvLayerView& layer,
-                                           float* scale_cur, unsigned long long* clamps) {
+__device__ __forceinline__ void EncodeNewKv(const float (&fresh)[2][HD], uint8_t* k_row, uint8_t* v_row, int64_t slot,
+                                            int kv_head, const KvGeometry& g, const KvLayerView& layer,
+                                            float (&new_scale)[2], int* clamped) {
   using Codec = KvCodec<D>;
-  constexpr int kRow = RowBytes<HD>();
   const int lane = threadIdx.x & 31, kvh = g.kv_heads;
-  int clamped = 0;
-  float new_scale[2];  // K, V (the unrolled loop keeps both in registers)
 #pragma unroll
   for (int which = 0; which < 2; ++which) {
     constexpr int kPer = HD / 32;
@@ -286,21 +279,48 @@ __device__ __forceinline__ void WriteNewKv(const float (&fresh)[2][HD], Stage<HD
     for (int j = 0; j < kPer; ++j) x[j] = fresh[which][lane + 32 * j], amax = fmaxf(amax, fabsf(x[j]));
     const float sc = HeadScale<Codec>(WarpMax(amax)), inv = 1.0f / sc;
     new_scale[which] = sc;
-    uint8_t* tile = which ? stage.v : stage.k;
+    uint8_t* row = which ? v_row : k_row;
     uint8_t* cached = static_cast<uint8_t*>(which ? layer.v : layer.k) + (slot * kvh + kv_head) * HD;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-      const uint8_t byte = EncodeCounted<Codec>(x[j], inv, &clamped).__x;
+      const uint8_t byte = EncodeCounted<Codec>(x[j], inv, clamped).__x;
       cached[lane + 32 * j] = byte;
-      tile[key * kRow + lane + 32 * j] = byte;
+      row[lane + 32 * j] = byte;
     }
     if (lane == 0) (which ? layer.v_scale : layer.k_scale)[slot * kvh + kv_head] = sc;
   }
+}
+
+// WriteNewKv's second half, at the tile (in `stage`) whose key `key` is the new position, its row
+// already written: the rows past it repeat the stale slot and are masked: their scores are
+// dropped, but P · V still multiplies their V by 0 and a never-written slot may hold NaN bytes, so
+// those V rows are zeroed (16-byte stores; rewriting them byte by byte cost the writer warp up to
+// 128 stores a lane) and their scales (in *scale_cur, the lanes' scales of the tile's keys) set
+// finite, the key's to new_scale.
+template <int HD>
+__device__ __forceinline__ void MaskPastNewKey(Stage<HD>& stage, int key, const float (&new_scale)[2],
+                                               float* scale_cur) {
+  constexpr int kRow = RowBytes<HD>();
+  const int lane = threadIdx.x & 31;
   for (int i = lane; i < (kKeys - 1 - key) * (HD / 16); i += 32) {
     *reinterpret_cast<uint4*>(stage.v + (key + 1 + i / (HD / 16)) * kRow + i % (HD / 16) * 16) =
         make_uint4(0u, 0u, 0u, 0u);
   }
   if ((lane & 15) >= key) *scale_cur = lane < 16 ? new_scale[0] : new_scale[1];
+}
+
+// Decode with new_kv, the writer warp at the tile (in `stage`) holding the row's own position,
+// its key `key`, cache slot `slot`: the tile's copy of it is stale. K and V are encoded into the
+// cache and the tile's row (EncodeNewKv), the rows past it masked (MaskPastNewKey).
+template <KvDtype D, int HD>
+__device__ __forceinline__ void WriteNewKv(const float (&fresh)[2][HD], Stage<HD>& stage, int key, int64_t slot,
+                                           int kv_head, const KvGeometry& g, const KvLayerView& layer,
+                                           float* scale_cur, unsigned long long* clamps) {
+  constexpr int kRow = RowBytes<HD>();
+  int clamped = 0;
+  float new_scale[2];
+  EncodeNewKv<D, HD>(fresh, stage.k + key * kRow, stage.v + key * kRow, slot, kv_head, g, layer, new_scale, &clamped);
+  MaskPastNewKey<HD>(stage, key, new_scale, scale_cur);
   if (clamped) atomicAdd(clamps, static_cast<unsigned long long>(clamped));
   __syncwarp();
 }
