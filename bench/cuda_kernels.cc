@@ -1234,9 +1234,10 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
   std::vector<std::string> timelines;
   std::string sweep = "\nAttentionBlock variants (µs, given: with cuBLASLt's q/k/v; stamps: median CTA after the first "
                       "CTA's start, -1: none)\n\n| rows | context | q/k/v | ring stages | early key tiles | wide boxes | "
-                      "vector adds | key stages | late o stages | o waits for keys | encoded off the writer | µs | q/k/v counted | "
+                      "vector adds | key stages | late o stages | o waits for keys | encoded off the writer | slots before compute | µs | "
+                      "q/k/v counted | "
                       "max | keys computed | max | attention ends | o products done | end |\n"
-                      "|---:|---:|---|---:|---:|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+                      "|---:|---:|---|---:|---:|---|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (int rows : rows_list) {
     if (rows < 2 || rows > max_rows) continue;
     for (int context : contexts) {
@@ -1274,6 +1275,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         bool late = cuda::AttentionBlockArgs{}.late_o_stages;
         bool o_waits = cuda::AttentionBlockArgs{}.o_waits_for_keys;
         bool encode_off = cuda::AttentionBlockArgs{}.encode_off_writer;
+        bool early_slots = cuda::AttentionBlockArgs{}.slots_before_compute;
       };
       // given: q/k/v from qkv_gemm's partials, the launch after it programmatic as in the engine.
       auto args = [&](uint64_t* stamps, Knobs k = {}, bool given = false) {
@@ -1286,7 +1288,8 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
             .attn = attn16, .x = static_cast<float*>(x->get()), .clamps = count, .workspace = block_ws->get(),
             .overlap_previous = given, .timeline = stamps, .ring_stages = k.stages, .early_key_tiles = k.early,
             .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys, .late_o_stages = k.late,
-            .o_waits_for_keys = k.o_waits, .encode_off_writer = k.encode_off};
+            .o_waits_for_keys = k.o_waits, .encode_off_writer = k.encode_off,
+            .slots_before_compute = k.early_slots};
       };
       // One launch's stamps: [stamp] = {median, max} over CTAs in µs after the first CTA's start.
       const int ctas = std::min(16, sms / kvh) * kvh;
@@ -1452,6 +1455,8 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         }
         list.push_back({given, Knobs{.vector = !Knobs{}.vector}});  // o's adds the other way
         list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off}});  // the new K/V encoded by another warp
+        list.push_back({given, Knobs{.early_slots = !Knobs{}.early_slots}});  // refills' lookups before the compute
+        list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots}});
         if (!given) continue;
         for (int stages : {2, 3, 4}) list.push_back({given, Knobs{.stages = stages, .o_waits = !Knobs{}.o_waits}});
       }
@@ -1465,12 +1470,12 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         if (!us.ok()) return us.status();
         absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k, given);
         if (!v.ok()) return v.status();
-        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %s | %s | %.1f | %.2f | "
+        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %s | %s | %s | %.1f | %.2f | "
                                                 "%.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
                                                 rows, context, given ? "given" : "block", k.stages, k.early,
                                                 k.wide ? "yes" : "no", k.vector ? "yes" : "no", k.keys,
                                                 given && k.late ? "yes" : "no", given && k.o_waits ? "yes" : "no",
-                                                k.encode_off ? "yes" : "no", *us, (*v)[1].first, (*v)[1].second, (*v)[8].first,
+                                                k.encode_off ? "yes" : "no", k.early_slots ? "yes" : "no", *us, (*v)[1].first, (*v)[1].second, (*v)[8].first,
                                                 (*v)[8].second, (*v)[3].first, (*v)[5].first, (*v)[6].first));
       }
     }

@@ -112,6 +112,7 @@ struct Params {
   bool late_o;
   bool o_waits;  // AttentionBlockArgs::o_waits_for_keys, with q/k/v given
   bool encode_off_writer;  // AttentionBlockArgs::encode_off_writer
+  bool slots_before_compute;  // AttentionBlockArgs::slots_before_compute
 };
 
 __device__ __forceinline__ void Stamp(const Params& p, int which) {
@@ -314,14 +315,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     // Copies the tile at key t into key stage s, its scales into scale_s[warp][s]: one commit group,
     // an empty one past the row's end, so that when the loop waits for a tile, key_stages - 1 groups
-    // were committed after its own.
+    // were committed after its own. slot: the lane's TileSlot, if already looked up (else -1).
     const int t_first = begin + warp * kKeys;
     // o_waits: lane 0 arrives once, at the warp's last tile (at once if it has none).
     if (p.o_waits && lane == 0 && (!attends || t_first >= end)) tma::BarrierArrive(&keys_issued_s);
-    auto issue = [&](int t, int s) {
+    auto issue = [&](int t, int s, int64_t slot = -1) {
       TileStamp(p, t, t_first, 0);
       if (t < end) {
-        mma_attention::IssueTile<HD, true>(key_stage(s), blocks, p.g, p.layer, g, t, end, scale_s[warp][s]);
+        if (slot >= 0) {
+          mma_attention::IssueTileAt<HD, true>(key_stage(s), slot, p.g, p.layer, g, scale_s[warp][s]);
+        } else {
+          mma_attention::IssueTile<HD, true>(key_stage(s), blocks, p.g, p.layer, g, t, end, scale_s[warp][s]);
+        }
         if (p.o_waits && lane == 0 && t + kWarps * kKeys >= end) tma::BarrierArrive(&keys_issued_s);
       } else {
         __pipeline_commit();
@@ -448,6 +453,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         __syncwarp();
         TileStamp(p, t0, t_first, 2);
+        // slots_before_compute: the block-table lookup of the tile this one's stage takes next, now,
+        // so that its round trip passes under this tile's compute instead of delaying the copy.
+        const int t_refill = t0 + p.key_stages * kWarps * kKeys;
+        int64_t refill_slot = -1;
+        if (p.slots_before_compute && t_refill < end) refill_slot = mma_attention::TileSlot(blocks, p.g, t_refill, end);
         Stage<HD>& stage = key_stage(s);
         float scale_cur = scale_s[warp][s][lane];
         if (writer && t0 <= pos0 && pos0 < t0 + kKeys && !p.encode_off_writer) {
@@ -507,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mma_attention::DecodePv<D, HD>(vs, pa, f, o);
         TileStamp(p, t0, t_first, 3);
         __syncwarp();  // every lane is done with this stage: its next tile
-        issue(t0 + p.key_stages * kWarps * kKeys, s);
+        issue(t_refill, s, refill_slot);
       }
       __pipeline_wait_prior(0);
       l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -745,6 +755,7 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.late_o = given && a.late_o_stages;
   p.o_waits = given && a.o_waits_for_keys;
   p.encode_off_writer = a.encode_off_writer;
+  p.slots_before_compute = a.slots_before_compute;
   const int key_buffer_stages = g.head_dim == 128  ? KeyBufferStages<128>()
                                 : g.head_dim == 64 ? KeyBufferStages<64>()
                                                    : KeyBufferStages<32>();

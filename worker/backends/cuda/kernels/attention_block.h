@@ -102,6 +102,10 @@ struct AttentionBlockArgs {
   // shared memory; off, that warp encodes them at its tile (bench/CUDA_NOTES.md, 12-05 (41): ~1 µs
   // on the warp with the most tiles). Not yet measured.
   bool encode_off_writer = false;
+  // slots_before_compute: a warp looks up the block-table entry of the key tile a stage takes next
+  // before computing the tile in it, not after; the kernel bench's tile table reads 0.5-0.8 µs of
+  // lookup before each such copy, 3 of them on a 5-tile warp's chain. Not yet measured.
+  bool slots_before_compute = false;
 };
 
 inline constexpr int kAttentionBlockCtaStamps = 11, kAttentionBlockSmSlot = 10;

@@ -233,14 +233,20 @@ struct Stage {
 // scale_out[lane] in the tile's group. A scale loaded into a register holds the warp at the first
 // instruction that reads it (a loop's scale_cur = scale_next, right after the issue), about a
 // DRAM round trip, so such a loop never has more than one tile's copies outstanding for long.
+// The lane's slot for IssueTileAt: key min(t0 + lane % 16, end - 1)'s.
+__device__ __forceinline__ int64_t TileSlot(const int32_t* blocks, const KvGeometry& g, int t0, int end) {
+  const int lane = threadIdx.x & 31;
+  return CacheSlot(blocks, g.block_size, min(t0 + (lane & 15), end - 1));
+}
+
+// IssueTile with the lane's slot (TileSlot) already looked up, e.g. a compute earlier.
 template <int HD, bool kScaleToShared = false>
-__device__ __forceinline__ void IssueTile(Stage<HD>& stage, const int32_t* blocks, const KvGeometry& g,
-                                          const KvLayerView& layer, int kv_head, int t0, int end, float* scale_out) {
+__device__ __forceinline__ void IssueTileAt(Stage<HD>& stage, int64_t my_slot, const KvGeometry& g,
+                                            const KvLayerView& layer, int kv_head, float* scale_out) {
   constexpr int kRow = RowBytes<HD>(), kPieces = kKeys * HD / 16, kPerLane = (kPieces + 31) / 32;
   const int lane = threadIdx.x & 31, kvh = g.kv_heads;
   const uint8_t* kbase = static_cast<const uint8_t*>(layer.k) + kv_head * HD;
   const uint8_t* vbase = static_cast<const uint8_t*>(layer.v) + kv_head * HD;
-  const int64_t my_slot = CacheSlot(blocks, g.block_size, min(t0 + (lane & 15), end - 1));
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int piece = lane + 32 * i;
@@ -259,6 +265,12 @@ __device__ __forceinline__ void IssueTile(Stage<HD>& stage, const int32_t* block
     __pipeline_commit();
     *scale_out = (lane < 16 ? layer.k_scale : layer.v_scale)[my_slot * kvh + kv_head];
   }
+}
+
+template <int HD, bool kScaleToShared = false>
+__device__ __forceinline__ void IssueTile(Stage<HD>& stage, const int32_t* blocks, const KvGeometry& g,
+                                          const KvLayerView& layer, int kv_head, int t0, int end, float* scale_out) {
+  IssueTileAt<HD, kScaleToShared>(stage, TileSlot(blocks, g, t0, end), g, layer, kv_head, scale_out);
 }
 
 // The new position's K and V (fresh, fp32), encoded as RopeWriteKv would (scale = amax / max,
