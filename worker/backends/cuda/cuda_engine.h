@@ -43,7 +43,7 @@ struct CudaEngineOptions {
   // longer to load and gave the 8B step nothing more than 6 (b16 4.607 / 4.620 against 4.600 /
   // 4.600).
   int in_situ_candidates = 6;
-  // Decode at 2-16 rows on an FP8 cache, where the shape allows (kernels/attention_block.h):
+  // Decode at attention_block_min_rows-16 rows on an FP8 cache, where the shape allows (kernels/attention_block.h):
   // kWhole runs q/k/v, the attention and o as one persistent launch instead of cuBLASLt,
   // PagedAttention and cuBLASLt; kAfterQkv keeps cuBLASLt's q/k/v and runs the attention and o as
   // one launch, W_o streaming once the key tiles are asked for. kWhole measured slower on the H200
@@ -62,7 +62,8 @@ struct CudaEngineOptions {
   // start with and the key buffers (AttentionBlockArgs::late_o_stages), so 6 of a CTA's 8 W_o boxes
   // (8B shape) can be in before o starts, where 4 are now. Off: with W_o streaming from the start it
   // measured no faster (12-05 (37)); with W_o waiting for the keys the DRAM idles ~5 µs before o
-  // starts at 16 rows (12-05 (40)), so it is worth an A/B.
+  // starts at 16 rows (12-05 (40)); the kernel bench on the H200 then read 40.1-40.2 µs against
+  // 40.2-40.5 at 16 rows (12-05 (41)), within noise.
   bool attention_block_late_o_stages = false;
 };
 

@@ -322,11 +322,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto issue = [&](int t, int s, int64_t slot = -1) {
       TileStamp(p, t, t_first, 0);
       if (t < end) {
-        if (slot >= 0) {
-          mma_attention::IssueTileAt<HD, true>(key_stage(s), slot, p.g, p.layer, g, scale_s[warp][s]);
-        } else {
-          mma_attention::IssueTile<HD, true>(key_stage(s), blocks, p.g, p.layer, g, t, end, scale_s[warp][s]);
-        }
+        mma_attention::IssueTileAt<HD, true>(key_stage(s), slot >= 0 ? slot : mma_attention::TileSlot(blocks, p.g, t, end),
+                                             p.g, p.layer, g, scale_s[warp][s]);
         if (p.o_waits && lane == 0 && t + kWarps * kKeys >= end) tma::BarrierArrive(&keys_issued_s);
       } else {
         __pipeline_commit();
@@ -460,20 +457,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (p.slots_before_compute && t_refill < end) refill_slot = mma_attention::TileSlot(blocks, p.g, t_refill, end);
         Stage<HD>& stage = key_stage(s);
         float scale_cur = scale_s[warp][s][lane];
-        if (writer && t0 <= pos0 && pos0 < t0 + kKeys && !p.encode_off_writer) {
-          mma_attention::WriteNewKv<D, HD>(fresh_s, stage, pos0 - t0, CacheSlot(blocks, p.g.block_size, pos0), g, p.g,
-                                           p.layer, &scale_cur, p.clamps);
-        } else if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {  // the tile's copy of the new key is stale
-          asm volatile("bar.sync %0, %1;" ::"n"(kNewKvBarrier), "n"(64) : "memory");  // the encoder's row
-          constexpr int kRow = mma_attention::RowBytes<HD>(), kWords = HD / 4;
-          for (int i = lane; i < 2 * kWords; i += 32) {
-            const int which = i / kWords, w = i % kWords;
-            *reinterpret_cast<uint32_t*>((which ? stage.v : stage.k) + (pos0 - t0) * kRow + 4 * w) =
-                *reinterpret_cast<const uint32_t*>(&new_row_s[which][4 * w]);
+        if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {  // the tile's copy of the new key is stale
+          if (!p.encode_off_writer) {
+            mma_attention::WriteNewKv<D, HD>(fresh_s, stage, pos0 - t0, CacheSlot(blocks, p.g.block_size, pos0), g,
+                                             p.g, p.layer, &scale_cur, p.clamps);
+          } else {
+            asm volatile("bar.sync %0, %1;" ::"n"(kNewKvBarrier), "n"(64) : "memory");  // the encoder's row
+            constexpr int kRow = mma_attention::RowBytes<HD>(), kWords = HD / 4;
+            for (int i = lane; i < 2 * kWords; i += 32) {
+              const int which = i / kWords, w = i % kWords;
+              *reinterpret_cast<uint32_t*>((which ? stage.v : stage.k) + (pos0 - t0) * kRow + 4 * w) =
+                  *reinterpret_cast<const uint32_t*>(&new_row_s[which][4 * w]);
+            }
+            const float new_scale[2] = {new_scale_s[0], new_scale_s[1]};
+            mma_attention::MaskPastNewKey<HD>(stage, pos0 - t0, new_scale, &scale_cur);
+            __syncwarp();
           }
-          const float new_scale[2] = {new_scale_s[0], new_scale_s[1]};
-          mma_attention::MaskPastNewKey<HD>(stage, pos0 - t0, new_scale, &scale_cur);
-          __syncwarp();
         }
         const uint8_t* ks = stage.k;
         const uint8_t* vs = stage.v;

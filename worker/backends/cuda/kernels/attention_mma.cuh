@@ -224,6 +224,12 @@ struct Stage {
   alignas(16) uint8_t v[kKeys * RowBytes<HD>()];
 };
 
+// The lane's slot for IssueTileAt: key min(t0 + lane % 16, end - 1)'s.
+__device__ __forceinline__ int64_t TileSlot(const int32_t* blocks, const KvGeometry& g, int t0, int end) {
+  const int lane = threadIdx.x & 31;
+  return CacheSlot(blocks, g.block_size, min(t0 + (lane & 15), end - 1));
+}
+
 // Starts copying the K and V rows of keys [t0, t0 + kKeys) of KV head kv_head into `stage`, and
 // loads this lane's scale (lanes 0-15: K scale of key lane, 16-31: V scale of key lane - 16). Keys
 // past `end` read the last valid key: finite values, masked out of the scores. Each lane looks up
@@ -233,13 +239,7 @@ struct Stage {
 // scale_out[lane] in the tile's group. A scale loaded into a register holds the warp at the first
 // instruction that reads it (a loop's scale_cur = scale_next, right after the issue), about a
 // DRAM round trip, so such a loop never has more than one tile's copies outstanding for long.
-// The lane's slot for IssueTileAt: key min(t0 + lane % 16, end - 1)'s.
-__device__ __forceinline__ int64_t TileSlot(const int32_t* blocks, const KvGeometry& g, int t0, int end) {
-  const int lane = threadIdx.x & 31;
-  return CacheSlot(blocks, g.block_size, min(t0 + (lane & 15), end - 1));
-}
-
-// IssueTile with the lane's slot (TileSlot) already looked up, e.g. a compute earlier.
+// IssueTileAt takes the lane's slot (TileSlot) already looked up, e.g. a compute earlier.
 template <int HD, bool kScaleToShared = false>
 __device__ __forceinline__ void IssueTileAt(Stage<HD>& stage, int64_t my_slot, const KvGeometry& g,
                                             const KvLayerView& layer, int kv_head, float* scale_out) {
