@@ -1328,14 +1328,17 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
             return absl::StrFormat("%.2f (%.2f)", v[v.size() / 2], v[v.size() * 9 / 10]);
           };
           absl::StrAppend(tiles, "| key tile of a warp | issue begun | issued | landed | computed | block-table load "
-                                 "(issued − begun) | in flight (landed − issued) | compute (computed − landed) |\n"
-                                 "|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+                                 "(issued − begun) | in flight (landed − issued) | compute (computed − landed) | "
+                                 "compute, SM cycles |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+          constexpr int kTimes = 4;  // the tile's events that are times; the fifth counts cycles
+          static_assert(cuda::kAttentionBlockTileEvents == kTimes + 1);
           for (int i = 0; i < cuda::kAttentionBlockStampedTiles; ++i) {
-            std::vector<double> ev[cuda::kAttentionBlockTileEvents], gap[3];
+            std::vector<double> ev[kTimes], gap[3], cycles;
             for (int b = 0; b < ctas; ++b) {
               for (int w = 0; w < cuda::kAttentionBlockStampedWarps; ++w) {
+                if (at(b, w, i, 3) != 0) cycles.push_back(double(at(b, w, i, kTimes)));
                 bool all = true;
-                for (int e = 0; e < cuda::kAttentionBlockTileEvents; ++e) {
+                for (int e = 0; e < kTimes; ++e) {
                   if (at(b, w, i, e) == 0) {
                     all = false;
                     continue;
@@ -1347,7 +1350,8 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
               }
             }
             absl::StrAppend(tiles, "| ", i, " | ", cell(ev[0]), " | ", cell(ev[1]), " | ", cell(ev[2]), " | ",
-                            cell(ev[3]), " | ", cell(gap[0]), " | ", cell(gap[1]), " | ", cell(gap[2]), " |\n");
+                            cell(ev[3]), " | ", cell(gap[0]), " | ", cell(gap[1]), " | ", cell(gap[2]), " | ",
+                            cell(cycles), " |\n");
           }
           // o waits for its group's last CTA: the four whose keys were computed last, the warp that
           // held each (the writer of the new position is warp (pos / 16) % 8) and its tiles.

@@ -124,11 +124,17 @@ __device__ __forceinline__ void Stamp(const Params& p, int which) {
 
 // Lane 0 stamps event e (AttentionBlockArgs::timeline) of the warp's key tile at key t, the
 // warp's first at t_first: where a tile's time goes (block-table load, landing, compute).
-__device__ __forceinline__ void TileStamp(const Params& p, int t, int t_first, int e) {
+// cycles ≥ 0: event e is that count, not a time.
+__device__ __forceinline__ void TileStamp(const Params& p, int t, int t_first, int e, long long cycles = -1) {
   if (p.timeline == nullptr || (threadIdx.x & 31) != 0) return;
   const int warp = threadIdx.x >> 5, tile = (t - t_first) / (kWarps * mma_attention::kKeys);
   if (tile >= kAttentionBlockStampedTiles) return;
-  Stamp(p, kAttentionBlockCtaStamps + (warp * kAttentionBlockStampedTiles + tile) * kAttentionBlockTileEvents + e);
+  const int which = kAttentionBlockCtaStamps + (warp * kAttentionBlockStampedTiles + tile) * kAttentionBlockTileEvents + e;
+  if (cycles >= 0) {
+    p.timeline[(blockIdx.y * gridDim.x + blockIdx.x) * kAttentionBlockStamps + which] = cycles;
+  } else {
+    Stamp(p, which);
+  }
 }
 
 // Ring step st (q/k/v's steps, then o's) uses stage StageOf(st); UsesBefore(st) earlier steps
@@ -450,6 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         __syncwarp();
         TileStamp(p, t0, t_first, 2);
+        const long long landed_clock = p.timeline != nullptr ? clock64() : 0;
         // slots_before_compute: the block-table lookup of the tile this one's stage takes next, now,
         // so that its round trip passes under this tile's compute instead of delaying the copy.
         const int t_refill = t0 + p.key_stages * kWarps * kKeys;
@@ -515,6 +522,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         o_scale = vmax;
         mma_attention::DecodePv<D, HD>(vs, pa, f, o);
         TileStamp(p, t0, t_first, 3);
+        if (p.timeline != nullptr) TileStamp(p, t0, t_first, 4, clock64() - landed_clock);
         __syncwarp();  // every lane is done with this stage: its next tile
         issue(t_refill, s, refill_slot);
       }

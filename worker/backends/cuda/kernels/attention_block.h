@@ -68,7 +68,8 @@ struct AttentionBlockArgs {
   // written (before the count), and in slot kAttentionBlockSmSlot its SM + 1 (not a time); then
   // per warp and key tile (the first
   // kAttentionBlockStampedTiles a warp) kAttentionBlockTileEvents stamps: issue begun, issue done
-  // (its block-table entry loaded, the copies out), landed (the wait for it done), computed.
+  // (its block-table entry loaded, the copies out), landed (the wait for it done), computed, and
+  // then not a time: the compute's SM cycles (clock64; %globaltimer ticks too coarsely for ~1 µs).
   uint64_t* timeline = nullptr;
   // Knobs the kernel bench sweeps to find what holds the q/k/v phase (bench/CUDA_NOTES.md, 12-04
   // (36)); the defaults are the measured design. early_key_tiles: 0-2 key tiles a warp copied at
@@ -109,7 +110,7 @@ struct AttentionBlockArgs {
 };
 
 inline constexpr int kAttentionBlockCtaStamps = 11, kAttentionBlockSmSlot = 10;
-inline constexpr int kAttentionBlockStampedWarps = 8, kAttentionBlockStampedTiles = 5, kAttentionBlockTileEvents = 4;
+inline constexpr int kAttentionBlockStampedWarps = 8, kAttentionBlockStampedTiles = 5, kAttentionBlockTileEvents = 5;
 inline constexpr int kAttentionBlockStamps =
     kAttentionBlockCtaStamps + kAttentionBlockStampedWarps * kAttentionBlockStampedTiles * kAttentionBlockTileEvents;
 
