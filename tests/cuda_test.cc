@@ -1277,7 +1277,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
       int stages, early;
       bool wide, given = false, vector = true;
       int keys = 2;
-      bool late = true, o_waits = false, encode_off = false, early_slots = false;
+      bool late = true, o_waits = false, encode_off = false, early_slots = false, permuted = false;
     };
     std::vector<float> halves(2 * dq.n);
     {
@@ -1310,7 +1310,11 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                            {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, true},
                            {2, 0, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true, true, true},
                            {3, 1, true, false, true, 2, true, false, true, true},
-                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, false, true}};
+                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, false, true},
+                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, false, false,
+                            true},
+                           {2, 0, false, false, true, 2, true, false, false, false, true},
+                           {2, 2, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true, true, true, true}};
     for (int launch = 0; launch < static_cast<int>(std::size(knobs)); ++launch) {
       const Knobs k = knobs[launch];
       Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
@@ -1325,7 +1329,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
            .x = dx.p, .clamps = clamps.p, .workspace = workspace.p, .ring_stages = k.stages,
            .early_key_tiles = k.early, .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys,
            .late_o_stages = k.late, .o_waits_for_keys = k.o_waits, .encode_off_writer = k.encode_off,
-           .slots_before_compute = k.early_slots},
+           .slots_before_compute = k.early_slots, .permuted_qk_dims = k.permuted},
           nullptr);
       ASSERT_TRUE(ran.ok()) << ran;
       CUDA_OK(cudaDeviceSynchronize());
@@ -1337,7 +1341,8 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                                std::to_string(k.keys) + ", late o stages " + std::to_string(k.late) +
                                ", o waits for keys " + std::to_string(k.o_waits) + ", encoded off the writer " +
                                std::to_string(k.encode_off) + ", slots before compute " +
-                               std::to_string(k.early_slots) + ") seed " +
+                               std::to_string(k.early_slots) + ", permuted q·k dims " + std::to_string(k.permuted) +
+                               ") seed " +
                                std::to_string(seed);
       // q/k/v sum in another order than the CPU's, so a K or V byte can round the other way.
       EXPECT_LE(RelL2(ToFloats(got_attn.Get()), want_a), 5e-3) << what;

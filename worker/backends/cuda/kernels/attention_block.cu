@@ -113,6 +113,7 @@ struct Params {
   bool o_waits;  // AttentionBlockArgs::o_waits_for_keys, with q/k/v given
   bool encode_off_writer;  // AttentionBlockArgs::encode_off_writer
   bool slots_before_compute;  // AttentionBlockArgs::slots_before_compute
+  bool permuted_qk_dims;      // AttentionBlockArgs::permuted_qk_dims
 };
 
 __device__ __forceinline__ void Stamp(const Params& p, int which) {
@@ -158,6 +159,50 @@ __device__ __forceinline__ void RedAddV4(float* p, float4 v) {
 
 __device__ __forceinline__ void ConsumerSync() { asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory"); }
 constexpr int kNewKvBarrier = 2;  // encode_off_writer: the encoding warp and the writer (64 threads)
+
+// S = Q · Kᵀ over one tile of K rows at ks, as mma_attention::QkScores<D, HD, 1> leaves it (n-tile
+// j: keys 8j + 2qc, +1 of row qg in sc[j][0..1]), but with the head dims permuted: a sum over dims
+// may take them in any order that Q and K share. Chunk kc's k-columns 2qc, 2qc + 1 (+8, +9) are dims
+// HD/4·qc + 4kc + 0, 1 (2, 3), so each lane's K bytes of a key are HD/4 contiguous bytes: vector
+// loads (two of 16 B at head_dim 128, against 16 loads of 2 B), conflict-free at the 8B row stride.
+// Each n-tile's products go into two accumulators (even and odd chunks): two mma chains of
+// HD/32 instead of one of HD/16, since a decode warp's tile compute is latency-bound.
+template <KvDtype D, int HD>
+__device__ __forceinline__ void DecodeQkScores(const uint8_t* ks, const uint32_t (&qa)[HD / 16][2], float (&sc)[2][4]) {
+  constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
+  constexpr int kRow = mma_attention::RowBytes<HD>(), kChunks = HD / 16;
+  static_assert(kChunks % 2 == 0, "two accumulators");
+  const int lane = threadIdx.x & 31, qg = lane >> 2, qc = lane & 3;
+  uint32_t w[2][kChunks];  // [n-tile][chunk]: K bytes of dims HD/4·qc + 4kc .. + 3 of key 8j + qg
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const uint8_t* src = ks + (8 * j + qg) * kRow + qc * (HD / 4);
+    if constexpr (kChunks >= 4) {
+#pragma unroll
+      for (int v = 0; v < kChunks / 4; ++v) {
+        const uint4 x = reinterpret_cast<const uint4*>(src)[v];
+        w[j][4 * v] = x.x, w[j][4 * v + 1] = x.y, w[j][4 * v + 2] = x.z, w[j][4 * v + 3] = x.w;
+      }
+    } else {
+      const uint2 x = *reinterpret_cast<const uint2*>(src);
+      w[j][0] = x.x, w[j][1] = x.y;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    float odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < kChunks; ++kc) {
+      const uint32_t b0 = mma_attention::Fp8x2ToHalf2(static_cast<uint16_t>(w[j][kc]), kKind);
+      const uint32_t b1 = mma_attention::Fp8x2ToHalf2(static_cast<uint16_t>(w[j][kc] >> 16), kKind);
+      const uint32_t a[4] = {qa[kc][0], 0u, qa[kc][1], 0u};
+      Mma(kc % 2 ? odd : sc[j], a, b0, b1);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sc[j][e] += odd[e];
+  }
+}
 
 // Column of the q/k/v projection (= row of W_qkv) at column c of group g's slice: its query heads,
 // then its K head, then its V head.
@@ -409,7 +454,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                            kvh, group, g, q_s, &fresh_s[0][0], kWarps * 32);
       ConsumerSync();
       if (tid == 0) Stamp(p, 7);
-      // Q fragments (scaled into the exp2 domain): row qg is query head qg of the group.
+      // Q fragments (scaled into the exp2 domain): row qg is query head qg of the group; with
+      // permuted_qk_dims the dims as DecodeQkScores takes K's (chunk kc: dims HD/4·qc + 4kc .. + 3).
       uint32_t qa[kChunks][2];
       {
         const float qs = p.scale * kLog2e;
@@ -417,9 +463,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int kc = 0; kc < kChunks; ++kc) {
           if (qg < group) {
-            const float* q2 = qrow + kc * 16 + 2 * qc;
-            qa[kc][0] = PackHalf2(q2[0] * qs, q2[1] * qs);
-            qa[kc][1] = PackHalf2(q2[8] * qs, q2[9] * qs);
+            if (p.permuted_qk_dims) {
+              const float* q4 = qrow + qc * (HD / 4) + 4 * kc;
+              qa[kc][0] = PackHalf2(q4[0] * qs, q4[1] * qs);
+              qa[kc][1] = PackHalf2(q4[2] * qs, q4[3] * qs);
+            } else {
+              const float* q2 = qrow + kc * 16 + 2 * qc;
+              qa[kc][0] = PackHalf2(q2[0] * qs, q2[1] * qs);
+              qa[kc][1] = PackHalf2(q2[8] * qs, q2[9] * qs);
+            }
           } else {
             qa[kc][0] = qa[kc][1] = 0u;
           }
@@ -486,7 +538,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         // S = Q · Kᵀ (keys 8j + 2qc, +1 of row qg in sc[j][0..1]), then the online softmax with
         // the V scales folded into P, then Oᵀ += Vᵀ · Pᵀ: attention_mma.cuh's decode path.
         float sc[2][4];
-        mma_attention::QkScores<D, HD, 1>(ks, qa, sc);
+        if (p.permuted_qk_dims) {
+          DecodeQkScores<D, HD>(ks, qa, sc);
+        } else {
+          mma_attention::QkScores<D, HD, 1>(ks, qa, sc);
+        }
         float pr[2][2], vsc[2][2], tmax = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -763,6 +819,7 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.o_waits = given && a.o_waits_for_keys;
   p.encode_off_writer = a.encode_off_writer;
   p.slots_before_compute = a.slots_before_compute;
+  p.permuted_qk_dims = a.permuted_qk_dims;
   const int key_buffer_stages = g.head_dim == 128  ? KeyBufferStages<128>()
                                 : g.head_dim == 64 ? KeyBufferStages<64>()
                                                    : KeyBufferStages<32>();

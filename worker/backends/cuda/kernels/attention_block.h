@@ -107,6 +107,11 @@ struct AttentionBlockArgs {
   // before computing the tile in it, not after; the kernel bench's tile table reads 0.5-0.8 µs of
   // lookup before each such copy, 3 of them on a 5-tile warp's chain. Not yet measured.
   bool slots_before_compute = false;
+  // permuted_qk_dims: S = Q · Kᵀ with the head dims permuted (the same for Q and K, so the same
+  // sum) so that a lane's K bytes of a key are contiguous: two 16-byte loads a key at head_dim 128
+  // instead of sixteen of 2 bytes, and each score tile's 8 mma in two chains of 4. The tile compute
+  // is ~0.9 µs for 16 keys (latency-bound: 2 warps a scheduler). Not yet measured.
+  bool permuted_qk_dims = false;
 };
 
 inline constexpr int kAttentionBlockCtaStamps = 11, kAttentionBlockSmSlot = 10;
