@@ -1232,10 +1232,15 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     // 2's new key (position 379) falls in warp 7's third tile, at 4 key stages (head_dim 128) and at
     // 3 or 4 beside a 3-stage ring one of the extra stages in the aux buffer. Row 4's (position
     // 512, the benchmarks' case) opens warp 0's fifth tile, one more than any other warp's; row
-    // 0's is its only key.
+    // 5's 545 (35 tiles) give warps 0-2 a fifth (with last_tile_early, all three in aux); row 0's
+    // is its only key.
     std::vector<int> lens(seqs);
     for (int i = 0; i < seqs; ++i) {
-      lens[i] = i == 1 ? 650 : i == 2 ? 380 : i == 4 ? 513 : 1 + (i * 37 + (i == 3 ? 100 : 0)) % 200;
+      lens[i] = i == 1   ? 650
+                : i == 2 ? 380
+                : i == 4 ? 513
+                : i == 5 ? 545
+                         : 1 + (i * 37 + (i == 3 ? 100 : 0)) % 200;
     }
     PagedFixture f(seqs, 650, kv_heads, hd, kc.dtype);
     std::vector<int32_t> row_seq, row_pos;
@@ -1277,7 +1282,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
       int stages, early;
       bool wide, given = false, vector = true;
       int keys = 2;
-      bool late = true, o_waits = false, encode_off = false, early_slots = false, permuted = false;
+      bool late = true, o_waits = false, encode_off = false, early_slots = false, permuted = false, last_early = false;
     };
     std::vector<float> halves(2 * dq.n);
     {
@@ -1314,7 +1319,12 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                            {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, false, false,
                             true},
                            {2, 0, false, false, true, 2, true, false, false, false, true},
-                           {2, 2, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true, true, true, true}};
+                           {2, 2, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true, true, true, true},
+                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, false, false,
+                            false, true},
+                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, true, true,
+                            true, true},
+                           {3, 1, false, true, false, 2, true, false, false, false, false, true}};
     for (int launch = 0; launch < static_cast<int>(std::size(knobs)); ++launch) {
       const Knobs k = knobs[launch];
       Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
@@ -1329,7 +1339,8 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
            .x = dx.p, .clamps = clamps.p, .workspace = workspace.p, .ring_stages = k.stages,
            .early_key_tiles = k.early, .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys,
            .late_o_stages = k.late, .o_waits_for_keys = k.o_waits, .encode_off_writer = k.encode_off,
-           .slots_before_compute = k.early_slots, .permuted_qk_dims = k.permuted},
+           .slots_before_compute = k.early_slots, .permuted_qk_dims = k.permuted,
+           .last_tile_early = k.last_early},
           nullptr);
       ASSERT_TRUE(ran.ok()) << ran;
       CUDA_OK(cudaDeviceSynchronize());
@@ -1342,6 +1353,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                                ", o waits for keys " + std::to_string(k.o_waits) + ", encoded off the writer " +
                                std::to_string(k.encode_off) + ", slots before compute " +
                                std::to_string(k.early_slots) + ", permuted q·k dims " + std::to_string(k.permuted) +
+                               ", last tile early " + std::to_string(k.last_early) +
                                ") seed " +
                                std::to_string(seed);
       // q/k/v sum in another order than the CPU's, so a K or V byte can round the other way.

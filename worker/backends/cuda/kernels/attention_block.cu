@@ -114,6 +114,7 @@ struct Params {
   bool encode_off_writer;  // AttentionBlockArgs::encode_off_writer
   bool slots_before_compute;  // AttentionBlockArgs::slots_before_compute
   bool permuted_qk_dims;      // AttentionBlockArgs::permuted_qk_dims
+  bool last_tile_early;       // AttentionBlockArgs::last_tile_early
 };
 
 __device__ __forceinline__ void Stamp(const Params& p, int which) {
@@ -368,16 +369,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     // an empty one past the row's end, so that when the loop waits for a tile, key_stages - 1 groups
     // were committed after its own. slot: the lane's TileSlot, if already looked up (else -1).
     const int t_first = begin + warp * kKeys;
-    // o_waits: lane 0 arrives once, at the warp's last tile (at once if it has none).
+    // last_tile_early: with the row's tiles 8n + r (0 < r, n >= 2), warps 0 .. r - 1 hold n + 1
+    // tiles and the last of them (the writer's: the row's last tile) is asked late, when o's W
+    // floods the DRAM (4 µs in flight on the slowest CTAs against 1.3). Those warps copy their
+    // last tile first, into an aux stage of their own (aux is idle until o with q/k/v given and
+    // two key stages); the loop's refill that would have copied it commits an empty group.
+    const int row_tiles = attends ? (end - begin + kKeys - 1) / kKeys : 0;
+    const bool last_early = p.last_tile_early && given && p.key_stages == 2 && row_tiles / kWarps >= 2 &&
+                            row_tiles % kWarps > warp &&
+                            row_tiles % kWarps <= min(kWarps - 1, kAuxBytes / static_cast<int>(sizeof(Stage<HD>)));
+    const int t_last = last_early ? t_first + row_tiles / kWarps * kWarps * kKeys : -1;  // its key
+    Stage<HD>& last_stage = *reinterpret_cast<Stage<HD>*>(aux + warp * sizeof(Stage<HD>));
+    constexpr int kLastScales = 2;  // scale_s[warp][2] holds the early last tile's scales
+    static_assert(kMaxKeyStages > kLastScales, "a scale slot two key stages leave free");
+    // o_waits: lane 0 arrives once, at the warp's last ask (at once if it has none): its last tile,
+    // or with last_early the one before it.
     if (p.o_waits && lane == 0 && (!attends || t_first >= end)) tma::BarrierArrive(&keys_issued_s);
     auto issue = [&](int t, int s, int64_t slot = -1) {
+      if (t == t_last) {  // copied first: an empty group, and its stamps stay the copy's
+        __pipeline_commit();
+        return;
+      }
       TileStamp(p, t, t_first, 0);
       if (t < end) {
         mma_attention::IssueTileAt<HD, true>(key_stage(s), slot >= 0 ? slot : mma_attention::TileSlot(blocks, p.g, t, end),
                                              p.g, p.layer, g, scale_s[warp][s]);
-        if (p.o_waits && lane == 0 && t + kWarps * kKeys >= end) tma::BarrierArrive(&keys_issued_s);
+        const bool last_ask = last_early ? t + kWarps * kKeys == t_last : t + kWarps * kKeys >= end;
+        if (p.o_waits && lane == 0 && last_ask) tma::BarrierArrive(&keys_issued_s);
       } else {
-        __pipeline_commit();
+        __pipeline_commit();  // past the row: an empty group
       }
       TileStamp(p, t, t_first, 1);
     };
@@ -387,6 +407,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     int issued = 0;
     auto issue_first = [&](int upto) {
       if (!attends) return;
+      if (last_early && issued == 0 && upto > 0) {  // its own group, before tile 0's: the loop's waits still hold
+        TileStamp(p, t_last, t_first, 0);
+        mma_attention::IssueTileAt<HD, true>(last_stage, mma_attention::TileSlot(blocks, p.g, t_last, end), p.g,
+                                             p.layer, g, scale_s[warp][kLastScales]);
+        TileStamp(p, t_last, t_first, 1);
+      }
       for (; issued < min(upto, p.key_stages); ++issued) issue(t0 + issued * kWarps * kKeys, issued);
     };
     issue_first(p.early_tiles);
@@ -513,9 +539,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         // so that its round trip passes under this tile's compute instead of delaying the copy.
         const int t_refill = t0 + p.key_stages * kWarps * kKeys;
         int64_t refill_slot = -1;
-        if (p.slots_before_compute && t_refill < end) refill_slot = mma_attention::TileSlot(blocks, p.g, t_refill, end);
-        Stage<HD>& stage = key_stage(s);
-        float scale_cur = scale_s[warp][s][lane];
+        if (p.slots_before_compute && t_refill < end && t_refill != t_last) {
+          refill_slot = mma_attention::TileSlot(blocks, p.g, t_refill, end);
+        }
+        Stage<HD>& stage = t0 == t_last ? last_stage : key_stage(s);
+        float scale_cur = scale_s[warp][t0 == t_last ? kLastScales : s][lane];
         if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {  // the tile's copy of the new key is stale
           if (!p.encode_off_writer) {
             mma_attention::WriteNewKv<D, HD>(fresh_s, stage, pos0 - t0, CacheSlot(blocks, p.g.block_size, pos0), g,
@@ -820,6 +848,7 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.encode_off_writer = a.encode_off_writer;
   p.slots_before_compute = a.slots_before_compute;
   p.permuted_qk_dims = a.permuted_qk_dims;
+  p.last_tile_early = a.last_tile_early;
   const int key_buffer_stages = g.head_dim == 128  ? KeyBufferStages<128>()
                                 : g.head_dim == 64 ? KeyBufferStages<64>()
                                                    : KeyBufferStages<32>();

@@ -112,6 +112,13 @@ struct AttentionBlockArgs {
   // instead of sixteen of 2 bytes, and each score tile's 8 mma in two chains of 4. The tile compute
   // is ~0.9 µs for 16 keys (latency-bound: 2 warps a scheduler). Not yet measured.
   bool permuted_qk_dims = false;
+  // last_tile_early (q/k/v given, two key stages): where a row's key tiles are 8n + r (n >= 2, 0 <
+  // r <= what the aux buffer holds: 3 at head_dim 128), the r warps with a tile more copy that
+  // last tile at the start, into aux, beside their first two. Those warps ask for it after their
+  // third tile's compute now, when o's W_o stream has begun on most CTAs: on the slowest CTAs it
+  // is 4 µs in flight against 1.3, and the writer (always one of them) ends their group's keys
+  // 4-5 µs after the median CTA (bench/CUDA_NOTES.md, 12-05 (42)). Not yet measured.
+  bool last_tile_early = false;
 };
 
 inline constexpr int kAttentionBlockCtaStamps = 11, kAttentionBlockSmSlot = 10;
