@@ -1704,8 +1704,9 @@ INSTANTIATE_TEST_SUITE_P(
 // likewise the attention and o after cuBLASLt's q/k/v, as the engine does by default;
 // BlockLateO: that with 4 key stages asked for (the engine's ring choice; these contexts, ≤ ~105
 // tokens, give a warp one tile, so the kernel test is what exercises the extra stages) and W_o's
-// ring growing into the key buffers after the merge.
-enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO };
+// ring growing into the key buffers after the merge; BlockPrepared: BlockAfterQkv with the block's
+// four prepared knobs on (CudaEngineOptions::attention_block_prepared_knobs).
+enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kBlockPrepared };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
@@ -1720,7 +1721,8 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
                                                      : mode >= kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
                                                                               : CudaEngineOptions::AttentionBlockUse::kOff,
                                   .attention_block_key_stages = mode == kBlockLateO ? 4 : 2,
-                                  .attention_block_late_o_stages = mode == kBlockLateO});
+                                  .attention_block_late_o_stages = mode == kBlockLateO,
+                                  .attention_block_prepared_knobs = mode == kBlockPrepared});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;
@@ -1817,11 +1819,12 @@ TEST(CudaEngineOptionsTest, AttentionBlockKeyStagesOnlyAfterQkv) {
 }
 
 std::string BatchCaseName(const ::testing::TestParamInfo<BatchCase>& info) {
-  static const char* kNames[] = {"OneStream", "Halves", "FusedBlock", "BlockAfterQkv", "BlockLateO"};
+  static const char* kNames[] = {"OneStream", "Halves", "FusedBlock", "BlockAfterQkv", "BlockLateO", "BlockPrepared"};
   return kNames[info.param];
 }
 INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
-                         ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO), BatchCaseName);
+                         ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kBlockPrepared),
+                         BatchCaseName);
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current
 // CUDA device is per thread: an engine on device 1 must make it current itself.
