@@ -135,7 +135,7 @@ int Main(int argc, char** argv) {
   app.add_flag("--attention-block-late-o", block_late_o,
                "with --fused-attention-block 2: W_o's ring grows into the key buffers once the attention is merged");
   app.add_flag("--attention-block-prepared", block_prepared,
-               "with --fused-attention-block 2: the block's four prepared knobs on (CudaEngineOptions::"
+               "with --fused-attention-block 2: the block's prepared knobs on (CudaEngineOptions::"
                "attention_block_prepared_knobs)");
   app.add_option("--attention-block-min-rows", block_min_rows, "the fewest decode rows (a bucket) that take the block")
       ->check(CLI::Range(2, 16))

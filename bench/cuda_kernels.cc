@@ -1235,10 +1235,10 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
   std::string sweep = "\nAttentionBlock variants (µs, given: with cuBLASLt's q/k/v; stamps: median CTA after the first "
                       "CTA's start, -1: none)\n\n| rows | context | q/k/v | ring stages | early key tiles | wide boxes | "
                       "vector adds | key stages | late o stages | o waits for keys | encoded off the writer | slots before compute | "
-                      "permuted q·k dims | last tile early | µs | "
+                      "permuted q·k dims | last tile early | o waits for the grid | µs | "
                       "q/k/v counted | "
                       "max | keys computed | max | attention ends | o products done | end |\n"
-                      "|---:|---:|---|---:|---:|---|---|---:|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+                      "|---:|---:|---|---:|---:|---|---|---:|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (int rows : rows_list) {
     if (rows < 2 || rows > max_rows) continue;
     for (int context : contexts) {
@@ -1279,6 +1279,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         bool early_slots = cuda::AttentionBlockArgs{}.slots_before_compute;
         bool permuted = cuda::AttentionBlockArgs{}.permuted_qk_dims;
         bool last_early = cuda::AttentionBlockArgs{}.last_tile_early;
+        bool grid = cuda::AttentionBlockArgs{}.o_waits_for_grid;
       };
       // given: q/k/v from qkv_gemm's partials, the launch after it programmatic as in the engine.
       auto args = [&](uint64_t* stamps, Knobs k = {}, bool given = false) {
@@ -1293,7 +1294,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
             .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys, .late_o_stages = k.late,
             .o_waits_for_keys = k.o_waits, .encode_off_writer = k.encode_off,
             .slots_before_compute = k.early_slots, .permuted_qk_dims = k.permuted,
-            .last_tile_early = k.last_early};
+            .last_tile_early = k.last_early, .o_waits_for_grid = k.grid};
       };
       // One launch's stamps: [stamp] = {median, max} over CTAs in µs after the first CTA's start.
       const int ctas = std::min(16, sms / kvh) * kvh;
@@ -1422,10 +1423,11 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
                                      "heads merged and written (before the count)", "SM + 1 (not a time)"};
       static_assert(std::size(kNames) == cuda::kAttentionBlockCtaStamps);
       const Knobs permuted{.permuted = !Knobs{}.permuted}, last_early{.last_early = !Knobs{}.last_early};
+      const Knobs grid{.grid = !Knobs{}.grid};
       const Knobs prepared{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots,
-                           .permuted = !Knobs{}.permuted, .last_early = !Knobs{}.last_early};
+                           .permuted = !Knobs{}.permuted, .last_early = !Knobs{}.last_early, .grid = !Knobs{}.grid};
       for (const auto& [given, k] : {std::pair<bool, Knobs>{false, {}}, {true, {}}, {true, waits}, {true, permuted},
-                                     {true, last_early}, {true, prepared}}) {
+                                     {true, last_early}, {true, grid}, {true, prepared}}) {
         std::string tiles;
         absl::StatusOr<std::vector<std::pair<double, double>>> t = stamps(k, given, &tiles);
         if (!t.ok()) return t.status();
@@ -1434,6 +1436,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
                                          k.encode_off ? ", encoded off the writer" : "",
                                          k.early_slots ? ", slots before compute" : "",
                                          k.permuted ? ", permuted q·k dims" : "", k.last_early ? ", last tile early" : "",
+                                         given && k.o_waits && k.grid ? ", o waits for the grid" : "",
                                          given ? ")" : "", ", ", rows,
                                          " rows, ", context,
                                          " tokens (µs after the first CTA's start)\n\n",
@@ -1481,6 +1484,11 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
           list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .last_early = !Knobs{}.last_early}});
           list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots,
                                        .permuted = !Knobs{}.permuted, .last_early = !Knobs{}.last_early}});
+          list.push_back({given, Knobs{.grid = !Knobs{}.grid}});  // W_o after the whole grid's last asks
+          list.push_back({given, Knobs{.last_early = !Knobs{}.last_early, .grid = !Knobs{}.grid}});
+          list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots,
+                                       .permuted = !Knobs{}.permuted, .last_early = !Knobs{}.last_early,
+                                       .grid = !Knobs{}.grid}});
         }
         if (!given) continue;
         for (int stages : {2, 3, 4}) list.push_back({given, Knobs{.stages = stages, .o_waits = !Knobs{}.o_waits}});
@@ -1495,13 +1503,14 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         if (!us.ok()) return us.status();
         absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k, given);
         if (!v.ok()) return v.status();
-        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %s | %s | %s | %s | %s | %.1f | %.2f | "
+        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %.1f | %.2f | "
                                                 "%.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
                                                 rows, context, given ? "given" : "block", k.stages, k.early,
                                                 k.wide ? "yes" : "no", k.vector ? "yes" : "no", k.keys,
                                                 given && k.late ? "yes" : "no", given && k.o_waits ? "yes" : "no",
                                                 k.encode_off ? "yes" : "no", k.early_slots ? "yes" : "no",
-                                                k.permuted ? "yes" : "no", k.last_early ? "yes" : "no", *us, (*v)[1].first, (*v)[1].second, (*v)[8].first,
+                                                k.permuted ? "yes" : "no", k.last_early ? "yes" : "no",
+                                                given && k.o_waits && k.grid ? "yes" : "no", *us, (*v)[1].first, (*v)[1].second, (*v)[8].first,
                                                 (*v)[8].second, (*v)[3].first, (*v)[5].first, (*v)[6].first));
       }
     }

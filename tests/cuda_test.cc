@@ -1282,7 +1282,8 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
       int stages, early;
       bool wide, given = false, vector = true;
       int keys = 2;
-      bool late = true, o_waits = false, encode_off = false, early_slots = false, permuted = false, last_early = false;
+      bool late = true, o_waits = false, encode_off = false, early_slots = false, permuted = false, last_early = false,
+           grid = false;
     };
     std::vector<float> halves(2 * dq.n);
     {
@@ -1324,7 +1325,13 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                             false, true},
                            {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, true, true,
                             true, true},
-                           {3, 1, false, true, false, 2, true, false, false, false, false, true}};
+                           {3, 1, false, true, false, 2, true, false, false, false, false, true},
+                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, false, false,
+                            false, false, true},
+                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, true, true,
+                            true, true, true},
+                           {2, 2, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true, false, false,
+                            false, false, true}};
     for (int launch = 0; launch < static_cast<int>(std::size(knobs)); ++launch) {
       const Knobs k = knobs[launch];
       Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
@@ -1340,7 +1347,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
            .early_key_tiles = k.early, .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys,
            .late_o_stages = k.late, .o_waits_for_keys = k.o_waits, .encode_off_writer = k.encode_off,
            .slots_before_compute = k.early_slots, .permuted_qk_dims = k.permuted,
-           .last_tile_early = k.last_early},
+           .last_tile_early = k.last_early, .o_waits_for_grid = k.grid},
           nullptr);
       ASSERT_TRUE(ran.ok()) << ran;
       CUDA_OK(cudaDeviceSynchronize());
@@ -1353,7 +1360,8 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                                ", o waits for keys " + std::to_string(k.o_waits) + ", encoded off the writer " +
                                std::to_string(k.encode_off) + ", slots before compute " +
                                std::to_string(k.early_slots) + ", permuted q·k dims " + std::to_string(k.permuted) +
-                               ", last tile early " + std::to_string(k.last_early) +
+                               ", last tile early " + std::to_string(k.last_early) + ", o waits for the grid " +
+                               std::to_string(k.grid) +
                                ") seed " +
                                std::to_string(seed);
       // q/k/v sum in another order than the CPU's, so a K or V byte can round the other way.
@@ -1705,7 +1713,7 @@ INSTANTIATE_TEST_SUITE_P(
 // BlockLateO: that with 4 key stages asked for (the engine's ring choice; these contexts, ≤ ~105
 // tokens, give a warp one tile, so the kernel test is what exercises the extra stages) and W_o's
 // ring growing into the key buffers after the merge; BlockPrepared: BlockAfterQkv with the block's
-// four prepared knobs on (CudaEngineOptions::attention_block_prepared_knobs).
+// prepared knobs on (CudaEngineOptions::attention_block_prepared_knobs).
 enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kBlockPrepared };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 

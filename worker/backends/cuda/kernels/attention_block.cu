@@ -96,7 +96,8 @@ struct Params {
   __half* attn;
   float* x;
   unsigned long long* clamps;
-  int* counters;  // [kvh]: q/k/v CTAs done a group; [kvh, 2 kvh): rows attended; [2 kvh]: CTAs finished
+  int* counters;  // [kvh]: q/k/v CTAs done a group; [kvh, 2 kvh): rows attended; [2 kvh]: CTAs finished;
+                  // [2 kvh + 1]: CTAs whose key tiles are all asked for (o_waits_grid)
   bool overlap;
   uint64_t* timeline;  // AttentionBlockArgs::timeline
   int stages;          // q/k/v's ring stages, 2..kStages (+ KeyBufferStages, AttentionBlockArgs::ring_stages)
@@ -115,6 +116,7 @@ struct Params {
   bool slots_before_compute;  // AttentionBlockArgs::slots_before_compute
   bool permuted_qk_dims;      // AttentionBlockArgs::permuted_qk_dims
   bool last_tile_early;       // AttentionBlockArgs::last_tile_early
+  bool o_waits_grid;          // AttentionBlockArgs::o_waits_for_grid, with o_waits
 };
 
 __device__ __forceinline__ void Stamp(const Params& p, int which) {
@@ -313,7 +315,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           GridDependencyWait();
           for (int e = 0; e < early; ++e) load_x(e);
         }
-        if (p.o_waits && st == p.qkv_steps) tma::BarrierWait(&keys_issued_s, 0);
+        if (p.o_waits && st == p.qkv_steps) {
+          tma::BarrierWait(&keys_issued_s, 0);
+          if (p.o_waits_grid) {  // every CTA is resident (the group waits assume it too)
+            int* asked = p.counters + 2 * p.kvh + 1;
+            atomicAdd(asked, 1);
+            while (tma::LoadAcquire(asked) < static_cast<int>(gridDim.x * gridDim.y)) __nanosleep(20);
+          }
+        }
         const int s = StageOf(p, st), uses = UsesBefore(p, st);
         if (uses > 0) tma::BarrierWait(&empty_s[s], (uses - 1) & 1);
         // A late stage's first use: the consumers' key tiles and merge are done with its bytes.
@@ -737,7 +746,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int total = static_cast<int>(gridDim.x * gridDim.y);
     if (atomicAdd(p.counters + 2 * p.kvh, 1) == total - 1) {
       __threadfence();
-      for (int i = 0; i <= 2 * p.kvh; ++i) p.counters[i] = 0;
+      for (int i = 0; i <= 2 * p.kvh + 1; ++i) p.counters[i] = 0;
       __threadfence();
     }
   }
@@ -781,6 +790,9 @@ absl::Status AttentionBlockTakes(int rows, int hidden, int heads, const KvGeomet
   }
   if (kvh <= 0 || heads % kvh != 0 || heads / kvh > 8 || sliding_window < 0) {
     return absl::InvalidArgumentError("AttentionBlock: 1-8 query heads a KV head");
+  }
+  if ((2 * static_cast<size_t>(kvh) + 2) * sizeof(int) > kAttentionBlockWorkspaceBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("AttentionBlock: ", kvh, " KV heads outgrow the counters"));
   }
   const int group = heads / kvh, qkv_tiles = (group + 2) * hd / 16;
   if (rows < 1 || rows > std::min(kMaxRows, ctas)) {
@@ -849,6 +861,7 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.slots_before_compute = a.slots_before_compute;
   p.permuted_qk_dims = a.permuted_qk_dims;
   p.last_tile_early = a.last_tile_early;
+  p.o_waits_grid = p.o_waits && a.o_waits_for_grid;
   const int key_buffer_stages = g.head_dim == 128  ? KeyBufferStages<128>()
                                 : g.head_dim == 64 ? KeyBufferStages<64>()
                                                    : KeyBufferStages<32>();

@@ -119,6 +119,11 @@ struct AttentionBlockArgs {
   // is 4 µs in flight against 1.3, and the writer (always one of them) ends their group's keys
   // 4-5 µs after the median CTA (bench/CUDA_NOTES.md, 12-05 (42)). Not yet measured.
   bool last_tile_early = false;
+  // o_waits_for_grid (with o_waits_for_keys): W_o's stream starts once every CTA of the grid, not
+  // just this one, has asked for its last key tile. Other CTAs' W_o streams are what the slowest
+  // CTAs' last key tiles queue behind (3-4 µs in flight against 1.3); o needs its whole group's
+  // keys first anyway. Not yet measured.
+  bool o_waits_for_grid = false;
 };
 
 inline constexpr int kAttentionBlockCtaStamps = 11, kAttentionBlockSmSlot = 10;
