@@ -1283,7 +1283,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
       bool wide, given = false, vector = true;
       int keys = 2;
       bool late = true, o_waits = false, encode_off = false, early_slots = false, permuted = false, last_early = false,
-           grid = false;
+           grid = false, l2 = false;
     };
     std::vector<float> halves(2 * dq.n);
     {
@@ -1331,7 +1331,13 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                            {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, true, true,
                             true, true, true},
                            {2, 2, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true, false, false,
-                            false, false, true}};
+                            false, false, true},
+                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, false, false,
+                            false, false, false, true},
+                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, true, true,
+                            true, true, true, true},
+                           {2, 0, false, true, false, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true, false, false,
+                            false, false, false, true}};
     for (int launch = 0; launch < static_cast<int>(std::size(knobs)); ++launch) {
       const Knobs k = knobs[launch];
       Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
@@ -1347,7 +1353,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
            .early_key_tiles = k.early, .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys,
            .late_o_stages = k.late, .o_waits_for_keys = k.o_waits, .encode_off_writer = k.encode_off,
            .slots_before_compute = k.early_slots, .permuted_qk_dims = k.permuted,
-           .last_tile_early = k.last_early, .o_waits_for_grid = k.grid},
+           .last_tile_early = k.last_early, .o_waits_for_grid = k.grid, .wo_l2_prefetch = k.l2},
           nullptr);
       ASSERT_TRUE(ran.ok()) << ran;
       CUDA_OK(cudaDeviceSynchronize());
@@ -1361,7 +1367,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                                std::to_string(k.encode_off) + ", slots before compute " +
                                std::to_string(k.early_slots) + ", permuted q·k dims " + std::to_string(k.permuted) +
                                ", last tile early " + std::to_string(k.last_early) + ", o waits for the grid " +
-                               std::to_string(k.grid) +
+                               std::to_string(k.grid) + ", W_o into L2 " + std::to_string(k.l2) +
                                ") seed " +
                                std::to_string(seed);
       // q/k/v sum in another order than the CPU's, so a K or V byte can round the other way.

@@ -569,7 +569,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                 .slots_before_compute = options_.attention_block_prepared_knobs,
                                 .permuted_qk_dims = options_.attention_block_prepared_knobs,
                                 .last_tile_early = options_.attention_block_prepared_knobs,
-                                .o_waits_for_grid = options_.attention_block_prepared_knobs},
+                                .o_waits_for_grid = options_.attention_block_prepared_knobs,
+                                .wo_l2_prefetch = options_.attention_block_prepared_knobs},
                                s));
     } else if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,

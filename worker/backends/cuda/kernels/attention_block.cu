@@ -117,6 +117,7 @@ struct Params {
   bool permuted_qk_dims;      // AttentionBlockArgs::permuted_qk_dims
   bool last_tile_early;       // AttentionBlockArgs::last_tile_early
   bool o_waits_grid;          // AttentionBlockArgs::o_waits_for_grid, with o_waits
+  bool wo_l2_prefetch;        // AttentionBlockArgs::wo_l2_prefetch, with o_waits
 };
 
 __device__ __forceinline__ void Stamp(const Params& p, int which) {
@@ -310,6 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int first_row = QkvColumn(p, g, 16 * tile_first);
       const bool one_box = p.wide && tile_count == kMaxQkvTiles &&
                            QkvColumn(p, g, 16 * (tile_first + tile_count - 1)) == first_row + 16 * (tile_count - 1);
+      bool wo_prefetched = false;
       for (int st = 0; st < total_stages; ++st) {
         if (st == early && !given) {  // W_o alone needs nothing of the previous kernel
           GridDependencyWait();
@@ -324,9 +326,17 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         const int s = StageOf(p, st), uses = UsesBefore(p, st);
+        // wo_l2_prefetch: before o's first wait for a stage, the rest of W_o into L2.
+        const bool late_first = p.late_o && uses == 0 && s >= min(p.stages, kStages);
+        if (p.wo_l2_prefetch && st >= p.qkv_steps && (uses > 0 || late_first) && !wo_prefetched) {
+          for (int b = st - p.qkv_steps; b < p.o_boxes; ++b) {
+            tma::TmaPrefetchL2(&wo_map, g * p.group * HD + b * tma::kBoxK, ci * o_rows);
+          }
+          wo_prefetched = true;
+        }
         if (uses > 0) tma::BarrierWait(&empty_s[s], (uses - 1) & 1);
         // A late stage's first use: the consumers' key tiles and merge are done with its bytes.
-        if (p.late_o && uses == 0 && s >= min(p.stages, kStages)) tma::BarrierWait(&keys_done_s, 0);
+        if (late_first) tma::BarrierWait(&keys_done_s, 0);
         unsigned char* stage = ring + s * kStageBytes;
         if (st < p.qkv_steps) {
           tma::BarrierExpect(&full_s[s], kQkvBoxes * (tile_count + 1) * kBoxBytes);
@@ -862,6 +872,7 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.permuted_qk_dims = a.permuted_qk_dims;
   p.last_tile_early = a.last_tile_early;
   p.o_waits_grid = p.o_waits && a.o_waits_for_grid;
+  p.wo_l2_prefetch = p.o_waits && a.wo_l2_prefetch;
   const int key_buffer_stages = g.head_dim == 128  ? KeyBufferStages<128>()
                                 : g.head_dim == 64 ? KeyBufferStages<64>()
                                                    : KeyBufferStages<32>();

@@ -124,6 +124,12 @@ struct AttentionBlockArgs {
   // CTAs' last key tiles queue behind (3-4 µs in flight against 1.3); o needs its whole group's
   // keys first anyway. Not yet measured.
   bool o_waits_for_grid = false;
+  // wo_l2_prefetch (with o_waits_for_keys): when W_o's stream starts, the producer also asks L2
+  // for the W_o boxes past those its ring takes at once (4 of 8 at the 8B shape), so that o's
+  // second half comes from L2: on the H200 o's phase is 5.6 µs from its start, most of it those
+  // boxes streaming from DRAM after the ring's first boxes are consumed, while the DRAM moved
+  // only ~2.6 TB/s before. Not yet measured.
+  bool wo_l2_prefetch = false;
 };
 
 inline constexpr int kAttentionBlockCtaStamps = 11, kAttentionBlockSmSlot = 10;
