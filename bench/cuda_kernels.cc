@@ -1479,26 +1479,24 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off}});  // the new K/V encoded by another warp
         list.push_back({given, Knobs{.early_slots = !Knobs{}.early_slots}});  // refills' lookups before the compute
         list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots}});
-        list.push_back({given, Knobs{.permuted = !Knobs{}.permuted}});  // K fragments as vector loads, two chains
+        list.push_back({given, permuted});  // K fragments as vector loads, two chains
         list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots,
                                      .permuted = !Knobs{}.permuted}});
         if (given) {  // the writer's last tile copied at the start (given only)
-          list.push_back({given, Knobs{.last_early = !Knobs{}.last_early}});
+          list.push_back({given, last_early});
           list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .last_early = !Knobs{}.last_early}});
           list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots,
                                        .permuted = !Knobs{}.permuted, .last_early = !Knobs{}.last_early}});
-          list.push_back({given, Knobs{.grid = !Knobs{}.grid}});  // W_o after the whole grid's last asks
+          list.push_back({given, grid});  // W_o after the whole grid's last asks
           list.push_back({given, Knobs{.last_early = !Knobs{}.last_early, .grid = !Knobs{}.grid}});
           list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots,
                                        .permuted = !Knobs{}.permuted, .last_early = !Knobs{}.last_early,
                                        .grid = !Knobs{}.grid}});
-          list.push_back({given, Knobs{.l2 = !Knobs{}.l2}});  // o's later W_o boxes asked into L2
+          list.push_back({given, l2});  // o's later W_o boxes asked into L2
           list.push_back({given, Knobs{.last_early = !Knobs{}.last_early, .grid = !Knobs{}.grid, .l2 = !Knobs{}.l2}});
           list.push_back({given, Knobs{.late = !Knobs{}.late, .last_early = !Knobs{}.last_early, .grid = !Knobs{}.grid,
                                        .l2 = !Knobs{}.l2}});
-          list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots,
-                                       .permuted = !Knobs{}.permuted, .last_early = !Knobs{}.last_early,
-                                       .grid = !Knobs{}.grid, .l2 = !Knobs{}.l2}});
+          list.push_back({given, prepared});
         }
         if (!given) continue;
         for (int stages : {2, 3, 4}) list.push_back({given, Knobs{.stages = stages, .o_waits = !Knobs{}.o_waits}});
@@ -1513,16 +1511,17 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         if (!us.ok()) return us.status();
         absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k, given);
         if (!v.ok()) return v.status();
-        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %.2f | "
-                                                "%.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %s | %s | %s | %s | %s | "
+                                                "%s | %s | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
                                                 rows, context, given ? "given" : "block", k.stages, k.early,
                                                 k.wide ? "yes" : "no", k.vector ? "yes" : "no", k.keys,
                                                 given && k.late ? "yes" : "no", given && k.o_waits ? "yes" : "no",
                                                 k.encode_off ? "yes" : "no", k.early_slots ? "yes" : "no",
                                                 k.permuted ? "yes" : "no", k.last_early ? "yes" : "no",
                                                 given && k.o_waits && k.grid ? "yes" : "no",
-                                                given && k.o_waits && k.l2 ? "yes" : "no", *us, (*v)[1].first, (*v)[1].second, (*v)[8].first,
-                                                (*v)[8].second, (*v)[3].first, (*v)[5].first, (*v)[6].first));
+                                                given && k.o_waits && k.l2 ? "yes" : "no", *us, (*v)[1].first,
+                                                (*v)[1].second, (*v)[8].first, (*v)[8].second, (*v)[3].first,
+                                                (*v)[5].first, (*v)[6].first));
       }
     }
   }

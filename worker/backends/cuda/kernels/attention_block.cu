@@ -120,11 +120,16 @@ struct Params {
   bool wo_l2_prefetch;        // AttentionBlockArgs::wo_l2_prefetch, with o_waits
 };
 
+// The CTA's timeline slot `which` (AttentionBlockArgs::timeline) = value; the caller checks for a timeline.
+__device__ __forceinline__ void Record(const Params& p, int which, uint64_t value) {
+  p.timeline[(blockIdx.y * gridDim.x + blockIdx.x) * kAttentionBlockStamps + which] = value;
+}
+
 __device__ __forceinline__ void Stamp(const Params& p, int which) {
   if (p.timeline == nullptr) return;
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  p.timeline[(blockIdx.y * gridDim.x + blockIdx.x) * kAttentionBlockStamps + which] = t;
+  Record(p, which, t);
 }
 
 // Lane 0 stamps event e (AttentionBlockArgs::timeline) of the warp's key tile at key t, the
@@ -136,7 +141,7 @@ __device__ __forceinline__ void TileStamp(const Params& p, int t, int t_first, i
   if (tile >= kAttentionBlockStampedTiles) return;
   const int which = kAttentionBlockCtaStamps + (warp * kAttentionBlockStampedTiles + tile) * kAttentionBlockTileEvents + e;
   if (cycles >= 0) {
-    p.timeline[(blockIdx.y * gridDim.x + blockIdx.x) * kAttentionBlockStamps + which] = cycles;
+    Record(p, which, cycles);
   } else {
     Stamp(p, which);
   }
@@ -284,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (p.timeline != nullptr) {  // not a time: the SM, + 1 (0 reads as no stamp)
       uint32_t sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      p.timeline[(blockIdx.y * gridDim.x + blockIdx.x) * kAttentionBlockStamps + kAttentionBlockSmSlot] = sm + 1;
+      Record(p, kAttentionBlockSmSlot, sm + 1);
     }
   }
   __syncthreads();
