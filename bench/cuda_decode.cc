@@ -100,7 +100,6 @@ int Main(int argc, char** argv) {
   int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
   int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
   bool block_late_o = CudaEngineOptions{}.attention_block_late_o_stages;
-  bool block_prepared = CudaEngineOptions{}.attention_block_prepared_knobs;
   int block_min_rows = CudaEngineOptions{}.attention_block_min_rows;
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
@@ -134,9 +133,6 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--attention-block-late-o", block_late_o,
                "with --fused-attention-block 2: W_o's ring grows into the key buffers once the attention is merged");
-  app.add_flag("--attention-block-prepared", block_prepared,
-               "with --fused-attention-block 2: the block's prepared knobs on (CudaEngineOptions::"
-               "attention_block_prepared_knobs)");
   app.add_option("--attention-block-min-rows", block_min_rows, "the fewest decode rows (a bucket) that take the block")
       ->check(CLI::Range(2, 16))
       ->capture_default_str();
@@ -159,8 +155,7 @@ int Main(int argc, char** argv) {
                                              static_cast<CudaEngineOptions::AttentionBlockUse>(attention_block),
                                          .attention_block_min_rows = block_min_rows,
                                          .attention_block_key_stages = block_key_stages,
-                                         .attention_block_late_o_stages = block_late_o,
-                                         .attention_block_prepared_knobs = block_prepared});
+                                         .attention_block_late_o_stages = block_late_o});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);

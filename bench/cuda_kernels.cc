@@ -1234,11 +1234,9 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
   std::vector<std::string> timelines;
   std::string sweep = "\nAttentionBlock variants (µs, given: with cuBLASLt's q/k/v; stamps: median CTA after the first "
                       "CTA's start, -1: none)\n\n| rows | context | q/k/v | ring stages | early key tiles | wide boxes | "
-                      "vector adds | key stages | late o stages | o waits for keys | encoded off the writer | slots before compute | "
-                      "permuted q·k dims | last tile early | o waits for the grid | W_o into L2 | µs | "
-                      "q/k/v counted | "
-                      "max | keys computed | max | attention ends | o products done | end |\n"
-                      "|---:|---:|---|---:|---:|---|---|---:|---|---|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+                      "vector adds | key stages | late o stages | o waits for keys | µs | q/k/v counted | max | keys computed | "
+                      "max | attention ends | o products done | end |\n"
+                      "|---:|---:|---|---:|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (int rows : rows_list) {
     if (rows < 2 || rows > max_rows) continue;
     for (int context : contexts) {
@@ -1275,12 +1273,6 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         int keys = cuda::AttentionBlockArgs{}.key_stages;
         bool late = cuda::AttentionBlockArgs{}.late_o_stages;
         bool o_waits = cuda::AttentionBlockArgs{}.o_waits_for_keys;
-        bool encode_off = cuda::AttentionBlockArgs{}.encode_off_writer;
-        bool early_slots = cuda::AttentionBlockArgs{}.slots_before_compute;
-        bool permuted = cuda::AttentionBlockArgs{}.permuted_qk_dims;
-        bool last_early = cuda::AttentionBlockArgs{}.last_tile_early;
-        bool grid = cuda::AttentionBlockArgs{}.o_waits_for_grid;
-        bool l2 = cuda::AttentionBlockArgs{}.wo_l2_prefetch;
       };
       // given: q/k/v from qkv_gemm's partials, the launch after it programmatic as in the engine.
       auto args = [&](uint64_t* stamps, Knobs k = {}, bool given = false) {
@@ -1293,9 +1285,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
             .attn = attn16, .x = static_cast<float*>(x->get()), .clamps = count, .workspace = block_ws->get(),
             .overlap_previous = given, .timeline = stamps, .ring_stages = k.stages, .early_key_tiles = k.early,
             .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys, .late_o_stages = k.late,
-            .o_waits_for_keys = k.o_waits, .encode_off_writer = k.encode_off,
-            .slots_before_compute = k.early_slots, .permuted_qk_dims = k.permuted,
-            .last_tile_early = k.last_early, .o_waits_for_grid = k.grid, .wo_l2_prefetch = k.l2};
+            .o_waits_for_keys = k.o_waits};
       };
       // One launch's stamps: [stamp] = {median, max} over CTAs in µs after the first CTA's start.
       const int ctas = std::min(16, sms / kvh) * kvh;
@@ -1423,25 +1413,13 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
                                      "RoPE done (q in shared memory)", "every warp's keys computed",
                                      "heads merged and written (before the count)", "SM + 1 (not a time)"};
       static_assert(std::size(kNames) == cuda::kAttentionBlockCtaStamps);
-      const Knobs permuted{.permuted = !Knobs{}.permuted}, last_early{.last_early = !Knobs{}.last_early};
-      const Knobs grid{.grid = !Knobs{}.grid}, l2{.l2 = !Knobs{}.l2};
-      const Knobs prepared{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots,
-                           .permuted = !Knobs{}.permuted, .last_early = !Knobs{}.last_early, .grid = !Knobs{}.grid,
-                           .l2 = !Knobs{}.l2};
-      for (const auto& [given, k] : {std::pair<bool, Knobs>{false, {}}, {true, {}}, {true, waits}, {true, permuted},
-                                     {true, last_early}, {true, grid}, {true, l2}, {true, prepared}}) {
+      for (const auto& [given, k] : {std::pair<bool, Knobs>{false, {}}, {true, {}}, {true, waits}}) {
         std::string tiles;
         absl::StatusOr<std::vector<std::pair<double, double>>> t = stamps(k, given, &tiles);
         if (!t.ok()) return t.status();
         std::string table = absl::StrCat("\ntimeline", given ? " (q/k/v given" : "",
-                                         given && k.o_waits ? ", o waits for the keys" : "",
-                                         k.encode_off ? ", encoded off the writer" : "",
-                                         k.early_slots ? ", slots before compute" : "",
-                                         k.permuted ? ", permuted q·k dims" : "", k.last_early ? ", last tile early" : "",
-                                         given && k.o_waits && k.grid ? ", o waits for the grid" : "",
-                                         given && k.o_waits && k.l2 ? ", W_o into L2" : "",
-                                         given ? ")" : "", ", ", rows,
-                                         " rows, ", context,
+                                         given && k.o_waits ? ", o waits for the keys" : "", given ? ")" : "", ", ",
+                                         rows, " rows, ", context,
                                          " tokens (µs after the first CTA's start)\n\n",
                                          "| stamp | median | max |\n|---|---:|---:|\n");
         for (int k : {0, 1, 2, 7, 8, 9, 3, 4, 5, 6}) {
@@ -1476,28 +1454,6 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
           }
         }
         list.push_back({given, Knobs{.vector = !Knobs{}.vector}});  // o's adds the other way
-        list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off}});  // the new K/V encoded by another warp
-        list.push_back({given, Knobs{.early_slots = !Knobs{}.early_slots}});  // refills' lookups before the compute
-        list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots}});
-        list.push_back({given, permuted});  // K fragments as vector loads, two chains
-        list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots,
-                                     .permuted = !Knobs{}.permuted}});
-        if (given) {  // the writer's last tile copied at the start (given only)
-          list.push_back({given, last_early});
-          list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .last_early = !Knobs{}.last_early}});
-          list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots,
-                                       .permuted = !Knobs{}.permuted, .last_early = !Knobs{}.last_early}});
-          list.push_back({given, grid});  // W_o after the whole grid's last asks
-          list.push_back({given, Knobs{.last_early = !Knobs{}.last_early, .grid = !Knobs{}.grid}});
-          list.push_back({given, Knobs{.encode_off = !Knobs{}.encode_off, .early_slots = !Knobs{}.early_slots,
-                                       .permuted = !Knobs{}.permuted, .last_early = !Knobs{}.last_early,
-                                       .grid = !Knobs{}.grid}});
-          list.push_back({given, l2});  // o's later W_o boxes asked into L2
-          list.push_back({given, Knobs{.last_early = !Knobs{}.last_early, .grid = !Knobs{}.grid, .l2 = !Knobs{}.l2}});
-          list.push_back({given, Knobs{.late = !Knobs{}.late, .last_early = !Knobs{}.last_early, .grid = !Knobs{}.grid,
-                                       .l2 = !Knobs{}.l2}});
-          list.push_back({given, prepared});
-        }
         if (!given) continue;
         for (int stages : {2, 3, 4}) list.push_back({given, Knobs{.stages = stages, .o_waits = !Knobs{}.o_waits}});
       }
@@ -1511,15 +1467,12 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         if (!us.ok()) return us.status();
         absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k, given);
         if (!v.ok()) return v.status();
-        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %s | %s | %s | %s | %s | "
-                                                "%s | %s | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %s | %.1f | %.2f | %.2f | "
+                                                "%.2f | %.2f | %.2f | %.2f | %.2f |\n",
                                                 rows, context, given ? "given" : "block", k.stages, k.early,
                                                 k.wide ? "yes" : "no", k.vector ? "yes" : "no", k.keys,
-                                                given && k.late ? "yes" : "no", given && k.o_waits ? "yes" : "no",
-                                                k.encode_off ? "yes" : "no", k.early_slots ? "yes" : "no",
-                                                k.permuted ? "yes" : "no", k.last_early ? "yes" : "no",
-                                                given && k.o_waits && k.grid ? "yes" : "no",
-                                                given && k.o_waits && k.l2 ? "yes" : "no", *us, (*v)[1].first,
+                                                given && k.late ? "yes" : "no", given && k.o_waits ? "yes" : "no", *us,
+                                                (*v)[1].first,
                                                 (*v)[1].second, (*v)[8].first, (*v)[8].second, (*v)[3].first,
                                                 (*v)[5].first, (*v)[6].first));
       }

@@ -1232,7 +1232,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     // 2's new key (position 379) falls in warp 7's third tile, at 4 key stages (head_dim 128) and at
     // 3 or 4 beside a 3-stage ring one of the extra stages in the aux buffer. Row 4's (position
     // 512, the benchmarks' case) opens warp 0's fifth tile, one more than any other warp's; row
-    // 5's 545 (35 tiles) give warps 0-2 a fifth (with last_tile_early, all three in aux); row 0's
+    // 5's 545 (35 tiles) give warps 0-2 a fifth (with q/k/v given and two key stages, all three copied early into aux); row 0's
     // is its only key.
     std::vector<int> lens(seqs);
     for (int i = 0; i < seqs; ++i) {
@@ -1282,8 +1282,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
       int stages, early;
       bool wide, given = false, vector = true;
       int keys = 2;
-      bool late = true, o_waits = false, encode_off = false, early_slots = false, permuted = false, last_early = false,
-           grid = false, l2 = false;
+      bool late = true, o_waits = false;
     };
     std::vector<float> halves(2 * dq.n);
     {
@@ -1313,31 +1312,10 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                            {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true},
                            {2, 0, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true},
                            {defaults.ring_stages, defaults.early_key_tiles, false, false, true, 2, false, true},
-                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, true},
-                           {2, 0, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true, true, true},
-                           {3, 1, true, false, true, 2, true, false, true, true},
-                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, false, true},
-                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, false, false,
-                            true},
-                           {2, 0, false, false, true, 2, true, false, false, false, true},
-                           {2, 2, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true, true, true, true},
-                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, false, false,
-                            false, true},
-                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, true, true,
-                            true, true},
-                           {3, 1, false, true, false, 2, true, false, false, false, false, true},
-                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, false, false,
-                            false, false, true},
-                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, true, true,
-                            true, true, true},
-                           {2, 2, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true, false, false,
-                            false, false, true},
-                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, false, false,
-                            false, false, false, true},
-                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, true, true,
-                            true, true, true, true},
-                           {2, 0, false, true, false, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true, false, false,
-                            false, false, false, true}};
+                           {2, 0, false, false, true, 2, true},
+                           {2, 2, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true},
+                           {3, 1, false, true, false, 2, true, false},
+                           {2, 0, false, true, false, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true}};
     for (int launch = 0; launch < static_cast<int>(std::size(knobs)); ++launch) {
       const Knobs k = knobs[launch];
       Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
@@ -1351,9 +1329,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
            .qkv_parts = k.given ? cuda::Partials{qkv_halves.p, 2, int64_t(dq.n)} : cuda::Partials{}, .attn = got_attn.p,
            .x = dx.p, .clamps = clamps.p, .workspace = workspace.p, .ring_stages = k.stages,
            .early_key_tiles = k.early, .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys,
-           .late_o_stages = k.late, .o_waits_for_keys = k.o_waits, .encode_off_writer = k.encode_off,
-           .slots_before_compute = k.early_slots, .permuted_qk_dims = k.permuted,
-           .last_tile_early = k.last_early, .o_waits_for_grid = k.grid, .wo_l2_prefetch = k.l2},
+           .late_o_stages = k.late, .o_waits_for_keys = k.o_waits},
           nullptr);
       ASSERT_TRUE(ran.ok()) << ran;
       CUDA_OK(cudaDeviceSynchronize());
@@ -1363,13 +1339,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                                std::to_string(k.early) + ", wide " + std::to_string(k.wide) + ", given " +
                                std::to_string(k.given) + ", vector adds " + std::to_string(k.vector) + ", key stages " +
                                std::to_string(k.keys) + ", late o stages " + std::to_string(k.late) +
-                               ", o waits for keys " + std::to_string(k.o_waits) + ", encoded off the writer " +
-                               std::to_string(k.encode_off) + ", slots before compute " +
-                               std::to_string(k.early_slots) + ", permuted q·k dims " + std::to_string(k.permuted) +
-                               ", last tile early " + std::to_string(k.last_early) + ", o waits for the grid " +
-                               std::to_string(k.grid) + ", W_o into L2 " + std::to_string(k.l2) +
-                               ") seed " +
-                               std::to_string(seed);
+                               ", o waits for keys " + std::to_string(k.o_waits) + ") seed " + std::to_string(seed);
       // q/k/v sum in another order than the CPU's, so a K or V byte can round the other way.
       EXPECT_LE(RelL2(ToFloats(got_attn.Get()), want_a), 5e-3) << what;
       EXPECT_LE(RelL2(slot_values(), want_kv), 1e-2) << what;
@@ -1718,9 +1688,8 @@ INSTANTIATE_TEST_SUITE_P(
 // likewise the attention and o after cuBLASLt's q/k/v, as the engine does by default;
 // BlockLateO: that with 4 key stages asked for (the engine's ring choice; these contexts, ≤ ~105
 // tokens, give a warp one tile, so the kernel test is what exercises the extra stages) and W_o's
-// ring growing into the key buffers after the merge; BlockPrepared: BlockAfterQkv with the block's
-// prepared knobs on (CudaEngineOptions::attention_block_prepared_knobs).
-enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kBlockPrepared };
+// ring growing into the key buffers after the merge.
+enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
@@ -1735,8 +1704,7 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
                                                      : mode >= kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
                                                                               : CudaEngineOptions::AttentionBlockUse::kOff,
                                   .attention_block_key_stages = mode == kBlockLateO ? 4 : 2,
-                                  .attention_block_late_o_stages = mode == kBlockLateO,
-                                  .attention_block_prepared_knobs = mode == kBlockPrepared});
+                                  .attention_block_late_o_stages = mode == kBlockLateO});
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;
@@ -1833,11 +1801,11 @@ TEST(CudaEngineOptionsTest, AttentionBlockKeyStagesOnlyAfterQkv) {
 }
 
 std::string BatchCaseName(const ::testing::TestParamInfo<BatchCase>& info) {
-  static const char* kNames[] = {"OneStream", "Halves", "FusedBlock", "BlockAfterQkv", "BlockLateO", "BlockPrepared"};
+  static const char* kNames[] = {"OneStream", "Halves", "FusedBlock", "BlockAfterQkv", "BlockLateO"};
   return kNames[info.param];
 }
 INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
-                         ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kBlockPrepared),
+                         ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO),
                          BatchCaseName);
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current

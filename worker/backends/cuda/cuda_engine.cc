@@ -564,13 +564,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                 .clamps = b.clamps, .workspace = b.attention_block_workspace,
                                 .overlap_previous = shape.overlap_previous, .ring_stages = block_ring_stages,
                                 .key_stages = options_.attention_block_key_stages,
-                                .late_o_stages = options_.attention_block_late_o_stages,
-                                .encode_off_writer = options_.attention_block_prepared_knobs,
-                                .slots_before_compute = options_.attention_block_prepared_knobs,
-                                .permuted_qk_dims = options_.attention_block_prepared_knobs,
-                                .last_tile_early = options_.attention_block_prepared_knobs,
-                                .o_waits_for_grid = options_.attention_block_prepared_knobs,
-                                .wo_l2_prefetch = options_.attention_block_prepared_knobs},
+                                .late_o_stages = options_.attention_block_late_o_stages},
                                s));
     } else if (!shape.new_kv) {
       TRY("rope_kv_write", cuda::RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_, L.kv,

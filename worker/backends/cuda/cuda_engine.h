@@ -65,11 +65,6 @@ struct CudaEngineOptions {
   // starts at 16 rows (12-05 (40)); the kernel bench on the H200 then read 40.1-40.2 µs against
   // 40.2-40.5 at 16 rows (12-05 (41)), within noise.
   bool attention_block_late_o_stages = false;
-  // kAfterQkv: the block's knobs prepared without a GPU (AttentionBlockArgs::encode_off_writer,
-  // slots_before_compute, permuted_qk_dims, last_tile_early, o_waits_for_grid, wo_l2_prefetch)
-  // all on, for one engine A/B against them all off; the kernel bench measures them one by one.
-  // To be folded into the defaults, or deleted, once measured.
-  bool attention_block_prepared_knobs = false;
 };
 
 class CudaEngine final : public Engine {

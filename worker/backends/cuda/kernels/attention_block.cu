@@ -96,8 +96,7 @@ struct Params {
   __half* attn;
   float* x;
   unsigned long long* clamps;
-  int* counters;  // [kvh]: q/k/v CTAs done a group; [kvh, 2 kvh): rows attended; [2 kvh]: CTAs finished;
-                  // [2 kvh + 1]: CTAs whose key tiles are all asked for (o_waits_grid)
+  int* counters;  // [kvh]: q/k/v CTAs done a group; [kvh, 2 kvh): rows attended; [2 kvh]: CTAs finished
   bool overlap;
   uint64_t* timeline;  // AttentionBlockArgs::timeline
   int stages;          // q/k/v's ring stages, 2..kStages (+ KeyBufferStages, AttentionBlockArgs::ring_stages)
@@ -112,12 +111,6 @@ struct Params {
   int o_ring;
   bool late_o;
   bool o_waits;  // AttentionBlockArgs::o_waits_for_keys, with q/k/v given
-  bool encode_off_writer;  // AttentionBlockArgs::encode_off_writer
-  bool slots_before_compute;  // AttentionBlockArgs::slots_before_compute
-  bool permuted_qk_dims;      // AttentionBlockArgs::permuted_qk_dims
-  bool last_tile_early;       // AttentionBlockArgs::last_tile_early
-  bool o_waits_grid;          // AttentionBlockArgs::o_waits_for_grid, with o_waits
-  bool wo_l2_prefetch;        // AttentionBlockArgs::wo_l2_prefetch, with o_waits
 };
 
 // The CTA's timeline slot `which` (AttentionBlockArgs::timeline) = value; the caller checks for a timeline.
@@ -167,11 +160,12 @@ __device__ __forceinline__ void RedAddV4(float* p, float4 v) {
 }
 
 __device__ __forceinline__ void ConsumerSync() { asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory"); }
-constexpr int kNewKvBarrier = 2;  // encode_off_writer: the encoding warp and the writer (64 threads)
+constexpr int kNewKvBarrier = 2;  // the new K/V's encoding warp and the writer (64 threads)
 
 // S = Q · Kᵀ over one tile of K rows at ks, as mma_attention::QkScores<D, HD, 1> leaves it (n-tile
 // j: keys 8j + 2qc, +1 of row qg in sc[j][0..1]), but with the head dims permuted: a sum over dims
-// may take them in any order that Q and K share. Chunk kc's k-columns 2qc, 2qc + 1 (+8, +9) are dims
+// may take them in any order that Q and K share. Measured (H100, 16 rows, 512 tokens): a tile's
+// compute 1700-1875 → 1535-1700 SM cycles (bench/CUDA_NOTES.md, 12-05 (43)). Chunk kc's k-columns 2qc, 2qc + 1 (+8, +9) are dims
 // HD/4·qc + 4kc + 0, 1 (2, 3), so each lane's K bytes of a key are HD/4 contiguous bytes: vector
 // loads (two of 16 B at head_dim 128, against 16 loads of 2 B), conflict-free at the 8B row stride.
 // Each n-tile's products go into two accumulators (even and odd chunks): two mma chains of
@@ -259,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(8) uint64_t keys_done_s;  // late_o: the key buffers and stages are o's now
   __shared__ __align__(8) uint64_t keys_issued_s;  // o_waits: every consumer warp has issued its key tiles
   __shared__ alignas(16) float fresh_s[2][HD];
-  __shared__ alignas(16) uint8_t new_row_s[2][HD];  // encode_off_writer: the new K and V, encoded, and
+  __shared__ alignas(16) uint8_t new_row_s[2][HD];  // the new K and V, encoded (by the warp after the writer), and
   __shared__ float new_scale_s[2];                   // their scales
   __shared__ alignas(16) float scale_s[kWarps][kMaxKeyStages][32];  // each key stage's scales, copied with it
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -316,29 +310,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int first_row = QkvColumn(p, g, 16 * tile_first);
       const bool one_box = p.wide && tile_count == kMaxQkvTiles &&
                            QkvColumn(p, g, 16 * (tile_first + tile_count - 1)) == first_row + 16 * (tile_count - 1);
-      bool wo_prefetched = false;
       for (int st = 0; st < total_stages; ++st) {
         if (st == early && !given) {  // W_o alone needs nothing of the previous kernel
           GridDependencyWait();
           for (int e = 0; e < early; ++e) load_x(e);
         }
-        if (p.o_waits && st == p.qkv_steps) {
-          tma::BarrierWait(&keys_issued_s, 0);
-          if (p.o_waits_grid) {  // every CTA is resident (the group waits assume it too)
-            int* asked = p.counters + 2 * p.kvh + 1;
-            atomicAdd(asked, 1);
-            while (tma::LoadAcquire(asked) < static_cast<int>(gridDim.x * gridDim.y)) __nanosleep(20);
-          }
-        }
+        if (p.o_waits && st == p.qkv_steps) tma::BarrierWait(&keys_issued_s, 0);
         const int s = StageOf(p, st), uses = UsesBefore(p, st);
-        // wo_l2_prefetch: before o's first wait for a stage, the rest of W_o into L2.
         const bool late_first = p.late_o && uses == 0 && s >= min(p.stages, kStages);
-        if (p.wo_l2_prefetch && st >= p.qkv_steps && (uses > 0 || late_first) && !wo_prefetched) {
-          for (int b = st - p.qkv_steps; b < p.o_boxes; ++b) {
-            tma::TmaPrefetchL2(&wo_map, g * p.group * HD + b * tma::kBoxK, ci * o_rows);
-          }
-          wo_prefetched = true;
-        }
         if (uses > 0) tma::BarrierWait(&empty_s[s], (uses - 1) & 1);
         // A late stage's first use: the consumers' key tiles and merge are done with its bytes.
         if (late_first) tma::BarrierWait(&keys_done_s, 0);
@@ -393,13 +372,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     // an empty one past the row's end, so that when the loop waits for a tile, key_stages - 1 groups
     // were committed after its own. slot: the lane's TileSlot, if already looked up (else -1).
     const int t_first = begin + warp * kKeys;
-    // last_tile_early: with the row's tiles 8n + r (0 < r, n >= 2), warps 0 .. r - 1 hold n + 1
-    // tiles and the last of them (the writer's: the row's last tile) is asked late, when o's W
-    // floods the DRAM (4 µs in flight on the slowest CTAs against 1.3). Those warps copy their
-    // last tile first, into an aux stage of their own (aux is idle until o with q/k/v given and
-    // two key stages); the loop's refill that would have copied it commits an empty group.
+    // With the row's tiles 8n + r (0 < r, n >= 2), warps 0 .. r - 1 hold n + 1 tiles and the last
+    // of them (the writer's: the row's last tile) would be asked late, when o's W floods the DRAM
+    // (4 µs in flight on the slowest CTAs against 1.3). Those warps copy their last tile first,
+    // into an aux stage of their own (aux is idle until o with q/k/v given and two key stages);
+    // the loop's refill that would have copied it commits an empty group. With the new K/V encoded
+    // off the writer: keys computed max 18.7 → 14.6 µs on the H100 (bench/CUDA_NOTES.md, 12-05 (43)).
     const int row_tiles = attends ? (end - begin + kKeys - 1) / kKeys : 0;
-    const bool last_early = p.last_tile_early && given && p.key_stages == 2 && row_tiles / kWarps >= 2 &&
+    const bool last_early = given && p.key_stages == 2 && row_tiles / kWarps >= 2 &&
                             row_tiles % kWarps > warp &&
                             row_tiles % kWarps <= min(kWarps - 1, kAuxBytes / static_cast<int>(sizeof(Stage<HD>)));
     const int t_last = last_early ? t_first + row_tiles / kWarps * kWarps * kKeys : -1;  // its key
@@ -504,8 +484,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                            kvh, group, g, q_s, &fresh_s[0][0], kWarps * 32);
       ConsumerSync();
       if (tid == 0) Stamp(p, 7);
-      // Q fragments (scaled into the exp2 domain): row qg is query head qg of the group; with
-      // permuted_qk_dims the dims as DecodeQkScores takes K's (chunk kc: dims HD/4·qc + 4kc .. + 3).
+      // Q fragments (scaled into the exp2 domain): row qg is query head qg of the group, its dims as
+      // DecodeQkScores takes K's (chunk kc: dims HD/4·qc + 4kc .. + 3).
       uint32_t qa[kChunks][2];
       {
         const float qs = p.scale * kLog2e;
@@ -513,15 +493,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int kc = 0; kc < kChunks; ++kc) {
           if (qg < group) {
-            if (p.permuted_qk_dims) {
-              const float* q4 = qrow + qc * (HD / 4) + 4 * kc;
-              qa[kc][0] = PackHalf2(q4[0] * qs, q4[1] * qs);
-              qa[kc][1] = PackHalf2(q4[2] * qs, q4[3] * qs);
-            } else {
-              const float* q2 = qrow + kc * 16 + 2 * qc;
-              qa[kc][0] = PackHalf2(q2[0] * qs, q2[1] * qs);
-              qa[kc][1] = PackHalf2(q2[8] * qs, q2[9] * qs);
-            }
+            const float* q4 = qrow + qc * (HD / 4) + 4 * kc;
+            qa[kc][0] = PackHalf2(q4[0] * qs, q4[1] * qs);
+            qa[kc][1] = PackHalf2(q4[2] * qs, q4[3] * qs);
           } else {
             qa[kc][0] = qa[kc][1] = 0u;
           }
@@ -529,12 +503,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       const int writer_warp = (pos0 - begin) / kKeys % kWarps;
       const bool writer = warp == writer_warp;
-      // encode_off_writer: the warp after the writer encodes the new K and V (and writes them to the
-      // cache) now and hands them over through new_row_s / new_scale_s and a named barrier. The
-      // writer holds the row's last tile, so it has as many tiles as any warp, and encoding at its
-      // tile (WriteNewKv) cost it ~1 µs; the warp after it has one tile fewer unless the row's
-      // tiles are a multiple of kWarps.
-      if (p.encode_off_writer && warp == (writer_warp + 1) % kWarps) {
+      // The warp after the writer encodes the new K and V (and writes them to the cache) now and
+      // hands them over through new_row_s / new_scale_s and a named barrier. The writer holds the
+      // row's last tile, so it has as many tiles as any warp, and encoding at its tile (WriteNewKv)
+      // cost it ~1 µs; the warp after it has one tile fewer unless the row's tiles are a multiple
+      // of kWarps.
+      if (warp == (writer_warp + 1) % kWarps) {
         float scales[2];
         int clamped = 0;
         mma_attention::EncodeNewKv<D, HD>(fresh_s, new_row_s[0], new_row_s[1], CacheSlot(blocks, p.g.block_size, pos0),
@@ -559,42 +533,33 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncwarp();
         TileStamp(p, t0, t_first, 2);
         const long long landed_clock = p.timeline != nullptr ? clock64() : 0;
-        // slots_before_compute: the block-table lookup of the tile this one's stage takes next, now,
-        // so that its round trip passes under this tile's compute instead of delaying the copy.
+        // The block-table lookup of the tile this one's stage takes next, now, so that its round
+        // trip passes under this tile's compute instead of delaying the copy.
         const int t_refill = t0 + p.key_stages * kWarps * kKeys;
         int64_t refill_slot = -1;
-        if (p.slots_before_compute && t_refill < end && t_refill != t_last) {
+        if (t_refill < end && t_refill != t_last) {
           refill_slot = mma_attention::TileSlot(blocks, p.g, t_refill, end);
         }
         Stage<HD>& stage = t0 == t_last ? last_stage : key_stage(s);
         float scale_cur = scale_s[warp][t0 == t_last ? kLastScales : s][lane];
         if (writer && t0 <= pos0 && pos0 < t0 + kKeys) {  // the tile's copy of the new key is stale
-          if (!p.encode_off_writer) {
-            mma_attention::WriteNewKv<D, HD>(fresh_s, stage, pos0 - t0, CacheSlot(blocks, p.g.block_size, pos0), g,
-                                             p.g, p.layer, &scale_cur, p.clamps);
-          } else {
-            asm volatile("bar.sync %0, %1;" ::"n"(kNewKvBarrier), "n"(64) : "memory");  // the encoder's row
-            constexpr int kRow = mma_attention::RowBytes<HD>(), kWords = HD / 4;
-            for (int i = lane; i < 2 * kWords; i += 32) {
-              const int which = i / kWords, w = i % kWords;
-              *reinterpret_cast<uint32_t*>((which ? stage.v : stage.k) + (pos0 - t0) * kRow + 4 * w) =
-                  *reinterpret_cast<const uint32_t*>(&new_row_s[which][4 * w]);
-            }
-            const float new_scale[2] = {new_scale_s[0], new_scale_s[1]};
-            mma_attention::MaskPastNewKey<HD>(stage, pos0 - t0, new_scale, &scale_cur);
-            __syncwarp();
+          asm volatile("bar.sync %0, %1;" ::"n"(kNewKvBarrier), "n"(64) : "memory");  // the encoder's row
+          constexpr int kRow = mma_attention::RowBytes<HD>(), kWords = HD / 4;
+          for (int i = lane; i < 2 * kWords; i += 32) {
+            const int which = i / kWords, w = i % kWords;
+            *reinterpret_cast<uint32_t*>((which ? stage.v : stage.k) + (pos0 - t0) * kRow + 4 * w) =
+                *reinterpret_cast<const uint32_t*>(&new_row_s[which][4 * w]);
           }
+          const float new_scale[2] = {new_scale_s[0], new_scale_s[1]};
+          mma_attention::MaskPastNewKey<HD>(stage, pos0 - t0, new_scale, &scale_cur);
+          __syncwarp();
         }
         const uint8_t* ks = stage.k;
         const uint8_t* vs = stage.v;
         // S = Q · Kᵀ (keys 8j + 2qc, +1 of row qg in sc[j][0..1]), then the online softmax with
         // the V scales folded into P, then Oᵀ += Vᵀ · Pᵀ: attention_mma.cuh's decode path.
         float sc[2][4];
-        if (p.permuted_qk_dims) {
-          DecodeQkScores<D, HD>(ks, qa, sc);
-        } else {
-          mma_attention::QkScores<D, HD, 1>(ks, qa, sc);
-        }
+        DecodeQkScores<D, HD>(ks, qa, sc);
         float pr[2][2], vsc[2][2], tmax = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -761,7 +726,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int total = static_cast<int>(gridDim.x * gridDim.y);
     if (atomicAdd(p.counters + 2 * p.kvh, 1) == total - 1) {
       __threadfence();
-      for (int i = 0; i <= 2 * p.kvh + 1; ++i) p.counters[i] = 0;
+      for (int i = 0; i <= 2 * p.kvh; ++i) p.counters[i] = 0;
       __threadfence();
     }
   }
@@ -806,7 +771,7 @@ absl::Status AttentionBlockTakes(int rows, int hidden, int heads, const KvGeomet
   if (kvh <= 0 || heads % kvh != 0 || heads / kvh > 8 || sliding_window < 0) {
     return absl::InvalidArgumentError("AttentionBlock: 1-8 query heads a KV head");
   }
-  if ((2 * static_cast<size_t>(kvh) + 2) * sizeof(int) > kAttentionBlockWorkspaceBytes) {
+  if ((2 * static_cast<size_t>(kvh) + 1) * sizeof(int) > kAttentionBlockWorkspaceBytes) {
     return absl::InvalidArgumentError(absl::StrCat("AttentionBlock: ", kvh, " KV heads outgrow the counters"));
   }
   const int group = heads / kvh, qkv_tiles = (group + 2) * hd / 16;
@@ -872,12 +837,6 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.key_stages = a.key_stages;
   p.late_o = given && a.late_o_stages;
   p.o_waits = given && a.o_waits_for_keys;
-  p.encode_off_writer = a.encode_off_writer;
-  p.slots_before_compute = a.slots_before_compute;
-  p.permuted_qk_dims = a.permuted_qk_dims;
-  p.last_tile_early = a.last_tile_early;
-  p.o_waits_grid = p.o_waits && a.o_waits_for_grid;
-  p.wo_l2_prefetch = p.o_waits && a.wo_l2_prefetch;
   const int key_buffer_stages = g.head_dim == 128  ? KeyBufferStages<128>()
                                 : g.head_dim == 64 ? KeyBufferStages<64>()
                                                    : KeyBufferStages<32>();

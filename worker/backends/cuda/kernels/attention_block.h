@@ -98,38 +98,6 @@ struct AttentionBlockArgs {
   // (H100, 2026-12-05): q/k/v + block 16 rows 55.3 → 52.5 µs, 8 rows 51.8 → 49.2; its first key
   // tile lands 4.4 µs after it is asked for instead of 11.
   bool o_waits_for_keys = true;
-  // encode_off_writer: the new position's K and V are encoded (and written to the cache) right
-  // after RoPE by the warp after the one whose tile holds the position, and handed to it through
-  // shared memory; off, that warp encodes them at its tile (bench/CUDA_NOTES.md, 12-05 (41): ~1 µs
-  // on the warp with the most tiles). Not yet measured.
-  bool encode_off_writer = false;
-  // slots_before_compute: a warp looks up the block-table entry of the key tile a stage takes next
-  // before computing the tile in it, not after; the kernel bench's tile table reads 0.5-0.8 µs of
-  // lookup before each such copy, 3 of them on a 5-tile warp's chain. Not yet measured.
-  bool slots_before_compute = false;
-  // permuted_qk_dims: S = Q · Kᵀ with the head dims permuted (the same for Q and K, so the same
-  // sum) so that a lane's K bytes of a key are contiguous: two 16-byte loads a key at head_dim 128
-  // instead of sixteen of 2 bytes, and each score tile's 8 mma in two chains of 4. The tile compute
-  // is ~0.9 µs for 16 keys (latency-bound: 2 warps a scheduler). Not yet measured.
-  bool permuted_qk_dims = false;
-  // last_tile_early (q/k/v given, two key stages): where a row's key tiles are 8n + r (n >= 2, 0 <
-  // r <= what the aux buffer holds: 3 at head_dim 128), the r warps with a tile more copy that
-  // last tile at the start, into aux, beside their first two. Those warps ask for it after their
-  // third tile's compute now, when o's W_o stream has begun on most CTAs: on the slowest CTAs it
-  // is 4 µs in flight against 1.3, and the writer (always one of them) ends their group's keys
-  // 4-5 µs after the median CTA (bench/CUDA_NOTES.md, 12-05 (42)). Not yet measured.
-  bool last_tile_early = false;
-  // o_waits_for_grid (with o_waits_for_keys): W_o's stream starts once every CTA of the grid, not
-  // just this one, has asked for its last key tile. Other CTAs' W_o streams are what the slowest
-  // CTAs' last key tiles queue behind (3-4 µs in flight against 1.3); o needs its whole group's
-  // keys first anyway. Not yet measured.
-  bool o_waits_for_grid = false;
-  // wo_l2_prefetch (with o_waits_for_keys): when W_o's stream starts, the producer also asks L2
-  // for the W_o boxes past those its ring takes at once (4 of 8 at the 8B shape), so that o's
-  // second half comes from L2: on the H200 o's phase is 5.6 µs from its start, most of it those
-  // boxes streaming from DRAM after the ring's first boxes are consumed, while the DRAM moved
-  // only ~2.6 TB/s before. Not yet measured.
-  bool wo_l2_prefetch = false;
 };
 
 inline constexpr int kAttentionBlockCtaStamps = 11, kAttentionBlockSmSlot = 10;

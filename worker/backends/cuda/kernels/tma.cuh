@@ -49,12 +49,6 @@ __device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int k
       "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(Smem(bar)), "l"(policy)
       : "memory");
 }
-// Asks L2 for the same 2D tile as TmaLoad would copy, completing nowhere (a hint).
-__device__ __forceinline__ void TmaPrefetchL2(const CUtensorMap* map, int k0, int row0) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global [%0, {%1, %2}];" ::"l"(reinterpret_cast<uint64_t>(map)),
-               "r"(k0), "r"(row0)
-               : "memory");
-}
 __device__ __forceinline__ void LdMatrix4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
