@@ -69,8 +69,8 @@ template <int HD>
 constexpr int SmemBytes() {
   return 1024 + kStages * kStageBytes + kWarps * 2 * static_cast<int>(sizeof(Stage<HD>)) + 8 * HD * 4 + kAuxBytes;
 }
-// The kernel's static shared memory: the ring's barriers, keys_done_s, keys_issued_s and first_asks_s, the fresh K/V and
-// its encoded row, the key tiles' scales (alignment included).
+// The kernel's static shared memory: the ring's barriers, keys_done_s, keys_issued_s and
+// first_asks_s, the fresh K/V and its encoded row, the key tiles' scales (alignment included).
 template <int HD>
 constexpr int StaticSmemBytes() {
   return (2 * kMaxStages + 4) * 8 + 2 * HD * 4 + 2 * HD + 2 * 4 + kWarps * kMaxKeyStages * 32 * 4;
@@ -165,12 +165,13 @@ constexpr int kNewKvBarrier = 2;  // the new K/V's encoding warp and the writer 
 
 // S = Q · Kᵀ over one tile of K rows at ks, as mma_attention::QkScores<D, HD, 1> leaves it (n-tile
 // j: keys 8j + 2qc, +1 of row qg in sc[j][0..1]), but with the head dims permuted: a sum over dims
-// may take them in any order that Q and K share. Measured (H100, 16 rows, 512 tokens): a tile's
-// compute 1700-1875 → 1535-1700 SM cycles (bench/CUDA_NOTES.md, 12-05 (43)). Chunk kc's k-columns 2qc, 2qc + 1 (+8, +9) are dims
+// may take them in any order that Q and K share. Chunk kc's k-columns 2qc, 2qc + 1 (+8, +9) are dims
 // HD/4·qc + 4kc + 0, 1 (2, 3), so each lane's K bytes of a key are HD/4 contiguous bytes: vector
 // loads (two of 16 B at head_dim 128, against 16 loads of 2 B), conflict-free at the 8B row stride.
 // Each n-tile's products go into two accumulators (even and odd chunks): two mma chains of
-// HD/32 instead of one of HD/16, since a decode warp's tile compute is latency-bound.
+// HD/32 instead of one of HD/16, since a decode warp's tile compute is latency-bound. Measured
+// (H100, 16 rows, 512 tokens): a tile's compute 1700-1875 → 1535-1700 SM cycles (bench/CUDA_NOTES.md,
+// 12-05 (43)).
 template <KvDtype D, int HD>
 __device__ __forceinline__ void DecodeQkScores(const uint8_t* ks, const uint32_t (&qa)[HD / 16][2], float (&sc)[2][4]) {
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
