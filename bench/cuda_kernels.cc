@@ -1415,14 +1415,15 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
                                      "heads merged and written (before the count)", "SM + 1 (not a time)"};
       static_assert(std::size(kNames) == cuda::kAttentionBlockCtaStamps);
       const Knobs one_box_early{.o_early = 1}, two_boxes_early{.o_early = 2};
-      for (const auto& [given, k] :
-           {std::pair<bool, Knobs>{false, {}}, {true, {}}, {true, waits}, {true, one_box_early}, {true, two_boxes_early}}) {
+      for (const auto& [given, k] : {std::pair<bool, Knobs>{false, {}}, {true, {}}, {true, waits},
+                                     {true, one_box_early}, {true, two_boxes_early}}) {
         std::string tiles;
         absl::StatusOr<std::vector<std::pair<double, double>>> t = stamps(k, given, &tiles);
         if (!t.ok()) return t.status();
+        const std::string early_boxes =
+            given && k.o_waits && k.o_early > 0 ? absl::StrCat(", ", k.o_early, " W_o boxes before them") : "";
         std::string table = absl::StrCat("\ntimeline", given ? " (q/k/v given" : "",
-                                         given && k.o_waits ? ", o waits for the keys" : "",
-                                         given && k.o_waits && k.o_early > 0 ? absl::StrCat(", ", k.o_early, " W_o boxes before them") : "",
+                                         given && k.o_waits ? ", o waits for the keys" : "", early_boxes,
                                          given ? ")" : "", ", ",
                                          rows, " rows, ", context,
                                          " tokens (µs after the first CTA's start)\n\n",

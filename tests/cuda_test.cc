@@ -1232,8 +1232,8 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
     // 2's new key (position 379) falls in warp 7's third tile, at 4 key stages (head_dim 128) and at
     // 3 or 4 beside a 3-stage ring one of the extra stages in the aux buffer. Row 4's (position
     // 512, the benchmarks' case) opens warp 0's fifth tile, one more than any other warp's; row
-    // 5's 545 (35 tiles) give warps 0-2 a fifth (with q/k/v given and two key stages, all three copied early into aux); row 0's
-    // is its only key.
+    // 5's 545 (35 tiles) give warps 0-2 a fifth (with q/k/v given and two key stages, all three
+    // copied early into aux); row 0's is its only key.
     std::vector<int> lens(seqs);
     for (int i = 0; i < seqs; ++i) {
       lens[i] = i == 1   ? 650
