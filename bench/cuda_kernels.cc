@@ -1234,9 +1234,9 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
   std::vector<std::string> timelines;
   std::string sweep = "\nAttentionBlock variants (µs, given: with cuBLASLt's q/k/v; stamps: median CTA after the first "
                       "CTA's start, -1: none)\n\n| rows | context | q/k/v | ring stages | early key tiles | wide boxes | "
-                      "vector adds | key stages | late o stages | o waits for keys | W_o boxes before keys | µs | q/k/v counted | "
-                      "max | keys computed | max | attention ends | o products done | end |\n"
-                      "|---:|---:|---|---:|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+                      "vector adds | key stages | late o stages | o waits for keys | µs | q/k/v counted | max | keys computed | "
+                      "max | attention ends | o products done | end |\n"
+                      "|---:|---:|---|---:|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (int rows : rows_list) {
     if (rows < 2 || rows > max_rows) continue;
     for (int context : contexts) {
@@ -1273,7 +1273,6 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         int keys = cuda::AttentionBlockArgs{}.key_stages;
         bool late = cuda::AttentionBlockArgs{}.late_o_stages;
         bool o_waits = cuda::AttentionBlockArgs{}.o_waits_for_keys;
-        int o_early = cuda::AttentionBlockArgs{}.o_boxes_before_keys;
       };
       // given: q/k/v from qkv_gemm's partials, the launch after it programmatic as in the engine.
       auto args = [&](uint64_t* stamps, Knobs k = {}, bool given = false) {
@@ -1286,7 +1285,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
             .attn = attn16, .x = static_cast<float*>(x->get()), .clamps = count, .workspace = block_ws->get(),
             .overlap_previous = given, .timeline = stamps, .ring_stages = k.stages, .early_key_tiles = k.early,
             .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys, .late_o_stages = k.late,
-            .o_waits_for_keys = k.o_waits, .o_boxes_before_keys = k.o_early};
+            .o_waits_for_keys = k.o_waits};
       };
       // One launch's stamps: [stamp] = {median, max} over CTAs in µs after the first CTA's start.
       const int ctas = std::min(16, sms / kvh) * kvh;
@@ -1414,17 +1413,12 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
                                      "RoPE done (q in shared memory)", "every warp's keys computed",
                                      "heads merged and written (before the count)", "SM + 1 (not a time)"};
       static_assert(std::size(kNames) == cuda::kAttentionBlockCtaStamps);
-      const Knobs one_box_early{.o_early = 1}, two_boxes_early{.o_early = 2};
-      for (const auto& [given, k] : {std::pair<bool, Knobs>{false, {}}, {true, {}}, {true, waits},
-                                     {true, one_box_early}, {true, two_boxes_early}}) {
+      for (const auto& [given, k] : {std::pair<bool, Knobs>{false, {}}, {true, {}}, {true, waits}}) {
         std::string tiles;
         absl::StatusOr<std::vector<std::pair<double, double>>> t = stamps(k, given, &tiles);
         if (!t.ok()) return t.status();
-        const std::string early_boxes =
-            given && k.o_waits && k.o_early > 0 ? absl::StrCat(", ", k.o_early, " W_o boxes before them") : "";
         std::string table = absl::StrCat("\ntimeline", given ? " (q/k/v given" : "",
-                                         given && k.o_waits ? ", o waits for the keys" : "", early_boxes,
-                                         given ? ")" : "", ", ",
+                                         given && k.o_waits ? ", o waits for the keys" : "", given ? ")" : "", ", ",
                                          rows, " rows, ", context,
                                          " tokens (µs after the first CTA's start)\n\n",
                                          "| stamp | median | max |\n|---|---:|---:|\n");
@@ -1462,8 +1456,6 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         list.push_back({given, Knobs{.vector = !Knobs{}.vector}});  // o's adds the other way
         if (!given) continue;
         for (int stages : {2, 3, 4}) list.push_back({given, Knobs{.stages = stages, .o_waits = !Knobs{}.o_waits}});
-        for (int o_early : {1, 2, 3, 4}) list.push_back({given, Knobs{.o_early = o_early}});
-        for (int o_early : {1, 2}) list.push_back({given, Knobs{.late = !Knobs{}.late, .o_early = o_early}});
       }
       for (const auto& [given, k] : list) {
         absl::StatusOr<double> us = TimeGraph(s, reps, [&]() -> absl::Status {
@@ -1475,12 +1467,11 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         if (!us.ok()) return us.status();
         absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k, given);
         if (!v.ok()) return v.status();
-        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %s | %d | %.1f | %.2f | "
-                                                "%.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %s | %.1f | %.2f | %.2f | "
+                                                "%.2f | %.2f | %.2f | %.2f | %.2f |\n",
                                                 rows, context, given ? "given" : "block", k.stages, k.early,
                                                 k.wide ? "yes" : "no", k.vector ? "yes" : "no", k.keys,
-                                                given && k.late ? "yes" : "no", given && k.o_waits ? "yes" : "no",
-                                                given && k.o_waits ? k.o_early : 0, *us,
+                                                given && k.late ? "yes" : "no", given && k.o_waits ? "yes" : "no", *us,
                                                 (*v)[1].first,
                                                 (*v)[1].second, (*v)[8].first, (*v)[8].second, (*v)[3].first,
                                                 (*v)[5].first, (*v)[6].first));

@@ -1283,7 +1283,6 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
       bool wide, given = false, vector = true;
       int keys = 2;
       bool late = true, o_waits = false;
-      int o_early = 0;
     };
     std::vector<float> halves(2 * dq.n);
     {
@@ -1316,10 +1315,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                            {2, 0, false, false, true, 2, true},
                            {2, 2, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true},
                            {3, 1, false, true, false, 2, true, false},
-                           {2, 0, false, true, false, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true},
-                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, false, true, 1},
-                           {defaults.ring_stages, defaults.early_key_tiles, false, true, true, 2, true, true, 2},
-                           {3, 1, false, true, true, cuda::AttentionBlockMaxKeyStages(hd, 3), false, true, 3}};
+                           {2, 0, false, true, false, cuda::AttentionBlockMaxKeyStages(hd, 2), true, true}};
     for (int launch = 0; launch < static_cast<int>(std::size(knobs)); ++launch) {
       const Knobs k = knobs[launch];
       Dev<float> dx(x0), qkv_scratch(size_t(seqs) * width);
@@ -1333,7 +1329,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
            .qkv_parts = k.given ? cuda::Partials{qkv_halves.p, 2, int64_t(dq.n)} : cuda::Partials{}, .attn = got_attn.p,
            .x = dx.p, .clamps = clamps.p, .workspace = workspace.p, .ring_stages = k.stages,
            .early_key_tiles = k.early, .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys,
-           .late_o_stages = k.late, .o_waits_for_keys = k.o_waits, .o_boxes_before_keys = k.o_early},
+           .late_o_stages = k.late, .o_waits_for_keys = k.o_waits},
           nullptr);
       ASSERT_TRUE(ran.ok()) << ran;
       CUDA_OK(cudaDeviceSynchronize());
@@ -1343,8 +1339,7 @@ TEST_P(CudaKvTest, AttentionBlockMatchesItsParts) {
                                std::to_string(k.early) + ", wide " + std::to_string(k.wide) + ", given " +
                                std::to_string(k.given) + ", vector adds " + std::to_string(k.vector) + ", key stages " +
                                std::to_string(k.keys) + ", late o stages " + std::to_string(k.late) +
-                               ", o waits for keys " + std::to_string(k.o_waits) + ", W_o boxes before keys " +
-                               std::to_string(k.o_early) + ") seed " + std::to_string(seed);
+                               ", o waits for keys " + std::to_string(k.o_waits) + ") seed " + std::to_string(seed);
       // q/k/v sum in another order than the CPU's, so a K or V byte can round the other way.
       EXPECT_LE(RelL2(ToFloats(got_attn.Get()), want_a), 5e-3) << what;
       EXPECT_LE(RelL2(slot_values(), want_kv), 1e-2) << what;

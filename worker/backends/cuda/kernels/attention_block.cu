@@ -69,11 +69,11 @@ template <int HD>
 constexpr int SmemBytes() {
   return 1024 + kStages * kStageBytes + kWarps * 2 * static_cast<int>(sizeof(Stage<HD>)) + 8 * HD * 4 + kAuxBytes;
 }
-// The kernel's static shared memory: the ring's barriers, keys_done_s, keys_issued_s and
-// first_asks_s, the fresh K/V and its encoded row, the key tiles' scales (alignment included).
+// The kernel's static shared memory: the ring's barriers, keys_done_s and keys_issued_s, the fresh
+// K/V and its encoded row, the key tiles' scales (alignment included).
 template <int HD>
 constexpr int StaticSmemBytes() {
-  return (2 * kMaxStages + 4) * 8 + 2 * HD * 4 + 2 * HD + 2 * 4 + kWarps * kMaxKeyStages * 32 * 4;
+  return (2 * kMaxStages + 3) * 8 + 2 * HD * 4 + 2 * HD + 2 * 4 + kWarps * kMaxKeyStages * 32 * 4;
 }
 static_assert(16 * kMaxOTiles * 128 <= kStageBytes, "o's W box fits a stage");
 static_assert(SmemBytes<128>() + StaticSmemBytes<128>() <= 227 * 1024, "one CTA an SM");
@@ -111,7 +111,6 @@ struct Params {
   int o_ring;
   bool late_o;
   bool o_waits;  // AttentionBlockArgs::o_waits_for_keys, with q/k/v given
-  int o_early;   // AttentionBlockArgs::o_boxes_before_keys, with o_waits
 };
 
 // The CTA's timeline slot `which` (AttentionBlockArgs::timeline) = value; the caller checks for a timeline.
@@ -254,7 +253,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(8) uint64_t full_s[kMaxStages], empty_s[kMaxStages];
   __shared__ __align__(8) uint64_t keys_done_s;  // late_o: the key buffers and stages are o's now
   __shared__ __align__(8) uint64_t keys_issued_s;  // o_waits: every consumer warp has issued its key tiles
-  __shared__ __align__(8) uint64_t first_asks_s;   // o_early: every consumer warp has asked for its first tiles
   __shared__ alignas(16) float fresh_s[2][HD];
   __shared__ alignas(16) uint8_t new_row_s[2][HD];  // the new K and V, encoded (by the warp after the writer), and
   __shared__ float new_scale_s[2];                   // their scales
@@ -281,7 +279,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kMaxStages; ++s) tma::BarrierInit(&full_s[s], 1), tma::BarrierInit(&empty_s[s], kWarps);
     tma::BarrierInit(&keys_done_s, 1);
     tma::BarrierInit(&keys_issued_s, kWarps);
-    tma::BarrierInit(&first_asks_s, kWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     Stamp(p, 0);
     if (p.timeline != nullptr) {  // not a time: the SM, + 1 (0 reads as no stamp)
@@ -319,8 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           GridDependencyWait();
           for (int e = 0; e < early; ++e) load_x(e);
         }
-        if (p.o_early > 0 && st == p.qkv_steps) tma::BarrierWait(&first_asks_s, 0);
-        if (p.o_waits && st == p.qkv_steps + p.o_early) tma::BarrierWait(&keys_issued_s, 0);
+        if (p.o_waits && st == p.qkv_steps) tma::BarrierWait(&keys_issued_s, 0);
         const int s = StageOf(p, st), uses = UsesBefore(p, st);
         const bool late_first = p.late_o && uses == 0 && s >= min(p.stages, kStages);
         if (uses > 0) tma::BarrierWait(&empty_s[s], (uses - 1) & 1);
@@ -425,7 +421,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (; issued < min(upto, p.key_stages); ++issued) issue(t0 + issued * kWarps * kKeys, issued);
     };
     issue_first(p.early_tiles);
-    if (p.o_early > 0 && lane == 0) tma::BarrierArrive(&first_asks_s);
     if (p.late_o && !attends && tid == 0) tma::BarrierArrive(&keys_done_s);  // no keys: o's from the start
     GridDependencyWait();  // x, the cache and the scratch buffers are the previous kernels' before
 
@@ -823,10 +818,6 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError(absl::StrCat("AttentionBlock: 2..", max_keys, " key stages with ",
                                                    a.ring_stages, " ring stages", given ? "" : " (more need q/k/v given)"));
   }
-  if (a.o_boxes_before_keys < 0 || a.o_boxes_before_keys > std::min(a.ring_stages, kStages)) {
-    return absl::InvalidArgumentError(absl::StrCat("AttentionBlock: 0..", std::min(a.ring_stages, kStages),
-                                                   " W_o boxes before the keys with ", a.ring_stages, " ring stages"));
-  }
   absl::StatusOr<int> sms = CurrentDeviceSmCount();
   if (!sms.ok()) return sms.status();
   const KvGeometry& g = a.geometry;
@@ -847,7 +838,6 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.key_stages = a.key_stages;
   p.late_o = given && a.late_o_stages;
   p.o_waits = given && a.o_waits_for_keys;
-  p.o_early = p.o_waits ? a.o_boxes_before_keys : 0;
   const int key_buffer_stages = g.head_dim == 128  ? KeyBufferStages<128>()
                                 : g.head_dim == 64 ? KeyBufferStages<64>()
                                                    : KeyBufferStages<32>();

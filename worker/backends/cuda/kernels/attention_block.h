@@ -98,12 +98,6 @@ struct AttentionBlockArgs {
   // (H100, 2026-12-05): q/k/v + block 16 rows 55.3 → 52.5 µs, 8 rows 51.8 → 49.2; its first key
   // tile lands 4.4 µs after it is asked for instead of 11.
   bool o_waits_for_keys = true;
-  // o_boxes_before_keys (with o_waits_for_keys): this many of W_o's first ring boxes are asked for
-  // once every consumer warp has asked for its first key tiles, at the start, and only the rest
-  // after the last asks. From those asks (~10.8 µs at 16 rows, H100) to o's products (~24.6) W_o
-  // streams at ~2.4 TB/s throughout, while before them the keys alone move ~1.8 TB/s: a box asked
-  // early may end o sooner if the key tiles behind it are not held up as much. Not yet measured.
-  int o_boxes_before_keys = 0;
 };
 
 inline constexpr int kAttentionBlockCtaStamps = 11, kAttentionBlockSmSlot = 10;
