@@ -1214,13 +1214,11 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
   auto qkv = Filled(size_t(max_rows) * qkvw * 4, 0), parts = Filled(size_t(2) * max_rows * qkvw * 4, 0);
   auto attn = Filled(size_t(max_rows) * qd * 2, 0), o_parts = Filled(size_t(2) * max_rows * h * 4, 0);
   auto clamps = Filled(8, 0), block_ws = Filled(cuda::kAttentionBlockWorkspaceBytes, 0);
-  auto x_half = Filled(size_t(max_rows) * h * 2, 0), x_sumsq = Filled(size_t(max_rows) * 4, 0);
   auto inv = Filled(size_t(hd / 2) * 4, 0x3c), attn_ws = DeviceAlloc(size_t(64) << 20), work = DeviceAlloc(32 << 20);
   int sms = 0;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   auto timeline = Filled(size_t(sms) * cuda::kAttentionBlockStamps * 8, 0);
-  for (auto* b : {&xn, &x, &qkv, &parts, &attn, &o_parts, &clamps, &block_ws, &x_half, &x_sumsq, &inv, &attn_ws, &work,
-                  &timeline}) {
+  for (auto* b : {&xn, &x, &qkv, &parts, &attn, &o_parts, &clamps, &block_ws, &inv, &attn_ws, &work, &timeline}) {
     if (!b->ok()) return b->status();
   }
   auto gemm = cuda::GemmRunner::Create(s, work->get(), 32 << 20);
@@ -1236,9 +1234,9 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
   std::vector<std::string> timelines;
   std::string sweep = "\nAttentionBlock variants (µs, given: with cuBLASLt's q/k/v; stamps: median CTA after the first "
                       "CTA's start, -1: none)\n\n| rows | context | q/k/v | ring stages | early key tiles | wide boxes | "
-                      "vector adds | key stages | late o stages | o waits for keys | norm's inputs | µs | q/k/v counted | max | "
-                      "keys computed | max | attention ends | o products done | end |\n"
-                      "|---:|---:|---|---:|---:|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+                      "vector adds | key stages | late o stages | o waits for keys | µs | q/k/v counted | max | keys computed | "
+                      "max | attention ends | o products done | end |\n"
+                      "|---:|---:|---|---:|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (int rows : rows_list) {
     if (rows < 2 || rows > max_rows) continue;
     for (int context : contexts) {
@@ -1275,7 +1273,6 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         int keys = cuda::AttentionBlockArgs{}.key_stages;
         bool late = cuda::AttentionBlockArgs{}.late_o_stages;
         bool o_waits = cuda::AttentionBlockArgs{}.o_waits_for_keys;
-        bool norm = true;  // x_half and x_sumsq written, as the engine's block does for the FFN's norm
       };
       // given: q/k/v from qkv_gemm's partials, the launch after it programmatic as in the engine.
       auto args = [&](uint64_t* stamps, Knobs k = {}, bool given = false) {
@@ -1285,10 +1282,7 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
             .meta = in->meta, .geometry = in->g, .layer = in->Layer(), .qkv = static_cast<float*>(qkv->get()),
             .qkv_parts = given ? cuda::Partials{static_cast<float*>(parts->get()), qkv_chunks, int64_t{max_rows} * qkvw}
                                : cuda::Partials{},
-            .attn = attn16, .x = static_cast<float*>(x->get()),
-            .x_half = k.norm ? static_cast<__half*>(x_half->get()) : nullptr,
-            .x_sumsq = k.norm ? static_cast<float*>(x_sumsq->get()) : nullptr, .clamps = count,
-            .workspace = block_ws->get(),
+            .attn = attn16, .x = static_cast<float*>(x->get()), .clamps = count, .workspace = block_ws->get(),
             .overlap_previous = given, .timeline = stamps, .ring_stages = k.stages, .early_key_tiles = k.early,
             .wide_boxes = k.wide, .vector_adds = k.vector, .key_stages = k.keys, .late_o_stages = k.late,
             .o_waits_for_keys = k.o_waits};
@@ -1460,7 +1454,6 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
           }
         }
         list.push_back({given, Knobs{.vector = !Knobs{}.vector}});  // o's adds the other way
-        list.push_back({given, Knobs{.norm = false}});              // no fp16 x nor Σ x² for the FFN's norm
         if (!given) continue;
         for (int stages : {2, 3, 4}) list.push_back({given, Knobs{.stages = stages, .o_waits = !Knobs{}.o_waits}});
       }
@@ -1474,12 +1467,11 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
         if (!us.ok()) return us.status();
         absl::StatusOr<std::vector<std::pair<double, double>>> v = stamps(k, given);
         if (!v.ok()) return v.status();
-        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %s | %s | %.1f | %.2f | "
-                                                "%.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+        absl::StrAppend(&sweep, absl::StrFormat("| %d | %d | %s | %d | %d | %s | %s | %d | %s | %s | %.1f | %.2f | %.2f | "
+                                                "%.2f | %.2f | %.2f | %.2f | %.2f |\n",
                                                 rows, context, given ? "given" : "block", k.stages, k.early,
                                                 k.wide ? "yes" : "no", k.vector ? "yes" : "no", k.keys,
-                                                given && k.late ? "yes" : "no", given && k.o_waits ? "yes" : "no",
-                                                k.norm ? "yes" : "no", *us,
+                                                given && k.late ? "yes" : "no", given && k.o_waits ? "yes" : "no", *us,
                                                 (*v)[1].first,
                                                 (*v)[1].second, (*v)[8].first, (*v)[8].second, (*v)[3].first,
                                                 (*v)[5].first, (*v)[6].first));

@@ -71,9 +71,7 @@ struct CudaEngine::Buffers {
   float* router_logits = nullptr;   // MoE [max_rows, experts]
   float* route_weights = nullptr;
   float* expert_out = nullptr;      // MoE [max_rows, h]
-  // Σ x² of the residual before a norm: [2 layers + 1] a norm each at batch 1; above it, with the
-  // attention block, [layers + 1][rows] a row each before the FFN's norm (the first the embedding's)
-  float* sumsq = nullptr;
+  float* sumsq = nullptr;            // [2 layers + 1]: Σ x² of the residual before each norm (batch 1)
   __half* final_xn = nullptr;  // [logit_rows, h]
   float* logits = nullptr;          // [logit_rows, vocab]
   // Decode above batch 1: the split-K projections' chunk outputs (kDecodeKSplits), which the
@@ -382,8 +380,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
     b.route_weights = a.Take<float>(R * E);
     b.expert_out = a.Take<float>(R * h);
   }
-  b.sumsq = a.Take<float>(std::max(2 * static_cast<size_t>(c.num_layers) + 1,
-                                    (static_cast<size_t>(c.num_layers) + 1) * max_bucket_));
+  b.sumsq = a.Take<float>(2 * static_cast<size_t>(c.num_layers) + 1);
   b.final_xn = a.Take<__half>(L * h);
   b.logits = a.Take<float>(L * c.vocab_size);
   b.qkv_partials = a.Take<float>(kDecodeKSplits * max_bucket_ * (qd + 2 * kvd));
@@ -526,21 +523,14 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     return absl::OkStatus();
   };
   auto sumsq = [&](size_t slot) { return b.sumsq + slot; };
-  // With the attention block (dense FFN, no o bias), the FFN's norm rides in the block and the
-  // SwiGLU: the block writes x in fp16, unnormalised, into xn and its rows' Σ x² into
-  // sumsq((l + 1) · rows), and SwiGLU scales gate and up by 1 / rms (AttentionBlockArgs::x_half).
-  // Measured ... (bench/RESULTS.md).
-  auto block_norm = [&](const Layer& L) { return attention_block && c.num_experts == 0 && L.b_o == nullptr; };
-  // The embedding writes sumsq(0) and zeroes the slots the Gemvs (batch 1) or the block accumulate
-  // into (no memset node in the graph).
-  const int sumsq_slots = fused                                       ? static_cast<int>(2 * layers_.size() + 1)
-                          : attention_block && c.num_experts == 0 ? static_cast<int>(layers_.size() + 1) * rows
-                                                                      : 0;
+  // At batch 1 the embedding writes sumsq(0) and zeroes the slots the Gemvs accumulate into (no
+  // memset node in the graph).
+  const int sumsq_slots = fused ? static_cast<int>(2 * layers_.size() + 1) : 0;
   // In a graph, after the kernel that copies the inputs. Reading the token ids from the host
   // mirror beside that copy ended later, not earlier (H200 CUPTI trace: the copy's end gated it
   // anyway, and its mapped read added a PCIe round trip).
   TRY("embed", cuda::EmbedRows({.table = embed_, .tokens = b.tokens, .rows = rows, .hidden = h, .x = b.x,
-                                .sumsq = sumsq_slots > 0 ? sumsq(0) : nullptr, .sumsq_slots = sumsq_slots}, s));
+                                .sumsq = fused ? sumsq(0) : nullptr, .sumsq_slots = sumsq_slots}, s));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     cuda::Partials qkv_in;  // none: RoPE reads b.qkv
@@ -571,8 +561,6 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                 .scale = shape.scale, .sliding_window = shape.sliding_window, .meta = meta,
                                 .geometry = kv_, .layer = L.kv, .qkv = b.qkv,
                                 .qkv_parts = block_qkv ? cuda::Partials{} : qkv_in, .attn = b.attn, .x = b.x,
-                                .x_half = block_norm(L) ? b.xn : nullptr,
-                                .x_sumsq = block_norm(L) ? sumsq((l + 1) * rows) : nullptr,
                                 .clamps = b.clamps, .workspace = b.attention_block_workspace,
                                 .overlap_previous = shape.overlap_previous, .ring_stages = block_ring_stages,
                                 .key_stages = options_.attention_block_key_stages,
@@ -608,13 +596,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     }
     if (L.b_o) TRY("bias", cuda::AddBias(b.x, rows, h, L.b_o, s));
     // The weight folded into gate/up.
-    cuda::RmsScale ffn_norm;
-    if (block_norm(L)) {
-      ffn_norm = {.sumsq = sumsq((l + 1) * rows), .hidden = h, .eps = eps};
-    } else {
-      TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
-      pending = {};
-    }
+    TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
+    pending = {};
     if (ffn_halves) {
       // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.
       cudaStream_t side = side_stream_.get();
@@ -628,7 +611,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
         float* gate_up = b.gate_up + static_cast<size_t>(half) * rows * f;
         __half* act = b.act + static_cast<size_t>(half) * rows * (f / 2);
         TRY("gemm_gate_up", gemm.Run(b.xn, rows, h, L.w_gate_up + static_cast<size_t>(half) * f * h, f, 0.0f, gate_up));
-        TRY("swiglu", cuda::SwiGlu(gate_up, rows, f / 2, act, half ? side : s, shape.overlap_previous, {}, ffn_norm));
+        TRY("swiglu", cuda::SwiGlu(gate_up, rows, f / 2, act, half ? side : s, shape.overlap_previous));
         float* out = b.residual_partials + (half ? downs[0].count * residual_stride : 0);
         TRY("gemm_down", gemm_split_k(gemm, act, f / 2, L.w_down + half * (f / 2), h, out, residual_stride, &downs[half],
                                       /*ldw=*/f));
@@ -638,7 +621,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       pending = {b.residual_partials, downs[0].count + downs[1].count, residual_stride};
     } else if (c.num_experts == 0) {
       TRY("gemm_gate_up", gemm_->Run(b.xn, rows, h, L.w_gate_up, 2 * f, 0.0f, b.gate_up));
-      TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s, shape.overlap_previous, {}, ffn_norm));
+      TRY("swiglu", cuda::SwiGlu(b.gate_up, rows, f, b.act, s, shape.overlap_previous));
       if (split_k) {
         TRY("gemm_down", gemm_split_k(*gemm_, b.act, f, L.w_down, h, b.residual_partials, residual_stride, &pending));
       } else {

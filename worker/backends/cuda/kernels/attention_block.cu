@@ -70,10 +70,10 @@ constexpr int SmemBytes() {
   return 1024 + kStages * kStageBytes + kWarps * 2 * static_cast<int>(sizeof(Stage<HD>)) + 8 * HD * 4 + kAuxBytes;
 }
 // The kernel's static shared memory: the ring's barriers, keys_done_s and keys_issued_s, the fresh
-// K/V and its encoded row, their scales, slice_last_s, the key tiles' scales (alignment included).
+// K/V and its encoded row, the key tiles' scales (alignment included).
 template <int HD>
 constexpr int StaticSmemBytes() {
-  return (2 * kMaxStages + 3) * 8 + 2 * HD * 4 + 2 * HD + 3 * 4 + kWarps * kMaxKeyStages * 32 * 4;
+  return (2 * kMaxStages + 3) * 8 + 2 * HD * 4 + 2 * HD + 2 * 4 + kWarps * kMaxKeyStages * 32 * 4;
 }
 static_assert(16 * kMaxOTiles * 128 <= kStageBytes, "o's W box fits a stage");
 static_assert(SmemBytes<128>() + StaticSmemBytes<128>() <= 227 * 1024, "one CTA an SM");
@@ -96,11 +96,7 @@ struct Params {
   __half* attn;
   float* x;
   unsigned long long* clamps;
-  // [kvh]: q/k/v CTAs done a group; [kvh, 2 kvh): rows attended; [2 kvh]: CTAs finished;
-  // [2 kvh + 1, 2 kvh + 1 + ctas): groups whose o products are in x, a column slice (x_half)
-  int* counters;
-  __half* x_half;  // AttentionBlockArgs::x_half and x_sumsq, or null
-  float* x_sumsq;
+  int* counters;  // [kvh]: q/k/v CTAs done a group; [kvh, 2 kvh): rows attended; [2 kvh]: CTAs finished
   bool overlap;
   uint64_t* timeline;  // AttentionBlockArgs::timeline
   int stages;          // q/k/v's ring stages, 2..kStages (+ KeyBufferStages, AttentionBlockArgs::ring_stages)
@@ -260,7 +256,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ alignas(16) float fresh_s[2][HD];
   __shared__ alignas(16) uint8_t new_row_s[2][HD];  // the new K and V, encoded (by the warp after the writer), and
   __shared__ float new_scale_s[2];                   // their scales
-  __shared__ int slice_last_s;  // x_half: the CTA is its column slice's last (counters)
   __shared__ alignas(16) float scale_s[kWarps][kMaxKeyStages][32];  // each key stage's scales, copied with it
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   Stage<HD>(*const stages)[2] = reinterpret_cast<Stage<HD>(*)[2]>(ring + kStages * kStageBytes);
@@ -723,44 +718,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  __syncthreads();
-  if (p.x_half != nullptr) {
-    // The next norm's reads: the last of the kvh CTAs adding into this column slice of x (o's k
-    // is split by group) reads the slice back, writes it as fp16 and adds its rows' squares.
-    int* slice_count = p.counters + 2 * p.kvh + 1 + ci;
-    if (threadIdx.x == 0) {
-      __threadfence();  // this CTA's adds (ordered before by the barrier) before its count
-      slice_last_s = atomicAdd(slice_count, 1) == p.kvh - 1;
-      if (slice_last_s) __threadfence();
-    }
-    __syncthreads();
-    if (slice_last_s && warp < kWarps) {
-      for (int row = warp; row < p.rows; row += kWarps) {
-        const int64_t at = static_cast<int64_t>(row) * p.hidden + ci * o_rows;
-        float sum = 0.0f;
-        for (int c = 4 * lane; c < o_rows; c += 4 * 32) {
-          const float4 v = __ldcg(reinterpret_cast<const float4*>(p.x + at + c));
-          const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
-          uint2 packed;
-          packed.x = *reinterpret_cast<const uint32_t*>(&lo), packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-          *reinterpret_cast<uint2*>(p.x_half + at + c) = packed;
-          sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-        sum = WarpSum(sum);
-        if (lane == 0) atomicAdd(p.x_sumsq + row, sum);
-      }
-    }
-    __syncthreads();
-  }
   // The last CTA out leaves the counters zeroed for the next launch: every CTA has passed every
-  // wait (and counted its slice) before it counts itself finished.
+  // wait before it counts itself finished.
+  __syncthreads();
   if (threadIdx.x == 0) {
     Stamp(p, 6);
     __threadfence();
     const int total = static_cast<int>(gridDim.x * gridDim.y);
     if (atomicAdd(p.counters + 2 * p.kvh, 1) == total - 1) {
       __threadfence();
-      for (int i = 0; i < 2 * p.kvh + 1 + p.ctas; ++i) p.counters[i] = 0;
+      for (int i = 0; i <= 2 * p.kvh; ++i) p.counters[i] = 0;
       __threadfence();
     }
   }
@@ -805,7 +772,7 @@ absl::Status AttentionBlockTakes(int rows, int hidden, int heads, const KvGeomet
   if (kvh <= 0 || heads % kvh != 0 || heads / kvh > 8 || sliding_window < 0) {
     return absl::InvalidArgumentError("AttentionBlock: 1-8 query heads a KV head");
   }
-  if ((2 * static_cast<size_t>(kvh) + 1 + ctas) * sizeof(int) > kAttentionBlockWorkspaceBytes) {
+  if ((2 * static_cast<size_t>(kvh) + 1) * sizeof(int) > kAttentionBlockWorkspaceBytes) {
     return absl::InvalidArgumentError(absl::StrCat("AttentionBlock: ", kvh, " KV heads outgrow the counters"));
   }
   const int group = heads / kvh, qkv_tiles = (group + 2) * hd / 16;
@@ -841,9 +808,6 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
     return absl::InvalidArgumentError(
         "AttentionBlock: w_o, attn and x 16-byte aligned; inv_freq, clamps, the row metadata and a workspace");
   }
-  if ((a.x_half == nullptr) != (a.x_sumsq == nullptr) || reinterpret_cast<uintptr_t>(a.x_half) % 8 != 0) {
-    return absl::InvalidArgumentError("AttentionBlock: x_half (8-byte aligned) and x_sumsq together or neither");
-  }
   const int max_stages = AttentionBlockMaxRingStages(a.geometry.head_dim, a.early_key_tiles);
   if (a.ring_stages < 2 || a.ring_stages > max_stages || a.early_key_tiles < 0 || a.early_key_tiles > 2) {
     return absl::InvalidArgumentError(absl::StrCat("AttentionBlock: 0..2 early key tiles, 2..", max_stages,
@@ -869,7 +833,6 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.sliding_window = a.sliding_window, p.scale = a.scale, p.bias = a.bias, p.inv_freq = a.inv_freq;
   p.meta = a.meta, p.g = g, p.layer = a.layer;
   p.qkv = a.qkv, p.attn = a.attn, p.x = a.x, p.clamps = a.clamps, p.counters = static_cast<int*>(a.workspace);
-  p.x_half = a.x_half, p.x_sumsq = a.x_sumsq;
   p.overlap = a.overlap_previous, p.timeline = a.timeline;
   p.stages = a.ring_stages, p.early_tiles = a.early_key_tiles, p.wide = a.wide_boxes, p.vector_adds = a.vector_adds;
   p.key_stages = a.key_stages;

@@ -55,13 +55,6 @@ struct AttentionBlockArgs {
   Partials qkv_parts = {};
   __half* attn = nullptr;           // scratch [rows, heads · head_dim]: the attention's output
   float* x = nullptr;               // [rows, hidden]: receives + attention · W_oᵀ
-  // The next RMSNorm's work, so that none runs between the block and the FFN: x_half[r, :] =
-  // fp16(x[r, :]) after the adds, unnormalised, and x_sumsq[r] += Σ x[r, :]² (zero before the
-  // launch); the FFN's consumer applies 1 / rms (SwiGlu's RmsScale; the norm's weight is folded into
-  // the FFN's matrix). The last of the kv_heads CTAs adding into a column slice of x writes it.
-  // Both or neither; x_half may be xn (every CTA's q/k/v reads of xn are done by then).
-  __half* x_half = nullptr;         // [rows, hidden], 8-byte aligned
-  float* x_sumsq = nullptr;         // [rows]
   unsigned long long* clamps = nullptr;  // the KV clamp counter
   // kAttentionBlockWorkspaceBytes, zeroed once before the first launch; every launch leaves it
   // zeroed. Launches sharing one must be ordered (one stream).

@@ -132,18 +132,13 @@ __global__ void __launch_bounds__(1024)
 // store per two outputs (each thread took one output with 4-byte loads: 3.9 us at batch 64).
 // With `in`, the input is the sum of its arrays (a split-K projection's chunks), gate_up unread.
 // It triggers after its wait, so a programmatic follower (StreamGemm) copies its W meanwhile.
-__global__ void SwiGluKernel(const float* gate_up, int64_t total, int ffn, __half* out, Partials in, RmsScale norm) {
+__global__ void SwiGluKernel(const float* gate_up, int64_t total, __half* out, Partials in) {
   GridDependencyWait();
   TriggerDependents();
   const int64_t pairs = total / 2;
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int parts = in.count > 0 ? in.count : 1;
   const float* src = in.count > 0 ? in.data : gate_up;
-  auto scale = [&](int64_t output) {  // output's row's 1 / rms (1 without a norm); 32-bit: see SwiGlu
-    return norm.sumsq ? rsqrtf(norm.sumsq[static_cast<uint32_t>(output) / static_cast<uint32_t>(ffn)] / norm.hidden +
-                               norm.eps)
-                      : 1.0f;
-  };
   for (int64_t p = first; p < pairs; p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float4 c[kMaxPartials];
 #pragma unroll
@@ -155,17 +150,12 @@ __global__ void SwiGluKernel(const float* gate_up, int64_t total, int ffn, __hal
     for (int i = 1; i < kMaxPartials; ++i) {
       if (i < parts) v.x += c[i].x, v.y += c[i].y, v.z += c[i].z, v.w += c[i].w;
     }
-    if (norm.sumsq) {  // a pair's two outputs may sit in two rows
-      const float s0 = scale(2 * p), s1 = scale(2 * p + 1);
-      v.x *= s0, v.y *= s0, v.z *= s1, v.w *= s1;
-    }
     reinterpret_cast<__half2*>(out)[p] = __floats2half2_rn(Silu(v.x) * v.y, Silu(v.z) * v.w);
   }
   if (first == 0 && total % 2) {
     float g = 0.0f, u = 0.0f;
     for (int i = 0; i < parts; ++i) g += src[i * in.stride + 2 * total - 2], u += src[i * in.stride + 2 * total - 1];
-    const float s = scale(total - 1);
-    out[total - 1] = __float2half(Silu(g * s) * (u * s));
+    out[total - 1] = __float2half(Silu(g) * u);
   }
 }
 
@@ -269,7 +259,7 @@ absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int 
 }
 
 absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream, bool overlap_previous,
-                    const Partials& in, const RmsScale& norm) {
+                    const Partials& in) {
   const int64_t total = static_cast<int64_t>(rows) * ffn;
   if (total == 0) return absl::OkStatus();
   const Partials parts = in.OrNone();
@@ -277,12 +267,8 @@ absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaSt
   if (!Aligned16(parts.count > 0 ? parts.data : gate_up) || !Aligned16(out) || parts.stride % 4 != 0) {
     return absl::InvalidArgumentError("SwiGlu: buffers 16-byte aligned");
   }
-  if (norm.sumsq != nullptr && (norm.hidden <= 0 || total > INT32_MAX)) {
-    return absl::InvalidArgumentError("SwiGlu: a norm needs its hidden size and under 2^31 outputs");
-  }
   TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(GridFor(std::max<int64_t>(total / 2, 1), 256)),
-                                                       dim3(256), 0, stream, SwiGluKernel, gate_up, total, ffn, out,
-                                                       parts, norm));
+                                                       dim3(256), 0, stream, SwiGluKernel, gate_up, total, out, parts));
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }

@@ -36,21 +36,12 @@ absl::Status EmbedRows(const EmbedArgs& args, cudaStream_t stream);
 absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int rows, int hidden, const float* weight,
                          float eps, __half* out, cudaStream_t stream, bool overlap_previous = false);
 
-// The RMSNorm's scale of a GEMM's input rows that were not normalised (AttentionBlockArgs::x_half):
-// row r's products times 1 / sqrt(sumsq[r] / hidden + eps), as RmsNormRows computes it.
-struct RmsScale {
-  const float* sumsq = nullptr;  // [rows]; null: no scale
-  int hidden = 0;
-  float eps = 0.0f;
-};
-
 // out[r, f] = fp16(silu(gate_up[r, 2f]) * gate_up[r, 2f + 1]): gate and up interleaved, as the
 // engine lays out its fused gate/up matrix (so a Gemv warp computes both halves of one output).
 // Both buffers 16-byte aligned (InvalidArgument otherwise). With `in` (arrays laid out as gate_up,
-// a split-K projection's chunks), the input is their sum and gate_up is not read. With `norm`,
-// gate and up are each row's products of unnormalised inputs: both are scaled first.
+// a split-K projection's chunks), the input is their sum and gate_up is not read.
 absl::Status SwiGlu(const float* gate_up, int rows, int ffn, __half* out, cudaStream_t stream,
-                    bool overlap_previous = false, const Partials& in = {}, const RmsScale& norm = {});
+                    bool overlap_previous = false, const Partials& in = {});
 
 // x[r, :] += bias.
 absl::Status AddBias(float* x, int rows, int n, const float* bias, cudaStream_t stream);
