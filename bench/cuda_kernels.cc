@@ -1472,9 +1472,8 @@ absl::Status BenchAttentionBlock(const Shape& m, KvDtype dtype, const std::vecto
                                                 rows, context, given ? "given" : "block", k.stages, k.early,
                                                 k.wide ? "yes" : "no", k.vector ? "yes" : "no", k.keys,
                                                 given && k.late ? "yes" : "no", given && k.o_waits ? "yes" : "no", *us,
-                                                (*v)[1].first,
-                                                (*v)[1].second, (*v)[8].first, (*v)[8].second, (*v)[3].first,
-                                                (*v)[5].first, (*v)[6].first));
+                                                (*v)[1].first, (*v)[1].second, (*v)[8].first, (*v)[8].second,
+                                                (*v)[3].first, (*v)[5].first, (*v)[6].first));
       }
     }
   }
