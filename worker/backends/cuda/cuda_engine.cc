@@ -604,23 +604,23 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     if (ffn_halves && static_cast<int>(l) >= options_.ffn_halves_first_layer) {
       // Gate and up interleave, so the first 2 fa rows of w_gate_up are the first fa features'.
       cudaStream_t side = side_stream_.get();
-      const int fa = ffn_first, fb = f - ffn_first;
+      const int features[2] = {ffn_first, f - ffn_first};
+      const size_t first[2] = {0, static_cast<size_t>(ffn_first)};
       // Each part's down projection writes its k chunks' outputs after the other's; the next norm
       // adds them all.
       cuda::Partials downs[2];
-      auto first_of = [&](int part) { return static_cast<size_t>(part ? fa : 0); };
       auto gate_up = [&](int part, cuda::GemmRunner& gemm) -> absl::Status {
-        TRY("gemm_gate_up", gemm.Run(b.xn, rows, h, L.w_gate_up + first_of(part) * 2 * h, 2 * (part ? fb : fa), 0.0f,
-                                     b.gate_up + first_of(part) * 2 * rows));
+        TRY("gemm_gate_up", gemm.Run(b.xn, rows, h, L.w_gate_up + first[part] * 2 * h, 2 * features[part], 0.0f,
+                                     b.gate_up + first[part] * 2 * rows));
         return absl::OkStatus();
       };
       // swiglu_overlaps: whether the SwiGLU may start under the kernel before it on its stream
       // (not right after a fork).
       auto swiglu_down = [&](int part, cuda::GemmRunner& gemm, cudaStream_t st, bool swiglu_overlaps) -> absl::Status {
-        __half* act = b.act + first_of(part) * rows;
-        TRY("swiglu", cuda::SwiGlu(b.gate_up + first_of(part) * 2 * rows, rows, part ? fb : fa, act, st, swiglu_overlaps));
+        __half* act = b.act + first[part] * rows;
+        TRY("swiglu", cuda::SwiGlu(b.gate_up + first[part] * 2 * rows, rows, features[part], act, st, swiglu_overlaps));
         float* out = b.residual_partials + (part ? downs[0].count * residual_stride : 0);
-        TRY("gemm_down", gemm_split_k(gemm, act, part ? fb : fa, L.w_down + first_of(part), h, out, residual_stride,
+        TRY("gemm_down", gemm_split_k(gemm, act, features[part], L.w_down + first[part], h, out, residual_stride,
                                       &downs[part], /*ldw=*/f));
         return absl::OkStatus();
       };
