@@ -602,7 +602,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
     pending = {};
     if (ffn_halves && static_cast<int>(l) >= options_.ffn_halves_first_layer) {
-      // Gate and up interleave, so the first 2 fa rows of w_gate_up are the first fa features'.
+      // Gate and up interleave, so the first 2 n rows of w_gate_up are the first n features'.
       cudaStream_t side = side_stream_.get();
       const int features[2] = {ffn_first, f - ffn_first};
       const size_t first[2] = {0, static_cast<size_t>(ffn_first)};
