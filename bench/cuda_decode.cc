@@ -96,9 +96,6 @@ int Main(int argc, char** argv) {
   int soak_batch = 64;
   int max_splits = CudaEngineOptions{}.attention_splits;
   int64_t ffn_halves_min_bytes = CudaEngineOptions{}.ffn_halves_min_bytes;
-  double ffn_first_share = CudaEngineOptions{}.ffn_first_share;
-  bool ffn_serial = CudaEngineOptions{}.ffn_serial;
-  int ffn_halves_first_layer = CudaEngineOptions{}.ffn_halves_first_layer;
   int in_situ_candidates = CudaEngineOptions{}.in_situ_candidates;
   int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
   int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
@@ -118,13 +115,6 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--ffn-halves-min-bytes", ffn_halves_min_bytes,
                  "smallest FFN (bytes) run as two halves on two graph branches above batch 1")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--ffn-first-share", ffn_first_share, "the FFN's first part: its share of the features")
-      ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
-  app.add_flag("--ffn-serial", ffn_serial, "the FFN's second part starts its gate/up after the first's");
-  app.add_option("--ffn-halves-first-layer", ffn_halves_first_layer, "the first layer whose FFN splits in two parts")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--in-situ-candidates", in_situ_candidates,
@@ -160,9 +150,6 @@ int Main(int argc, char** argv) {
   const double t0 = Now();
   auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
                                          .ffn_halves_min_bytes = ffn_halves_min_bytes,
-                                         .ffn_first_share = ffn_first_share,
-                                         .ffn_serial = ffn_serial,
-                                         .ffn_halves_first_layer = ffn_halves_first_layer,
                                          .in_situ_candidates = in_situ_candidates,
                                          .attention_block =
                                              static_cast<CudaEngineOptions::AttentionBlockUse>(attention_block),

@@ -837,8 +837,8 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
         return absl::OkStatus();
       };
     };
-    // The FFN in parts along its features (the engine's two: CudaEngineOptions::ffn_first_share,
-    // ffn_serial). At once (two parts): both start at the fork. Serial: the gate/ups one after
+    // The FFN in parts along its features (the forty-fifth session's engine options, deleted after
+    // they lost on two H100s: RESULTS.md). At once (two parts): both start at the fork. Serial: the gate/ups one after
     // another on A's stream, each part's SwiGLU and down on B's beside the next gate/up, the last
     // part's on A's.
     auto parts = [&](std::vector<int> sizes, bool serial_parts) {

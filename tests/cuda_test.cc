@@ -1688,9 +1688,8 @@ INSTANTIATE_TEST_SUITE_P(
 // likewise the attention and o after cuBLASLt's q/k/v, as the engine does by default;
 // BlockLateO: that with 4 key stages asked for (the engine's ring choice; these contexts, ≤ ~105
 // tokens, give a warp one tile, so the kernel test is what exercises the extra stages) and W_o's
-// ring growing into the key buffers after the merge. SerialParts: the FFN's two parts unequal (3/4
-// and 1/4 of its 688 features), the second's gate/up after the first's, from the second layer on.
-enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kSerialParts };
+// ring growing into the key buffers after the merge.
+enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
@@ -1700,12 +1699,7 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
                                  {.kv_dtype = mode >= kFusedBlock ? KvDtype::kFp8E4M3 : KvDtype::kFp16,
                                   .kv_memory_fraction = 0.05,
-                                  .ffn_halves_min_bytes = mode == kHalves || mode == kSerialParts
-                                                              ? 0
-                                                              : std::numeric_limits<int64_t>::max(),
-                                  .ffn_first_share = mode == kSerialParts ? 0.75 : 0.5,
-                                  .ffn_serial = mode == kSerialParts,
-                                  .ffn_halves_first_layer = mode == kSerialParts ? 1 : 0,
+                                  .ffn_halves_min_bytes = mode == kHalves ? 0 : std::numeric_limits<int64_t>::max(),
                                   .attention_block = mode == kFusedBlock ? CudaEngineOptions::AttentionBlockUse::kWhole
                                                      : mode >= kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
                                                                               : CudaEngineOptions::AttentionBlockUse::kOff,
@@ -1807,11 +1801,11 @@ TEST(CudaEngineOptionsTest, AttentionBlockKeyStagesOnlyAfterQkv) {
 }
 
 std::string BatchCaseName(const ::testing::TestParamInfo<BatchCase>& info) {
-  static const char* kNames[] = {"OneStream", "Halves", "FusedBlock", "BlockAfterQkv", "BlockLateO", "SerialParts"};
+  static const char* kNames[] = {"OneStream", "Halves", "FusedBlock", "BlockAfterQkv", "BlockLateO"};
   return kNames[info.param];
 }
 INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
-                         ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kSerialParts),
+                         ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO),
                          BatchCaseName);
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current

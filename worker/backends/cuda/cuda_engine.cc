@@ -513,11 +513,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // the 1B's (100 MB) got slower (engine b16 1.19 → 1.22 ms): each half's GEMMs are then too short
   // to hide anything, hence the size floor (options_.ffn_halves_min_bytes). Not when profiling (one
   // event after each op on one stream; the whole-FFN shapes then run on cuBLASLt's untimed pick).
-  const bool ffn_halves = split_k && c.num_experts == 0 && f % 16 == 0 && f >= 32 && profile_ == nullptr &&
+  const bool ffn_halves = split_k && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
                           3 * int64_t{h} * f * 2 >= options_.ffn_halves_min_bytes;
-  // The first part's features: the option's share of f in whole 16s, each part keeping at least 16.
-  const int ffn_first =
-      std::clamp(static_cast<int>(std::lround(options_.ffn_first_share * f / 16)) * 16, 16, std::max(16, f - 16));
   auto gemm_split_k = [&](cuda::GemmRunner& gemm, const __half* x, int k, const __half* w, int n, float* out,
                           int64_t stride, cuda::Partials* written, int ldw = 0) -> absl::Status {
     absl::StatusOr<int> chunks = gemm.RunSplitK(x, rows, k, w, n, kDecodeKSplits, out, stride, ldw);
@@ -601,45 +598,24 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     // The weight folded into gate/up.
     TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
     pending = {};
-    if (ffn_halves && static_cast<int>(l) >= options_.ffn_halves_first_layer) {
-      // Gate and up interleave, so the first 2 n rows of w_gate_up are the first n features'.
+    if (ffn_halves) {
+      // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.
       cudaStream_t side = side_stream_.get();
-      const int features[2] = {ffn_first, f - ffn_first};
-      const size_t first[2] = {0, static_cast<size_t>(ffn_first)};
-      // Each part's down projection writes its k chunks' outputs after the other's; the next norm
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_fork_.get(), s));
+      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, ffn_fork_.get(), 0));
+      // Each half's down projection writes its k chunks' outputs after the other's; the next norm
       // adds them all.
       cuda::Partials downs[2];
-      auto gate_up = [&](int part, cuda::GemmRunner& gemm) -> absl::Status {
-        TRY("gemm_gate_up", gemm.Run(b.xn, rows, h, L.w_gate_up + first[part] * 2 * h, 2 * features[part], 0.0f,
-                                     b.gate_up + first[part] * 2 * rows));
-        return absl::OkStatus();
-      };
-      // swiglu_overlaps: whether the SwiGLU may start under the kernel before it on its stream
-      // (not right after a fork).
-      auto swiglu_down = [&](int part, cuda::GemmRunner& gemm, cudaStream_t st, bool swiglu_overlaps) -> absl::Status {
-        __half* act = b.act + first[part] * rows;
-        TRY("swiglu", cuda::SwiGlu(b.gate_up + first[part] * 2 * rows, rows, features[part], act, st, swiglu_overlaps));
-        float* out = b.residual_partials + (part ? downs[0].count * residual_stride : 0);
-        TRY("gemm_down", gemm_split_k(gemm, act, features[part], L.w_down + first[part], h, out, residual_stride,
-                                      &downs[part], /*ldw=*/f));
-        return absl::OkStatus();
-      };
-      auto fork = [&]() -> absl::Status {
-        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_fork_.get(), s));
-        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side, ffn_fork_.get(), 0));
-        return absl::OkStatus();
-      };
-      // Serial: the first part's gate/up alone on every SM, then its SwiGLU and down on the side
-      // branch beside the second part's gate/up, SwiGLU and down on this one. Otherwise both parts
-      // start at the fork.
-      const bool serial = options_.ffn_serial;
-      absl::Status st = serial ? gate_up(0, *gemm_) : absl::OkStatus();
-      if (st.ok()) st = fork();
-      if (st.ok() && !serial) st = gate_up(0, *gemm_);
-      if (st.ok()) st = swiglu_down(0, serial ? *side_gemm_ : *gemm_, serial ? side : s, !serial && shape.overlap_previous);
-      if (st.ok()) st = gate_up(1, serial ? *gemm_ : *side_gemm_);
-      if (st.ok()) st = swiglu_down(1, serial ? *gemm_ : *side_gemm_, serial ? s : side, shape.overlap_previous);
-      if (!st.ok()) return st;
+      for (int half = 0; half < 2; ++half) {
+        cuda::GemmRunner& gemm = half ? *side_gemm_ : *gemm_;
+        float* gate_up = b.gate_up + static_cast<size_t>(half) * rows * f;
+        __half* act = b.act + static_cast<size_t>(half) * rows * (f / 2);
+        TRY("gemm_gate_up", gemm.Run(b.xn, rows, h, L.w_gate_up + static_cast<size_t>(half) * f * h, f, 0.0f, gate_up));
+        TRY("swiglu", cuda::SwiGlu(gate_up, rows, f / 2, act, half ? side : s, shape.overlap_previous));
+        float* out = b.residual_partials + (half ? downs[0].count * residual_stride : 0);
+        TRY("gemm_down", gemm_split_k(gemm, act, f / 2, L.w_down + half * (f / 2), h, out, residual_stride, &downs[half],
+                                      /*ldw=*/f));
+      }
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_join_.get(), side));
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, ffn_join_.get(), 0));
       pending = {b.residual_partials, downs[0].count + downs[1].count, residual_stride};

@@ -38,12 +38,6 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
-  // The two parts: the first's share of the FFN's features (rounded to 16), whether the second's
-  // gate/up waits for the first's (ffn_serial; the first's SwiGLU and down then run beside it), and
-  // the first layer that splits (earlier ones run the FFN on one stream).
-  double ffn_first_share = 0.5;
-  bool ffn_serial = false;
-  int ffn_halves_first_layer = 0;
   // After timing each cuBLASLt shape alone, time up to this many of its candidates inside the
   // captured step and keep the fastest (CudaEngine::TuneInSitu; 1: the pick timed alone). 12 took
   // longer to load and gave the 8B step nothing more than 6 (b16 4.607 / 4.620 against 4.600 /
