@@ -985,6 +985,94 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
 }
 
 
+// Do two cuBLASLt q/k/v GEMMs on forked graph branches stream their 50 MB (8B shape) faster than
+// the engine's one? The q/k/v projection at `rows` rows as the engine runs it (RunSplitK, two k
+// chunks, one launch: the in-situ pick uses 96 of 132 SMs on the H200) against the same W split
+// by output columns into two parts started together on two streams (the FFN halves' trick), each
+// part two k chunks into its own partials. Constant data: only time. Measured (H100, 16 rows):
+// the parts 20.9-23.0 µs against one launch's 19.9, and the engine's two-part q/k/v (an option of
+// the forty-sixth session, deleted) lost 0.03-0.04 ms at b16 (bench/CUDA_NOTES.md 12-06 (46)).
+absl::Status BenchQkvBranches(const Shape& m, const std::vector<int>& rows_list, int reps) {
+  const int h = m.hidden, n = (m.heads + 2 * m.kv_heads) * m.head_dim;
+  int lo_prio = 0, hi_prio = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio));
+  cudaStream_t raw_a = nullptr, raw_b = nullptr;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&raw_a, cudaStreamNonBlocking, hi_prio));
+  CudaStream sa(raw_a);
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&raw_b, cudaStreamNonBlocking, hi_prio));
+  CudaStream sb(raw_b);
+  const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
+  auto x16 = Filled(size_t(max_rows) * h * 2, 0x2c), parts_a = Filled(size_t(4) * max_rows * n * 4, 0),
+       parts_b = Filled(size_t(4) * max_rows * n * 4, 0);
+  auto work_a = DeviceAlloc(32 << 20), work_b = DeviceAlloc(32 << 20);
+  for (auto* b : {&x16, &parts_a, &parts_b, &work_a, &work_b}) {
+    if (!b->ok()) return b->status();
+  }
+  auto gemm_a = cuda::GemmRunner::Create(sa.get(), work_a->get(), 32 << 20);
+  auto gemm_b = cuda::GemmRunner::Create(sb.get(), work_b->get(), 32 << 20);
+  if (!gemm_a.ok()) return gemm_a.status();
+  if (!gemm_b.ok()) return gemm_b.status();
+  absl::StatusOr<RotatingCopies> w = WeightCopies(size_t(n) * h * 2);
+  if (!w.ok()) return w.status();
+  absl::StatusOr<CudaEvent> fork = MakeEvent(), join = MakeEvent();
+  if (!fork.ok()) return fork.status();
+  if (!join.ok()) return join.status();
+  for (auto* g : {&gemm_a, &gemm_b}) (**g)->set_tuning_layers(w->first(), int64_t(w->stride()), w->count());
+  const auto* x = static_cast<const __half*>(x16->get());
+  std::printf("\n| q/k/v, %d × %d | rows | µs | of 4.26 TB/s |\n|---|---:|---:|---:|\n", n, h);
+  for (int rows : rows_list) {
+    if (rows < 2) continue;
+    const int64_t stride = int64_t(rows) * n;
+    // Columns [0, first) on A's stream, the rest on B's; first = n: one launch on A's (the engine).
+    // While tuning, the first copy (the runner rotates each candidate over the copies itself).
+    bool tuning = true;
+    auto split = [&](int first, int splits) {
+      return [&, first, splits]() -> absl::Status {
+        const __half* wc = tuning ? static_cast<const __half*>(w->first()) : w->Next<const __half>();
+        auto* pa = static_cast<float*>(parts_a->get());
+        auto* pb = static_cast<float*>(parts_b->get());
+        if (first == n) return (*gemm_a)->RunSplitK(x, rows, h, wc, n, splits, pa, stride).status();
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork->get(), sa.get()));
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(sb.get(), fork->get(), 0));
+        if (absl::Status e = (*gemm_a)->RunSplitK(x, rows, h, wc, first, splits, pa, stride).status(); !e.ok()) {
+          return e;
+        }
+        if (absl::Status e =
+                (*gemm_b)->RunSplitK(x, rows, h, wc + size_t(first) * h, n - first, splits, pb, stride).status();
+            !e.ok()) {
+          return e;
+        }
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(join->get(), sb.get()));
+        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(sa.get(), join->get(), 0));
+        return absl::OkStatus();
+      };
+    };
+    const int q = m.heads * m.head_dim;
+    std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {
+        {"one launch, 2 k chunks (the engine)", split(n, 2)},
+        {"one launch, 4 k chunks", split(n, 4)},
+        {absl::StrCat("columns ", n / 2, " + ", n / 2, " at once, 2 k chunks each"), split(n / 2, 2)},
+        {absl::StrCat("columns ", q, " (q) + ", n - q, " (k, v) at once, 2 k chunks each"), split(q, 2)},
+        {absl::StrCat("columns ", n / 2, " + ", n / 2, " at once, 4 k chunks each"), split(n / 2, 4)},
+    };
+    // cuBLASLt's timing of every shape first (over the weight copies, as the engine over its layers).
+    for (auto* g : {&gemm_a, &gemm_b}) (**g)->set_tuning(true);
+    for (auto& [name, launch] : variants) {
+      if (absl::Status e = launch(); !e.ok()) return e;
+    }
+    for (auto* g : {&gemm_a, &gemm_b}) (**g)->set_tuning(false);
+    tuning = false;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    const double bytes = 2.0 * n * h;
+    for (auto& [name, launch] : variants) {
+      absl::StatusOr<double> us = TimeGraph(sa.get(), reps, launch, cudaGraphInstantiateFlagUseNodePriority);
+      if (!us.ok()) return us.status();
+      std::printf("| %s | %d | %.1f | %.0f%% |\n", name.c_str(), rows, *us, 100.0 * bytes / (*us * 1e-6) / kCopyBandwidth);
+    }
+  }
+  return absl::OkStatus();
+}
+
 // StreamGemm (a persistent CTA an SM taking (64-column tile, k chunk) items from a counter) against
 // the engine's path for the same partials: GemmRunner::RunSplitK's two chunks, tuned over the
 // weight copies as the engine tunes over its layers. Both over rotating copies of W (past L2).
@@ -1568,6 +1656,8 @@ int main(int argc, char** argv) {
   app.add_flag("--l2-hot", l2_hot, "projections and attention read one weight / KV copy, so it stays in L2 where it fits (50 MB)");
   bool mlp_branches = false;
   app.add_flag("--mlp-branches", mlp_branches, "only: the MLP block on one stream, as two halves on graph branches, and (2-16 rows) as one StreamFfn launch");
+  bool qkv_branches = false;
+  app.add_flag("--qkv-branches", qkv_branches, "only: q/k/v as one cuBLASLt launch against two column parts on graph branches");
   bool gemv_splits = false;
   app.add_flag("--gemv-splits", gemv_splits, "only: the batch-1 Gemv of each projection at every k split");
   bool ksplit = false, stream_gemm = false, lm_head = false;
@@ -1603,6 +1693,11 @@ int main(int argc, char** argv) {
               m.heads, m.kv_heads, m.head_dim, reps);
   if (mlp_branches) {
     absl::Status st = BenchMlpBranches(m, Ints(rows), reps);
+    if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return st.ok() ? 0 : 1;
+  }
+  if (qkv_branches) {
+    absl::Status st = BenchQkvBranches(m, Ints(rows), reps);
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;
   }
