@@ -433,6 +433,88 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
             absl::StatusCode::kInvalidArgument);  // ffn not a multiple of 64
 }
 
+// StreamFfn with the next norm and q/k/v in the same launch: the residual gains down's product, xn
+// is its fp16 copy, and the q/k/v chunks sum to (xn · W_qkvᵀ) / rms(residual) (the norm's weight
+// folded into W_qkv). Checked against the GPU's own act (StreamFfnMatchesCpu checks act), over
+// several launches on one workspace (each must leave the counters and rowsq zeroed), on odd sizes:
+// a q/k/v width that is no multiple of 64, one CTA (every item in turn), programmatic launches.
+TEST(CudaKernelTest, StreamFfnWithNextQkvMatchesCpu) {
+  REQUIRE_GPU();
+  const unsigned seed = 97;
+  std::mt19937 rng(seed);
+  Dev<int> work(std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0));
+  Dev<float> rowsq(std::vector<float>(cuda::kStreamGemmMaxRows, 0.0f));
+  const float eps = 1e-5f;
+  for (auto [rows, h, f, chunks, lag, qn, qc] :
+       {std::tuple{1, 128, 256, 2, 1, 192, 2}, {16, 192, 512, 4, 2, 320, 3}, {5, 256, 384, 3, 2, 100, 1},
+        {13, 320, 640, 5, 2, 384, 5}, {16, 256, 1024, 8, 5, 576, 4}}) {
+    auto xf = Random(size_t(rows) * h, rng), guf = Random(size_t(2) * f * h, rng, 0.1f),
+         df = Random(size_t(h) * f, rng, 0.05f), qf = Random(size_t(qn) * h, rng, 0.05f),
+         res0 = Random(size_t(rows) * h, rng);
+    const std::vector<__half> dh = RoundToHalf(df), qh = RoundToHalf(qf);
+    Dev<__half> dx(RoundToHalf(xf)), dgu(RoundToHalf(guf)), dd(dh), dq(qh);
+    for (auto [ctas, overlap] : {std::pair{0, false}, {3, false}, {1, false}, {0, true}, {0, false}}) {
+      const int64_t stride = int64_t(rows) * h + 8, qstride = int64_t(rows) * qn + 4;
+      Dev<float> dp(std::vector<float>(size_t(stride) * chunks, std::nanf("")));
+      Dev<float> dqp(std::vector<float>(size_t(qstride) * qc, std::nanf("")));
+      Dev<float> dres(res0);
+      Dev<__half> dact(std::vector<__half>(size_t(rows) * f, __float2half(std::nanf(""))));
+      Dev<__half> dxn(std::vector<__half>(size_t(rows) * h, __float2half(std::nanf(""))));
+      const std::string where = "rows " + std::to_string(rows) + " hidden " + std::to_string(h) + " ffn " +
+                                std::to_string(f) + " chunks " + std::to_string(chunks) + " qkv " + std::to_string(qn) +
+                                " in " + std::to_string(qc) + " ctas " + std::to_string(ctas) +
+                                (overlap ? " overlapped" : "") + " seed " + std::to_string(seed);
+      ASSERT_TRUE(cuda::StreamFfn({.x = dx.p, .rows = rows, .hidden = h, .w_gate_up = dgu.p, .ffn = f, .w_down = dd.p,
+                                   .act = dact.p, .chunks = chunks, .lag = lag, .partials = dp.p,
+                                   .partial_stride = stride, .workspace = work.p, .ctas = ctas,
+                                   .overlap_previous = overlap, .residual = dres.p, .xn = dxn.p, .rowsq = rowsq.p,
+                                   .eps = eps, .w_qkv = dq.p, .qkv_n = qn, .qkv_chunks = qc, .qkv_partials = dqp.p,
+                                   .qkv_stride = qstride},
+                                  nullptr)
+                      .ok())
+          << where;
+      const std::vector<float> act = ToFloats(dact.Get());
+      std::vector<float> want_res(res0), want_q(size_t(rows) * qn);
+      for (int r = 0; r < rows; ++r) {
+        double sq = 0;
+        for (int j = 0; j < h; ++j) {
+          double y = 0;
+          for (int i = 0; i < f; ++i) y += double(act[size_t(r) * f + i]) * __half2float(dh[size_t(j) * f + i]);
+          want_res[size_t(r) * h + j] += float(y);
+          sq += double(want_res[size_t(r) * h + j]) * want_res[size_t(r) * h + j];
+        }
+        const double inv_rms = 1.0 / std::sqrt(sq / h + eps);
+        for (int c = 0; c < qn; ++c) {
+          double q = 0;
+          for (int i = 0; i < h; ++i) {
+            q += double(__half2float(__float2half(want_res[size_t(r) * h + i]))) * __half2float(qh[size_t(c) * h + i]);
+          }
+          want_q[size_t(r) * qn + c] = float(q * inv_rms);
+        }
+      }
+      EXPECT_LE(RelL2(dres.Get(), want_res), 1e-5) << where;
+      EXPECT_LE(RelL2(ToFloats(dxn.Get()), ToFloats(RoundToHalf(want_res))), 1e-3) << where;
+      const std::vector<float> got = dqp.Get();
+      std::vector<float> sum(size_t(rows) * qn, 0.0f);
+      for (int c = 0; c < qc; ++c) {
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += got[c * qstride + i];
+      }
+      EXPECT_LE(RelL2(sum, want_q), 1e-3) << where;
+    }
+    EXPECT_EQ(rowsq.Get(), std::vector<float>(cuda::kStreamGemmMaxRows, 0.0f)) << "rowsq left zeroed";
+  }
+  EXPECT_EQ(work.Get(), std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0)) << "counters left zeroed";
+  Dev<__half> dx(std::vector<__half>(16 * 64)), dw(std::vector<__half>(2 * 128 * 64)), dact(std::vector<__half>(128));
+  Dev<float> dp(std::vector<float>(64 * 2)), dres(std::vector<float>(64));
+  EXPECT_EQ(cuda::StreamFfn({.x = dx.p, .rows = 1, .hidden = 64, .w_gate_up = dw.p, .ffn = 128, .w_down = dw.p,
+                             .act = dact.p, .partials = dp.p, .partial_stride = 64, .workspace = work.p,
+                             .residual = dres.p, .xn = dx.p, .rowsq = rowsq.p, .w_qkv = dw.p, .qkv_n = 64,
+                             .qkv_chunks = 3, .qkv_partials = dp.p, .qkv_stride = 64},
+                            nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // hidden not 3 chunks of 64
+}
+
 // A Gemv launched programmatically starts while its predecessor runs and must still read that
 // predecessor's output: here a 100 MB gate/up Gemv writes the activations (reset to NaN before
 // each round) that the overlapped down Gemv reads, ten times over (odd rounds copy W into shared
