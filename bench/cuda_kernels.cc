@@ -1073,115 +1073,6 @@ absl::Status BenchQkvBranches(const Shape& m, const std::vector<int>& rows_list,
   return absl::OkStatus();
 }
 
-// The FFN, the next RMSNorm and the next q/k/v at `rows` rows: the engine's chain (cuBLASLt's FFN
-// halves on two branches, each down in two k chunks; the norm adding the four; cuBLASLt's q/k/v in
-// two k chunks) against one StreamFfn launch that also adds down's chunks tile by tile and streams
-// W_qkv into its rings while down's last items finish (StreamFfnArgs::qkv_n). 402 MB at the 8B
-// shape. Each launch reads its own weight copies (past L2). Constant data: only time.
-absl::Status BenchFfnQkv(const Shape& m, const std::vector<int>& rows_list, int reps) {
-  const int h = m.hidden, f = m.ffn, qn = (m.heads + 2 * m.kv_heads) * m.head_dim;
-  int lo_prio = 0, hi_prio = 0;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio));
-  cudaStream_t raw_a = nullptr, raw_b = nullptr;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&raw_a, cudaStreamNonBlocking, hi_prio));
-  CudaStream sa(raw_a);
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&raw_b, cudaStreamNonBlocking, hi_prio));
-  CudaStream sb(raw_b);
-  const int max_rows = std::min(cuda::kStreamGemmMaxRows, *std::max_element(rows_list.begin(), rows_list.end()));
-  auto x16 = Filled(size_t(max_rows) * h * 2, 0x2c), gu = Filled(size_t(max_rows) * 2 * f * 4, 0);
-  auto act = Filled(size_t(max_rows) * f * 2, 0), xn = Filled(size_t(max_rows) * h * 2, 0);
-  auto residual = Filled(size_t(max_rows) * h * 4, 0), partials = Filled(size_t(8) * max_rows * h * 4, 0);
-  auto qkv_parts = Filled(size_t(8) * max_rows * qn * 4, 0), rowsq = Filled(cuda::kStreamGemmMaxRows * 4, 0);
-  auto counters = Filled(cuda::kStreamGemmWorkspaceBytes, 0);
-  auto work_a = DeviceAlloc(32 << 20), work_b = DeviceAlloc(32 << 20);
-  for (auto* b : {&x16, &gu, &act, &xn, &residual, &partials, &qkv_parts, &rowsq, &counters, &work_a, &work_b}) {
-    if (!b->ok()) return b->status();
-  }
-  auto gemm_a = cuda::GemmRunner::Create(sa.get(), work_a->get(), 32 << 20);
-  auto gemm_b = cuda::GemmRunner::Create(sb.get(), work_b->get(), 32 << 20);
-  if (!gemm_a.ok()) return gemm_a.status();
-  if (!gemm_b.ok()) return gemm_b.status();
-  const size_t gu_elems = size_t(2) * f * h, down_elems = size_t(h) * f, qkv_elems = size_t(qn) * h;
-  absl::StatusOr<RotatingCopies> w = RotatingCopies::Make((gu_elems + down_elems + qkv_elems) * 2, 3);
-  if (!w.ok()) return w.status();
-  absl::StatusOr<CudaEvent> fork = MakeEvent(), join = MakeEvent();
-  if (!fork.ok()) return fork.status();
-  if (!join.ok()) return join.status();
-  const auto* x = static_cast<const __half*>(x16->get());
-  auto* gu_out = static_cast<float*>(gu->get());
-  auto* act_out = static_cast<__half*>(act->get());
-  auto* res = static_cast<float*>(residual->get());
-  auto* parts = static_cast<float*>(partials->get());
-  auto* qparts = static_cast<float*>(qkv_parts->get());
-  auto* xn_out = static_cast<__half*>(xn->get());
-  std::printf("\n| FFN + RMSNorm + q/k/v, %d MB | rows | µs | of 4.26 TB/s |\n|---|---:|---:|---:|\n",
-              int((gu_elems + down_elems + qkv_elems) * 2 >> 20));
-  for (int rows : rows_list) {
-    if (rows < 2 || rows > cuda::kStreamGemmMaxRows) continue;
-    const int64_t rstride = int64_t(rows) * h, qstride = int64_t(rows) * qn;
-    auto engine = [&]() -> absl::Status {
-      const __half* wc = w->Next<const __half>();
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork->get(), sa.get()));
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(sb.get(), fork->get(), 0));
-      int written[2] = {0, 0};
-      for (int half = 0; half < 2; ++half) {
-        cuda::GemmRunner& gemm = half ? **gemm_b : **gemm_a;
-        cudaStream_t st = half ? sb.get() : sa.get();
-        float* g = gu_out + size_t(half) * rows * f;
-        __half* a = act_out + size_t(half) * rows * (f / 2);
-        if (absl::Status e = gemm.Run(x, rows, h, wc + size_t(half) * f * h, f, 0.0f, g); !e.ok()) return e;
-        if (absl::Status e = cuda::SwiGlu(g, rows, f / 2, a, st, true); !e.ok()) return e;
-        absl::StatusOr<int> c = gemm.RunSplitK(a, rows, f / 2, wc + gu_elems + half * (f / 2), h, 2,
-                                               parts + (half ? written[0] : 0) * rstride, rstride, /*ldw=*/f);
-        if (!c.ok()) return c.status();
-        written[half] = *c;
-      }
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(join->get(), sb.get()));
-      TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(sa.get(), join->get(), 0));
-      if (absl::Status e = cuda::RmsNormRows(res, {parts, written[0] + written[1], rstride}, nullptr, rows, h, nullptr,
-                                             1e-5f, xn_out, sa.get(), true);
-          !e.ok()) {
-        return e;
-      }
-      return (*gemm_a)->RunSplitK(xn_out, rows, h, wc + gu_elems + down_elems, qn, 2, qparts, qstride).status();
-    };
-    auto persistent = [&](int chunks, int lag, int qkv_chunks) {
-      return [&, chunks, lag, qkv_chunks]() -> absl::Status {
-        const __half* wc = w->Next<const __half>();
-        return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
-                                .w_down = wc + gu_elems, .act = act_out, .chunks = chunks, .lag = lag,
-                                .partials = parts, .partial_stride = rstride, .workspace = counters->get(),
-                                .residual = res, .xn = xn_out, .rowsq = static_cast<float*>(rowsq->get()),
-                                .w_qkv = wc + gu_elems + down_elems, .qkv_n = qn, .qkv_chunks = qkv_chunks,
-                                .qkv_partials = qparts, .qkv_stride = qstride},
-                               sa.get());
-      };
-    };
-    std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {
-        {"cuBLASLt halves, norm, cuBLASLt q/k/v (the engine)", engine}};
-    for (auto [chunks, lag] : {std::pair{4, 2}, {4, 3}, {8, 5}, {8, 6}}) {
-      for (int qc : {2, 4}) {
-        if (f % (64 * chunks) != 0 || h % (64 * qc) != 0) continue;
-        variants.push_back({absl::StrCat("StreamFfn + q/k/v, down in ", chunks, " chunks, lag ", lag, ", q/k/v in ",
-                                         qc, " chunks"),
-                            persistent(chunks, lag, qc)});
-      }
-    }
-    for (auto* g : {&gemm_a, &gemm_b}) (**g)->set_tuning(true);
-    if (absl::Status e = engine(); !e.ok()) return e;
-    for (auto* g : {&gemm_a, &gemm_b}) (**g)->set_tuning(false);
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-    const double bytes = 2.0 * (gu_elems + down_elems + qkv_elems);
-    for (auto& [name, launch] : variants) {
-      absl::StatusOr<double> us = TimeGraph(sa.get(), reps, launch, cudaGraphInstantiateFlagUseNodePriority);
-      if (!us.ok()) return us.status();
-      std::printf("| %s | %d | %.1f | %.0f%% |\n", name.c_str(), rows, *us, 100.0 * bytes / (*us * 1e-6) / kCopyBandwidth);
-      std::fflush(stdout);
-    }
-  }
-  return absl::OkStatus();
-}
-
 // StreamGemm (a persistent CTA an SM taking (64-column tile, k chunk) items from a counter) against
 // the engine's path for the same partials: GemmRunner::RunSplitK's two chunks, tuned over the
 // weight copies as the engine tunes over its layers. Both over rotating copies of W (past L2).
@@ -1765,8 +1656,6 @@ int main(int argc, char** argv) {
   app.add_flag("--l2-hot", l2_hot, "projections and attention read one weight / KV copy, so it stays in L2 where it fits (50 MB)");
   bool mlp_branches = false;
   app.add_flag("--mlp-branches", mlp_branches, "only: the MLP block on one stream, as two halves on graph branches, and (2-16 rows) as one StreamFfn launch");
-  bool ffn_qkv = false;
-  app.add_flag("--ffn-qkv", ffn_qkv, "only: the FFN, the next norm and q/k/v as the engine runs them against one StreamFfn launch");
   bool qkv_branches = false;
   app.add_flag("--qkv-branches", qkv_branches, "only: q/k/v as one cuBLASLt launch against two column parts on graph branches");
   bool gemv_splits = false;
@@ -1804,11 +1693,6 @@ int main(int argc, char** argv) {
               m.heads, m.kv_heads, m.head_dim, reps);
   if (mlp_branches) {
     absl::Status st = BenchMlpBranches(m, Ints(rows), reps);
-    if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
-    return st.ok() ? 0 : 1;
-  }
-  if (ffn_qkv) {
-    absl::Status st = BenchFfnQkv(m, Ints(rows), reps);
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;
   }

@@ -47,14 +47,9 @@ constexpr int kMaxStages = (227 * 1024 - 1024) / (64 * kTileK * 2 + kXBoxBytes);
 // FFN (StreamFfn): kGateUp, a 64-column tile of the interleaved gate/up matrix over the whole k,
 // whose epilogue applies SwiGLU and writes 32 features of act; kDown, a 64-column tile of W_down
 // over k chunk `group` of act, into that chunk's partial, once every gate/up tile of the group's
-// features is written; kQkv (StreamFfnArgs::qkv_n), a 64-column tile of W_qkv over k chunk `group`
-// of xn, once every tile of hidden has its down chunks added.
-enum ItemKind : int { kGemm = 0, kGateUp = 1, kDown = 2, kQkv = 3 };
+// features is written.
+enum ItemKind : int { kGemm = 0, kGateUp = 1, kDown = 2 };
 constexpr int kMaxSegments = 2 * kStreamFfnMaxChunks;
-// The workspace's counters: [0] the next item, [1] CTAs finished, [2 + g] gate/up tiles of group g
-// done, [kTileCounts + t] down chunks of hidden's tile t written, [kTileCounts + tiles] tiles added.
-constexpr int kTileCounts = 2 + kStreamFfnMaxChunks;
-constexpr int kMaxHiddenTiles = static_cast<int>(kStreamGemmWorkspaceBytes / sizeof(int)) - kTileCounts - 1;
 
 struct Params {
   int rows, n, chunks, chunk_k, k_blocks, items;
@@ -69,14 +64,6 @@ struct Params {
   __half* act;
   int segments, segment_kind[kMaxSegments], segment_group[kMaxSegments];
   uint64_t* timeline;  // StreamFfnArgs::timeline
-  // The next q/k/v (qkv_n > 0): its items follow the FFN's ffn_items.
-  int ffn_items, qkv_n, qkv_chunks, qkv_chunk_k, qkv_k_blocks;
-  float* residual;
-  __half* xn;
-  float* rowsq;
-  float eps;
-  float* qkv_partials;
-  int64_t qkv_stride;
 };
 
 struct Item {
@@ -87,10 +74,6 @@ struct Item {
 __device__ __forceinline__ Item Decode(const Params& p, int item) {
   if (p.ffn == 0) {
     return {kGemm, item % p.chunks, item / p.chunks, (item % p.chunks) * p.chunk_k, p.k_blocks};
-  }
-  if (item >= p.ffn_items) {
-    const int j = item - p.ffn_items, c = j % p.qkv_chunks;
-    return {kQkv, c, j / p.qkv_chunks, c * p.qkv_chunk_k, p.qkv_k_blocks};
   }
   for (int s = 0; s < p.segments; ++s) {
     const ItemKind kind = static_cast<ItemKind>(p.segment_kind[s]);
@@ -133,7 +116,6 @@ template <int TN, int KB>
 __global__ void __launch_bounds__(kThreads, 1)
     StreamGemmKernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,
                      const __grid_constant__ CUtensorMap w2_map, const __grid_constant__ CUtensorMap x2_map,
-                     const __grid_constant__ CUtensorMap w3_map, const __grid_constant__ CUtensorMap x3_map,
                      const __grid_constant__ Params p) {
   using C = Config<TN, KB>;
   constexpr int kStageBytes = C::kStageBytes, kTileN = C::kTileN;
@@ -141,8 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_s[kMaxStages], empty_s[kMaxStages];
   __shared__ int item_s[kMaxStages];  // the item a filled stage belongs to; -1: no more
-  __shared__ int kb_s[kMaxStages];    // its k block, for the stages whose X is copied later
-  __shared__ int finish_tile_s;       // kDown: this CTA adds the tile's chunks (the last one in)
+  __shared__ int kb_s[kMaxStages];    // its k block, for the stages copied before the wait
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
@@ -151,10 +132,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (p.ffn > 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&w2_map)) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&x2_map)) : "memory");
-    }
-    if (p.qkv_n > 0) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&w3_map)) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(&x3_map)) : "memory");
     }
     for (int s = 0; s < stages; ++s) BarrierInit(&full_s[s], 1), BarrierInit(&empty_s[s], kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -181,83 +158,63 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream_policy));
       asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
       auto load_x = [&](int s, const Item& it, int kb) {
-        const CUtensorMap* map = it.kind == kDown ? &x2_map : it.kind == kQkv ? &x3_map : &x_map;
+        const CUtensorMap* map = it.kind == kDown ? &x2_map : &x_map;
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
           TmaLoad(ring + s * kStageBytes + KB * C::kWBoxBytes + b * kXBoxBytes, map,
                   it.k_first + (kb * KB + b) * kTileK, 0, &full_s[s], keep_policy);
         }
       };
-      // W is constant, so a stage's W goes out as soon as its item is taken; its X waits for what
-      // writes X: the predecessor grid (launched programmatically), the group's gate/up tiles (act,
-      // for a down item), every tile's added chunks (xn, for a q/k/v item). Stages [x_slot, slot)
-      // hold their W and not yet their X, whose copies go out in order as they may.
-      bool waited = false;
-      auto grid_wait = [&] {
-        if (waited) return;
+      int before_wait = 0;  // stages whose X waits for the predecessor; -1 once waited
+      auto wait_once = [&] {
+        if (before_wait < 0) return;
         GridDependencyWait();
         TriggerDependents();
-        waited = true;
+        for (int s = 0; s < before_wait; ++s) load_x(s, Decode(p, item_s[s]), kb_s[s]);
+        before_wait = -1;
       };
       // Without a predecessor X goes out with each stage: X queued behind a ring of W copies
       // delayed the first stage by the TMA's issue of the whole ring (kernel bench, 12-03).
-      if (!p.overlap) grid_wait();
-      auto x_ready = [&](const Item& it) {
-        if (it.kind == kDown) return LoadAcquire(p.counters + 2 + it.group) >= p.gate_up_tiles;
-        if (it.kind == kQkv) return LoadAcquire(p.counters + kTileCounts + p.down_tiles) >= p.down_tiles;
-        return true;
-      };
-      int x_slot = 0;
-      // block: until every stage before `slot` has its X copy out.
-      auto flush = [&](int slot, bool block) {
-        while (x_slot < slot) {
-          if (!waited) {
-            if (!block) return;
-            grid_wait();
-          }
-          const int s = x_slot % stages, item = item_s[s];
-          const Item xi = Decode(p, item);
-          if (!x_ready(xi)) {
-            if (!block) return;
-            __nanosleep(32);
-            continue;
-          }
-          // act / xn: written by other CTAs' generic stores (released by their counts), read here
-          // by the TMA (the async proxy).
-          if (xi.kind == kDown || xi.kind == kQkv) asm volatile("fence.proxy.async.global;" ::: "memory");
-          if (p.timeline && kb_s[s] == 0) p.timeline[4 * item + 1] = GlobalTimer() - p.timeline[4 * item];
-          load_x(s, xi, kb_s[s]);
-          ++x_slot;
-        }
-      };
+      // Launched programmatically, the whole ring's W goes out before the wait (W is constant), so
+      // the ring fills while the predecessor's last CTAs finish.
+      const int early_stages = stages;
+      if (!p.overlap) wait_once();
       for (int slot = 0;;) {
         const int item = atomicAdd(p.counters, 1);
         const bool more = item < p.items;
         const Item it = more ? Decode(p, item) : Item{};
         if (p.timeline && more) p.timeline[4 * item] = GlobalTimer(), p.timeline[4 * item + 3] = SmId();
-        const CUtensorMap* w = it.kind == kDown ? &w2_map : it.kind == kQkv ? &w3_map : &w_map;
+        const CUtensorMap* w = it.kind == kDown ? &w2_map : &w_map;
         for (int kb = 0; kb < (more ? it.k_blocks : 1); ++kb, ++slot) {
           const int s = slot % stages;
-          if (slot >= stages) {
-            // The consumers free this stage only once they have had every stage before it, X
-            // included: wait for the X copies up to it if they are not all out.
-            flush(slot, slot - stages >= x_slot);
-            BarrierWait(&empty_s[s], ((slot / stages) - 1) & 1);
-          }
+          if (slot >= early_stages) wait_once();
+          if (slot >= stages) BarrierWait(&empty_s[s], ((slot / stages) - 1) & 1);
           item_s[s] = more ? item : -1;  // published by the arrive's release
           if (!more) {
-            flush(slot, true);
+            wait_once();
             BarrierArrive(&full_s[s]);
             break;
           }
-          kb_s[s] = kb;
+          if (kb == 0 && it.kind == kDown) {
+            // act's features of this group: written by other CTAs' gate/up epilogues (generic
+            // stores, released by their count), read here by the TMA (the async proxy).
+            wait_once();
+            const uint64_t spin_start = p.timeline ? GlobalTimer() : 0;
+            while (LoadAcquire(p.counters + 2 + it.group) < p.gate_up_tiles) __nanosleep(32);
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+            if (p.timeline) p.timeline[4 * item + 1] = GlobalTimer() - spin_start;
+          }
           BarrierExpect(&full_s[s], kStageBytes);
 #pragma unroll
           for (int b = 0; b < KB; ++b) {
             TmaLoad(ring + s * kStageBytes + b * C::kWBoxBytes, w, it.k_first + (kb * KB + b) * kTileK,
                     it.tile * kTileN, &full_s[s], stream_policy);
           }
-          flush(slot + 1, false);
+          if (before_wait < 0) {
+            load_x(s, it, kb);
+          } else {
+            kb_s[s] = kb, ++before_wait;
+          }
         }
         if (!more) break;
       }
@@ -303,9 +260,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // kGateUp: gate and up interleave, so column 2f (even g) is feature f's gate and lane ^ 4
       // holds 2f + 1, its up; SwiGLU goes to act. Otherwise the sum goes to the item's partial.
       const bool swiglu = it.kind == kGateUp;  // the same for the whole warp: the shuffle is safe
-      const bool qkv = it.kind == kQkv;
-      const int n = it.kind == kDown ? p.hidden : qkv ? p.qkv_n : p.n;
-      float* out = qkv ? p.qkv_partials + it.group * p.qkv_stride : p.partials + it.group * p.stride;
+      const int n = it.kind == kDown ? p.hidden : p.n;
+      float* out = p.partials + it.group * p.stride;
 #pragma unroll
       for (int mt = 0; mt < TN; ++mt) {
 #pragma unroll
@@ -321,9 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 p.act[static_cast<int64_t>(row) * p.ffn + col / 2] = __float2half(v / (1.0f + __expf(-v)) * up);
               }
             } else if (row < p.rows && col < n) {
-              // q/k/v: the norm's 1 / rms (every tile's Σ x² is in: the producer saw the count).
-              out[static_cast<int64_t>(row) * n + col] =
-                  qkv ? v * rsqrtf(__ldcg(p.rowsq + row) / p.hidden + p.eps) : v;
+              out[static_cast<int64_t>(row) * n + col] = v;
             }
             acc[mt][j][i] = 0.0f;
           }
@@ -339,37 +293,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           atomicAdd(p.counters + 2 + it.group, 1);
         }
       }
-      if (it.kind == kDown && p.qkv_n > 0) {
-        // The last of the tile's chunks in adds them all into the residual (rows · 64 values,
-        // a warp a row's 32 columns at a time) and counts the tile added.
-        asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
-        if (threadIdx.x == 0) {
-          __threadfence();
-          finish_tile_s = atomicAdd(p.counters + kTileCounts + it.tile, 1) == p.chunks - 1;
-          __threadfence();
-        }
-        asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
-        if (finish_tile_s) {
-          const int tid = threadIdx.x;  // the consumers: 0..127
-          for (int row = tid >> 6; row < p.rows; row += 2) {
-            const int64_t at = static_cast<int64_t>(row) * p.hidden + it.tile * 64 + (tid & 63);
-            float v = __ldcg(p.residual + at);
-            for (int g = 0; g < p.chunks; ++g) v += __ldcg(p.partials + g * p.stride + at);
-            p.residual[at] = v;
-            p.xn[at] = __float2half(v);
-            float sq = v * v;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-            if (lane == 0) atomicAdd(p.rowsq + row, sq);
-          }
-          asm volatile("fence.proxy.async.global;" ::: "memory");
-          asm volatile("bar.sync 1, %0;" ::"n"(kConsumerWarps * 32) : "memory");
-          if (threadIdx.x == 0) {
-            __threadfence();
-            atomicAdd(p.counters + kTileCounts + p.down_tiles, 1);
-          }
-        }
-      }
       if (p.timeline && threadIdx.x == 0) p.timeline[4 * item + 2] = GlobalTimer();
     }
   }
@@ -383,8 +306,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       __threadfence();  // the reset after every other CTA's last use, not only by control dependence
       p.counters[0] = 0, p.counters[1] = 0;
       for (int g = 0; p.ffn > 0 && g < p.chunks; ++g) p.counters[2 + g] = 0;
-      for (int t = 0; p.qkv_n > 0 && t <= p.down_tiles; ++t) p.counters[kTileCounts + t] = 0;
-      for (int r = 0; p.qkv_n > 0 && r < kStreamGemmMaxRows; ++r) p.rowsq[r] = 0.0f;
       __threadfence();
     }
   }
@@ -407,14 +328,14 @@ absl::Status Attributes() {
 }
 
 template <int TN, int KB>
-absl::Status Launch(const CUtensorMap (&maps)[6], Params p, int ctas, cudaStream_t stream) {
+absl::Status Launch(const CUtensorMap (&maps)[4], Params p, int ctas, cudaStream_t stream) {
   using C = Config<TN, KB>;
   if (p.stages == 0) p.stages = C::kStages;
   if (absl::Status st = Attributes<TN, KB>(); !st.ok()) return st;
   const int smem = p.stages * C::kStageBytes + 1024;  // + alignment slack
   TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(p.overlap, dim3(std::min(ctas, p.items)), dim3(kThreads), smem,
                                                        stream, StreamGemmKernel<TN, KB>, maps[0], maps[1], maps[2],
-                                                       maps[3], maps[4], maps[5], p));
+                                                       maps[3], p));
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();
 }
@@ -423,10 +344,10 @@ template <int TN, int KB>
 absl::Status LaunchGemm(const StreamGemmArgs& a, int ctas, cudaStream_t stream) {
   using C = Config<TN, KB>;
   if (a.k % (kTileK * KB * a.chunks) != 0) return absl::InvalidArgumentError("StreamGemm: k for the variant");
-  CUtensorMap maps[6];
+  CUtensorMap maps[4];
   if (absl::Status s = Map(&maps[0], a.w, a.k, a.n, C::kTileN); !s.ok()) return s;
   if (absl::Status s = Map(&maps[1], a.x, a.k, a.rows, 16); !s.ok()) return s;
-  maps[2] = maps[4] = maps[0], maps[3] = maps[5] = maps[1];
+  maps[2] = maps[0], maps[3] = maps[1];
   Params p{};
   p.rows = a.rows, p.n = a.n, p.chunks = a.chunks, p.chunk_k = a.k / a.chunks, p.k_blocks = p.chunk_k / (kTileK * KB);
   p.items = (a.n + C::kTileN - 1) / C::kTileN * a.chunks;
@@ -511,32 +432,15 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
         "StreamFfn: 1..16 rows, 1..16 chunks, a lag of 1 or more, hidden a multiple of 64, ffn of 64 · chunks, x, the weights and act "
         "16-byte aligned, partials at least rows · hidden apart, a workspace");
   }
-  const bool qkv = a.qkv_n > 0;
-  if (qkv && (a.qkv_chunks < 1 || a.qkv_chunks > 8 || a.hidden % (kTileK * a.qkv_chunks) != 0 ||
-              a.hidden / kTileK > kMaxHiddenTiles || a.residual == nullptr || a.xn == nullptr ||
-              a.rowsq == nullptr || a.w_qkv == nullptr || a.qkv_partials == nullptr || !aligned(a.xn) ||
-              !aligned(a.w_qkv) || a.qkv_stride < static_cast<int64_t>(a.rows) * a.qkv_n)) {
-    return absl::InvalidArgumentError(
-        "StreamFfn: the next q/k/v needs 1..8 chunks of hidden in 64s, hidden at most 237 · 64, the residual, xn, "
-        "rowsq, W_qkv (16-byte aligned) and partials at least rows · qkv_n apart");
-  }
   absl::StatusOr<int> ctas = CtasOrSms(a.ctas);
   if (!ctas.ok()) return ctas.status();
-  // Two 64-wide k boxes a stage where every k allows (StreamGemm's fastest at 16 rows), else one.
-  const int kb = a.hidden % (2 * kTileK) == 0 && (a.ffn / c) % (2 * kTileK) == 0 &&
-                         (!qkv || (a.hidden / a.qkv_chunks) % (2 * kTileK) == 0)
-                     ? 2
-                     : 1;
-  CUtensorMap maps[6];
+  // Two 64-wide k boxes a stage where both k's allow (StreamGemm's fastest at 16 rows), else one.
+  const int kb = a.hidden % (2 * kTileK) == 0 && (a.ffn / c) % (2 * kTileK) == 0 ? 2 : 1;
+  CUtensorMap maps[4];
   if (absl::Status s = Map(&maps[0], a.w_gate_up, a.hidden, 2 * a.ffn, 64); !s.ok()) return s;
   if (absl::Status s = Map(&maps[1], a.x, a.hidden, a.rows, 16); !s.ok()) return s;
   if (absl::Status s = Map(&maps[2], a.w_down, a.ffn, a.hidden, 64); !s.ok()) return s;
   if (absl::Status s = Map(&maps[3], a.act, a.ffn, a.rows, 16); !s.ok()) return s;
-  maps[4] = maps[0], maps[5] = maps[1];
-  if (qkv) {
-    if (absl::Status s = Map(&maps[4], a.w_qkv, a.hidden, a.qkv_n, 64); !s.ok()) return s;
-    if (absl::Status s = Map(&maps[5], a.xn, a.hidden, a.rows, 16); !s.ok()) return s;
-  }
   Params p{};
   p.rows = a.rows, p.n = 2 * a.ffn, p.chunks = c, p.chunk_k = a.ffn / c, p.k_blocks = p.chunk_k / (kTileK * kb);
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
@@ -545,14 +449,7 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   p.ffn = a.ffn, p.hidden = a.hidden, p.act = a.act;
   const FfnTiles tiles = TilesOf(a.hidden, a.ffn, c);
   p.gate_up_tiles = tiles.gate_up, p.down_tiles = tiles.down, p.gate_up_k_blocks = a.hidden / (kTileK * kb);
-  p.items = p.ffn_items = c * (p.gate_up_tiles + p.down_tiles);
-  if (qkv) {
-    p.qkv_n = a.qkv_n, p.qkv_chunks = a.qkv_chunks, p.qkv_chunk_k = a.hidden / a.qkv_chunks;
-    p.qkv_k_blocks = p.qkv_chunk_k / (kTileK * kb);
-    p.items += (a.qkv_n + 63) / 64 * a.qkv_chunks;
-    p.residual = a.residual, p.xn = a.xn, p.rowsq = a.rowsq, p.eps = a.eps;
-    p.qkv_partials = a.qkv_partials, p.qkv_stride = a.qkv_stride;
-  }
+  p.items = c * (p.gate_up_tiles + p.down_tiles);
   for (const StreamFfnSegment& segment : StreamFfnOrder(c, a.lag)) {
     p.segment_kind[p.segments] = segment.down ? kDown : kGateUp, p.segment_group[p.segments] = segment.group;
     ++p.segments;

@@ -31,7 +31,7 @@
 namespace tailserve::cuda {
 
 inline constexpr int kStreamGemmMaxRows = 16;
-inline constexpr size_t kStreamGemmWorkspaceBytes = 1024;
+inline constexpr size_t kStreamGemmWorkspaceBytes = 256;
 
 struct StreamGemmArgs {
   const __half* x = nullptr;  // [rows, k], 16-byte aligned
@@ -96,26 +96,10 @@ struct StreamFfnArgs {
   void* workspace = nullptr;  // as StreamGemmArgs::workspace
   int ctas = 0;               // 0: one an SM
   bool overlap_previous = false;
-  // The kernel bench's timeline (null: none): for item i, timeline[4i ..] = {taken, ns from taken to
-  // its first X copy (a down item's wait for act), done, SM}, times in %globaltimer ns; for CTA b,
-  // timeline[4 · items + 2b ..] = {start, end}.
+  // The kernel bench's timeline (null: none): for item i, timeline[4i ..] = {taken, ns spent waiting
+  // for act (down items), done, SM}, times in %globaltimer ns; for CTA b, timeline[4 · items + 2b ..]
+  // = {start, end}.
   uint64_t* timeline = nullptr;
-  // Optionally (qkv_n > 0) the next layer's RMSNorm and q/k/v in the same launch, so that W_qkv
-  // streams into the rings while down's last items finish (bench/CUDA_NOTES.md, forty-sixth
-  // session). The last CTA to write a 64-column tile of hidden's last down chunk adds the tile's
-  // chunks into `residual`, writes the sum's fp16 copy to `xn` and its rows' Σ x² into `rowsq`; a
-  // q/k/v item (64 columns of W_qkv, one of qkv_chunks k ranges) copies its W when taken and its X
-  // (xn) once every tile is in, and writes (xn · W_qkvᵀ) · rsqrt(Σ x² / hidden + eps) for its k range
-  // (the norm's weight folded into W_qkv, as the engine loads it). Needs hidden / 64 ≤ 237.
-  float* residual = nullptr;       // [rows, hidden] fp32: down's chunks are added into it
-  __half* xn = nullptr;            // [rows, hidden] scratch, 16-byte aligned
-  float* rowsq = nullptr;          // [16], zero before the first launch; every launch leaves it zeroed
-  float eps = 1e-5f;
-  const __half* w_qkv = nullptr;   // [qkv_n, hidden], 16-byte aligned
-  int qkv_n = 0;
-  int qkv_chunks = 1;              // 1..8; hidden a multiple of 64 · qkv_chunks · the stage's k boxes
-  float* qkv_partials = nullptr;   // chunk c at qkv_partials + c · qkv_stride, each [rows, qkv_n]
-  int64_t qkv_stride = 0;
 };
 
 absl::Status StreamFfn(const StreamFfnArgs& args, cudaStream_t stream);
