@@ -838,9 +838,9 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       };
     };
     // The FFN in parts along its features (the forty-fifth session's engine options, deleted after
-    // they lost on two H100s: RESULTS.md). At once (two parts): both start at the fork. Serial: the gate/ups one after
-    // another on A's stream, each part's SwiGLU and down on B's beside the next gate/up, the last
-    // part's on A's.
+    // they lost on two H100s: RESULTS.md). At once (two parts): both start at the fork. Serial:
+    // the gate/ups one after another on A's stream, each part's SwiGLU and down on B's beside the
+    // next gate/up, the last part's on A's.
     auto parts = [&](std::vector<int> sizes, bool serial_parts) {
       return [&, sizes, serial_parts]() -> absl::Status {
         const __half* wc = weights();
