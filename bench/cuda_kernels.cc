@@ -21,7 +21,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/overlap_probe.h"
@@ -837,67 +836,11 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
         return absl::OkStatus();
       };
     };
-    // The FFN in parts along its features (the forty-fifth session's engine options, deleted after
-    // they lost on two H100s: RESULTS.md). At once (two parts): both start at the fork. Serial:
-    // the gate/ups one after another on A's stream, each part's SwiGLU and down on B's beside the
-    // next gate/up, the last part's on A's.
-    auto parts = [&](std::vector<int> sizes, bool serial_parts) {
-      return [&, sizes, serial_parts]() -> absl::Status {
-        const __half* wc = weights();
-        const size_t n = sizes.size();
-        std::vector<size_t> first(n, 0);
-        for (size_t p = 1; p < n; ++p) first[p] = first[p - 1] + sizes[p - 1];
-        auto gate_up = [&](size_t p, cuda::GemmRunner& r) {
-          return r.Run(x, rows, h, wc + first[p] * 2 * h, 2 * sizes[p], 0.0f, gu_out + first[p] * 2 * rows);
-        };
-        auto swiglu_down = [&](size_t p, cuda::GemmRunner& r, cudaStream_t st) -> absl::Status {
-          __half* a = act_out + first[p] * rows;
-          if (absl::Status e = cuda::SwiGlu(gu_out + first[p] * 2 * rows, rows, sizes[p], a, st); !e.ok()) return e;
-          return r.Run(a, rows, sizes[p], wc + gu_elems + first[p], h, 0.0f,
-                       static_cast<float*>((p % 2 ? y2 : y)->get()), /*ldw=*/f);
-        };
-        auto fork_to_b = [&]() -> absl::Status {
-          TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork->get(), sa.get()));
-          TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(sb.get(), fork->get(), 0));
-          return absl::OkStatus();
-        };
-        absl::Status e;
-        if (serial_parts) {
-          for (size_t p = 0; p < n && e.ok(); ++p) {
-            e = gate_up(p, **gemm_a);
-            if (e.ok() && p + 1 < n) e = fork_to_b();
-            if (e.ok()) e = p + 1 < n ? swiglu_down(p, **gemm_b, sb.get()) : swiglu_down(p, **gemm_a, sa.get());
-          }
-        } else {
-          e = fork_to_b();
-          for (size_t p = 0; p < n && e.ok(); ++p) {
-            cuda::GemmRunner& r = p % 2 ? **gemm_b : **gemm_a;
-            e = gate_up(p, r);
-            if (e.ok()) e = swiglu_down(p, r, p % 2 ? sb.get() : sa.get());
-          }
-        }
-        if (!e.ok()) return e;
-        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(join->get(), sb.get()));
-        TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(sa.get(), join->get(), 0));
-        return absl::OkStatus();
-      };
-    };
-    auto features = [&](double share) { return std::clamp(static_cast<int>(std::lround(share * f / 16)) * 16, 16, f - 16); };
-    std::vector<std::pair<std::vector<int>, bool>> part_shapes;
-    for (double share : {0.5, 0.59, 0.64, 0.75, 0.81}) {
-      for (bool serial_parts : {false, true}) part_shapes.push_back({{features(share), f - features(share)}, serial_parts});
-    }
-    for (auto [s0, s1] : {std::pair{0.5, 0.3}, {0.6, 0.25}, {0.4, 0.35}}) {
-      part_shapes.push_back({{features(s0), features(s1), f - features(s0) - features(s1)}, true});
-    }
     // cuBLASLt's timing for every shape on every runner first, as the engine does at start.
     for (auto* g : {&gemm_a, &gemm_b, &gemm_l}) (**g)->set_tuning(true);
     if (absl::Status e = serial(); !e.ok()) return e;
     for (int mode = 0; mode < 3; ++mode) {
       if (absl::Status e = branches(mode)(); !e.ok()) return e;
-    }
-    for (const auto& [sizes, serial_parts] : part_shapes) {
-      if (absl::Status e = parts(sizes, serial_parts)(); !e.ok()) return e;
     }
     for (auto* g : {&gemm_a, &gemm_b, &gemm_l}) (**g)->set_tuning(false);
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
@@ -905,11 +848,6 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     const char* names[] = {"two halves at once", "B's gate/up after A's", "two halves at once, B at low priority"};
     std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
     for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
-    for (const auto& [sizes, serial_parts] : part_shapes) {
-      variants.push_back({absl::StrCat("parts of ", absl::StrJoin(sizes, " + "), " features",
-                                       serial_parts ? ", serial" : ", at once"),
-                          parts(sizes, serial_parts)});
-    }
     for (auto [chunks, lag] : kStreamFfnShapes) {  // the whole block in one persistent launch
       if (rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
       variants.push_back({"StreamFfn, down in " + std::to_string(chunks) + " k chunks, lag " + std::to_string(lag),
@@ -994,13 +932,12 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
 // the forty-sixth session, deleted) lost 0.03-0.04 ms at b16 (bench/CUDA_NOTES.md 12-06 (46)).
 absl::Status BenchQkvBranches(const Shape& m, const std::vector<int>& rows_list, int reps) {
   const int h = m.hidden, n = (m.heads + 2 * m.kv_heads) * m.head_dim;
-  int lo_prio = 0, hi_prio = 0;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio));
-  cudaStream_t raw_a = nullptr, raw_b = nullptr;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&raw_a, cudaStreamNonBlocking, hi_prio));
-  CudaStream sa(raw_a);
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&raw_b, cudaStreamNonBlocking, hi_prio));
-  CudaStream sb(raw_b);
+  // Both at the default priority, as the engine's main and side streams.
+  absl::StatusOr<CudaStream> stream_a = MakeStream(), stream_b = MakeStream();
+  if (!stream_a.ok()) return stream_a.status();
+  if (!stream_b.ok()) return stream_b.status();
+  CudaStream& sa = *stream_a;
+  CudaStream& sb = *stream_b;
   const int max_rows = *std::max_element(rows_list.begin(), rows_list.end());
   auto x16 = Filled(size_t(max_rows) * h * 2, 0x2c), parts_a = Filled(size_t(4) * max_rows * n * 4, 0),
        parts_b = Filled(size_t(4) * max_rows * n * 4, 0);
