@@ -670,14 +670,15 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
 // StreamFfn's (chunks, lag) pairs the MLP-block bench times: the lag (in gate/up groups) must
 // cover a gate/up item's time in flight, or down's first items wait, and the chunks set the size of
 // down's items, which the tail is made of (lag = chunks: every gate/up item first, then down's).
-constexpr std::pair<int, int> kStreamFfnShapes[] = {{4, 2}, {4, 3}, {4, 4}, {8, 3}, {8, 5}, {8, 6}, {8, 8},
+// Lag 1 only with StreamFfnArgs::w_ahead (where a down item's wait for act is what is measured).
+constexpr std::pair<int, int> kStreamFfnShapes[] = {{4, 1}, {4, 2}, {4, 3}, {4, 4}, {8, 3}, {8, 5}, {8, 6}, {8, 8},
                                                    {16, 6}, {16, 10}, {16, 12}, {16, 16}};
 
 // One StreamFfn launch (weights from DRAM) with its %globaltimer timeline, summarised: where the
 // launch's time goes beyond its bytes (the ramp, items' streaming rate an SM, down's waits for
 // act, the tail). Printed once per rows × chunks after the timed table.
-absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, const __half* x, RotatingCopies& w,
-                               __half* act, float* partials, void* counters, cudaStream_t s) {
+absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, bool w_ahead, const __half* x,
+                               RotatingCopies& w, __half* act, float* partials, void* counters, cudaStream_t s) {
   const int h = m.hidden, f = m.ffn;
   const std::vector<bool> down = cuda::StreamFfnItemIsDown(h, f, chunks, lag);
   const int items = static_cast<int>(down.size());
@@ -693,7 +694,7 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, co
                                           .w_down = wc + gu_elems, .act = act, .chunks = chunks, .lag = lag,
                                           .partials = partials, .partial_stride = int64_t(rows) * h,
                                           .workspace = counters,
-                                          .timeline = static_cast<uint64_t*>(buf->get())},
+                                          .timeline = static_cast<uint64_t*>(buf->get()), .w_ahead = w_ahead},
                                          s);
         !e.ok()) {
       return e;
@@ -735,8 +736,8 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, co
   const double span = (t_end - t0) * 1e-3, bytes = 2.0 * (gu_elems + size_t(h) * f);
   const double gu_kb = 64.0 * h * 2 / 1024, down_kb = 64.0 * (f / chunks) * 2 / 1024;
   const double gu_us = n_service[0] ? service[0] / n_service[0] : 0, down_us = n_service[1] ? service[1] / n_service[1] : 0;
-  std::printf("| | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f |\n",
-              rows, chunks, lag, span, bytes / (span * 1e-6) / 1e12, firsts ? first_done / firsts : 0.0, gu_us,
+  std::printf("| %s | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f |\n",
+              w_ahead ? "W ahead" : "", rows, chunks, lag, span, bytes / (span * 1e-6) / 1e12, firsts ? first_done / firsts : 0.0, gu_us,
               gu_us > 0 ? gu_kb * 1024 / (gu_us * 1e3) : 0.0, down_us, down_us > 0 ? down_kb * 1024 / (down_us * 1e3) : 0.0,
               waited, wait_sum, wait_max, ends.front(), ends[ends.size() / 2], ends[ends.size() * 9 / 10], ends.back());
   return absl::OkStatus();
@@ -848,17 +849,22 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     const char* names[] = {"two halves at once", "B's gate/up after A's", "two halves at once, B at low priority"};
     std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
     for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
-    for (auto [chunks, lag] : kStreamFfnShapes) {  // the whole block in one persistent launch
-      if (rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
-      variants.push_back({"StreamFfn, down in " + std::to_string(chunks) + " k chunks, lag " + std::to_string(lag),
-                          [&, chunks, lag]() -> absl::Status {
-                            const __half* wc = weights();
-                            return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
-                                                    .w_down = wc + gu_elems, .act = act_out, .chunks = chunks,
-                                                    .lag = lag, .partials = static_cast<float*>(partials->get()),
-                                                    .partial_stride = int64_t(rows) * h, .workspace = counters->get()},
-                                                   sa.get());
-                          }});
+    // The whole block in one persistent launch; "W ahead": a down item's W copied before its act is
+    // in (StreamFfnArgs::w_ahead), also at lag 1, where down items wait most.
+    for (bool w_ahead : {false, true}) {
+      for (auto [chunks, lag] : kStreamFfnShapes) {
+        if (rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0 || (!w_ahead && lag == 1)) continue;
+        variants.push_back({absl::StrCat("StreamFfn, down in ", chunks, " k chunks, lag ", lag, w_ahead ? ", W ahead" : ""),
+                            [&, chunks, lag, w_ahead]() -> absl::Status {
+                              const __half* wc = weights();
+                              return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
+                                                      .w_down = wc + gu_elems, .act = act_out, .chunks = chunks,
+                                                      .lag = lag, .partials = static_cast<float*>(partials->get()),
+                                                      .partial_stride = int64_t(rows) * h,
+                                                      .workspace = counters->get(), .w_ahead = w_ahead},
+                                                     sa.get());
+                            }});
+      }
     }
     // One stream of StreamGemm launches: gate/up in 2 k chunks, SwiGLU adding them, down in
     // `down_chunks`; programmatic, each one's W copies run while its predecessor finishes (the
@@ -910,12 +916,14 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       "| down item µs (GB/s an SM) | down waits > 0.5 µs (sum, max µs) | CTA ends: first, median, 90%%, last |\n"
       "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|\n");
   for (int rows : rows_list) {
-    for (auto [chunks, lag] : kStreamFfnShapes) {
-      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
-      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, x, *w, act_out,
-                                             static_cast<float*>(partials->get()), counters->get(), sa.get());
-          !e.ok()) {
-        return e;
+    for (bool w_ahead : {false, true}) {
+      for (auto [chunks, lag] : kStreamFfnShapes) {
+        if (rows < 2 || rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0 || (!w_ahead && lag == 1)) continue;
+        if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, w_ahead, x, *w, act_out,
+                                               static_cast<float*>(partials->get()), counters->get(), sa.get());
+            !e.ok()) {
+          return e;
+        }
       }
     }
   }
