@@ -670,7 +670,7 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
 // StreamFfn's (chunks, lag) pairs the MLP-block bench times: the lag (in gate/up groups) must
 // cover a gate/up item's time in flight, or down's first items wait, and the chunks set the size of
 // down's items, which the tail is made of (lag = chunks: every gate/up item first, then down's).
-// Lag 1 only with StreamFfnArgs::w_ahead (where a down item's wait for act is what is measured).
+// Lag 1: down items wait for act, which StreamFfnArgs::w_ahead is meant to hide.
 constexpr std::pair<int, int> kStreamFfnShapes[] = {{4, 1}, {4, 2}, {4, 3}, {4, 4}, {8, 3}, {8, 5}, {8, 6}, {8, 8},
                                                    {16, 6}, {16, 10}, {16, 12}, {16, 16}};
 
@@ -850,10 +850,10 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
     for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
     // The whole block in one persistent launch; "W ahead": a down item's W copied before its act is
-    // in (StreamFfnArgs::w_ahead), also at lag 1, where down items wait most.
+    // in (StreamFfnArgs::w_ahead).
     for (bool w_ahead : {false, true}) {
       for (auto [chunks, lag] : kStreamFfnShapes) {
-        if (rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0 || (!w_ahead && lag == 1)) continue;
+        if (rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
         variants.push_back({absl::StrCat("StreamFfn, down in ", chunks, " k chunks, lag ", lag, w_ahead ? ", W ahead" : ""),
                             [&, chunks, lag, w_ahead]() -> absl::Status {
                               const __half* wc = weights();
@@ -918,7 +918,7 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
   for (int rows : rows_list) {
     for (bool w_ahead : {false, true}) {
       for (auto [chunks, lag] : kStreamFfnShapes) {
-        if (rows < 2 || rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0 || (!w_ahead && lag == 1)) continue;
+        if (rows < 2 || rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
         if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, w_ahead, x, *w, act_out,
                                                static_cast<float*>(partials->get()), counters->get(), sa.get());
             !e.ok()) {
