@@ -337,6 +337,53 @@ absl::Status BenchAttention(const Shape& m, KvDtype dtype, const std::vector<int
   return absl::OkStatus();
 }
 
+// What this GPU's memory does for a pure stream, so that a machine other than the H200 of
+// ../shared/gpu/README.md can be read against its own ceilings: a device-to-device copy (bytes read
+// + written, the README's measure), then a read-only stream (StreamRead, the best of 1-8 CTAs an
+// SM) of each decode op's bytes at the 8B shape, from DRAM (copies rotate past L2). The read of an
+// op's bytes is the least that op can take here, ramp and tail included.
+absl::Status BenchCeilings(const Shape& m, int vocab, int reps, cudaStream_t s) {
+  int sms = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const size_t copy_bytes = size_t(1) << 30;
+  auto src = Filled(copy_bytes, 0x3c), dst = Filled(copy_bytes, 0), sink = Filled(64, 0);
+  for (auto* b : {&src, &dst, &sink}) {
+    if (!b->ok()) return b->status();
+  }
+  const int copy_reps = std::max(2, reps / 10);
+  absl::StatusOr<double> copy_us = TimeGraph(s, copy_reps, [&]() -> absl::Status {
+    TAILSERVE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst->get(), src->get(), copy_bytes, cudaMemcpyDeviceToDevice, s));
+    return absl::OkStatus();
+  });
+  if (!copy_us.ok()) return copy_us.status();
+  const double copy_tbs = 2.0 * copy_bytes / (*copy_us * 1e-6) / 1e12;
+  std::printf("\nceilings: %d SMs; device-to-device copy of 1 GiB: %.1f µs, %.2f TB/s read + written "
+              "(the H200's: 4.26)\n\n", sms, *copy_us, copy_tbs);
+  const size_t h = m.hidden, qkv = size_t(m.heads + 2 * m.kv_heads) * m.head_dim, qd = size_t(m.heads) * m.head_dim;
+  const std::vector<std::pair<const char*, size_t>> ops = {
+      {"o", h * qd * 2},           {"q/k/v", qkv * h * 2},          {"down", h * m.ffn * 2},
+      {"gate/up", 2 * h * m.ffn * 2}, {"FFN (gate/up + down)", 3 * h * m.ffn * 2}, {"LM head", size_t(vocab) * h * 2}};
+  std::printf("| bytes of | MB | read µs | read TB/s | CTAs an SM | µs at this GPU's copy rate | µs at 4.26 TB/s |\n"
+              "|---|---:|---:|---:|---:|---:|---:|\n");
+  for (const auto& [name, bytes] : ops) {
+    absl::StatusOr<RotatingCopies> w = RotatingCopies::Make(bytes, RotatingCopies::PastL2(bytes, false));
+    if (!w.ok()) return w.status();
+    double best = 0.0;
+    int best_per_sm = 0;
+    for (int per_sm : {1, 2, 4, 8}) {
+      absl::StatusOr<double> us = TimeGraph(s, reps, [&]() {
+        return bench::StreamRead(w->Next(), bytes, per_sm * sms, static_cast<unsigned*>(sink->get()), s);
+      });
+      if (!us.ok()) return us.status();
+      if (best_per_sm == 0 || *us < best) best = *us, best_per_sm = per_sm;
+    }
+    std::printf("| %s | %.1f | %.1f | %.2f | %d | %.1f | %.1f |\n", name, bytes / 1e6, best, bytes / (best * 1e-6) / 1e12,
+                best_per_sm, bytes / (copy_tbs * 1e12) * 1e6, bytes / kCopyBandwidth * 1e6);
+  }
+  return absl::OkStatus();
+}
+
 // The probe before a dataflow attention + o design at batch 16: can o's W (or any W) stream on the
 // room an attention CTA leaves on its SM while the attention runs, without slowing it? Times the
 // attention (8 or 16 warps a CTA, one split), a pure DRAM read of o's bytes (StreamRead, 1-4 CTAs
@@ -670,15 +717,14 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
 // StreamFfn's (chunks, lag) pairs the MLP-block bench times: the lag (in gate/up groups) must
 // cover a gate/up item's time in flight, or down's first items wait, and the chunks set the size of
 // down's items, which the tail is made of (lag = chunks: every gate/up item first, then down's).
-// Lag 1: down items wait for act, which StreamFfnArgs::w_ahead is meant to hide.
-constexpr std::pair<int, int> kStreamFfnShapes[] = {{4, 1}, {4, 2}, {4, 3}, {4, 4}, {8, 3}, {8, 5}, {8, 6}, {8, 8},
+constexpr std::pair<int, int> kStreamFfnShapes[] = {{4, 2}, {4, 3}, {4, 4}, {8, 3}, {8, 5}, {8, 6}, {8, 8},
                                                    {16, 6}, {16, 10}, {16, 12}, {16, 16}};
 
 // One StreamFfn launch (weights from DRAM) with its %globaltimer timeline, summarised: where the
 // launch's time goes beyond its bytes (the ramp, items' streaming rate an SM, down's waits for
 // act, the tail). Printed once per rows × chunks after the timed table.
-absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, bool w_ahead, const __half* x,
-                               RotatingCopies& w, __half* act, float* partials, void* counters, cudaStream_t s) {
+absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, const __half* x, RotatingCopies& w,
+                               __half* act, float* partials, void* counters, cudaStream_t s) {
   const int h = m.hidden, f = m.ffn;
   const std::vector<bool> down = cuda::StreamFfnItemIsDown(h, f, chunks, lag);
   const int items = static_cast<int>(down.size());
@@ -694,7 +740,7 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, bo
                                           .w_down = wc + gu_elems, .act = act, .chunks = chunks, .lag = lag,
                                           .partials = partials, .partial_stride = int64_t(rows) * h,
                                           .workspace = counters,
-                                          .timeline = static_cast<uint64_t*>(buf->get()), .w_ahead = w_ahead},
+                                          .timeline = static_cast<uint64_t*>(buf->get())},
                                          s);
         !e.ok()) {
       return e;
@@ -736,8 +782,8 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, bo
   const double span = (t_end - t0) * 1e-3, bytes = 2.0 * (gu_elems + size_t(h) * f);
   const double gu_kb = 64.0 * h * 2 / 1024, down_kb = 64.0 * (f / chunks) * 2 / 1024;
   const double gu_us = n_service[0] ? service[0] / n_service[0] : 0, down_us = n_service[1] ? service[1] / n_service[1] : 0;
-  std::printf("| %s | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f |\n",
-              w_ahead ? "W ahead" : "", rows, chunks, lag, span, bytes / (span * 1e-6) / 1e12, firsts ? first_done / firsts : 0.0, gu_us,
+  std::printf("| | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f |\n",
+              rows, chunks, lag, span, bytes / (span * 1e-6) / 1e12, firsts ? first_done / firsts : 0.0, gu_us,
               gu_us > 0 ? gu_kb * 1024 / (gu_us * 1e3) : 0.0, down_us, down_us > 0 ? down_kb * 1024 / (down_us * 1e3) : 0.0,
               waited, wait_sum, wait_max, ends.front(), ends[ends.size() / 2], ends[ends.size() * 9 / 10], ends.back());
   return absl::OkStatus();
@@ -849,22 +895,17 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     const char* names[] = {"two halves at once", "B's gate/up after A's", "two halves at once, B at low priority"};
     std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
     for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
-    // The whole block in one persistent launch; "W ahead": a down item's W copied before its act is
-    // in (StreamFfnArgs::w_ahead).
-    for (bool w_ahead : {false, true}) {
-      for (auto [chunks, lag] : kStreamFfnShapes) {
-        if (rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
-        variants.push_back({absl::StrCat("StreamFfn, down in ", chunks, " k chunks, lag ", lag, w_ahead ? ", W ahead" : ""),
-                            [&, chunks, lag, w_ahead]() -> absl::Status {
-                              const __half* wc = weights();
-                              return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
-                                                      .w_down = wc + gu_elems, .act = act_out, .chunks = chunks,
-                                                      .lag = lag, .partials = static_cast<float*>(partials->get()),
-                                                      .partial_stride = int64_t(rows) * h,
-                                                      .workspace = counters->get(), .w_ahead = w_ahead},
-                                                     sa.get());
-                            }});
-      }
+    for (auto [chunks, lag] : kStreamFfnShapes) {  // the whole block in one persistent launch
+      if (rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
+      variants.push_back({"StreamFfn, down in " + std::to_string(chunks) + " k chunks, lag " + std::to_string(lag),
+                          [&, chunks, lag]() -> absl::Status {
+                            const __half* wc = weights();
+                            return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
+                                                    .w_down = wc + gu_elems, .act = act_out, .chunks = chunks,
+                                                    .lag = lag, .partials = static_cast<float*>(partials->get()),
+                                                    .partial_stride = int64_t(rows) * h, .workspace = counters->get()},
+                                                   sa.get());
+                          }});
     }
     // One stream of StreamGemm launches: gate/up in 2 k chunks, SwiGLU adding them, down in
     // `down_chunks`; programmatic, each one's W copies run while its predecessor finishes (the
@@ -916,14 +957,12 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       "| down item µs (GB/s an SM) | down waits > 0.5 µs (sum, max µs) | CTA ends: first, median, 90%%, last |\n"
       "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|\n");
   for (int rows : rows_list) {
-    for (bool w_ahead : {false, true}) {
-      for (auto [chunks, lag] : kStreamFfnShapes) {
-        if (rows < 2 || rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
-        if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, w_ahead, x, *w, act_out,
-                                               static_cast<float*>(partials->get()), counters->get(), sa.get());
-            !e.ok()) {
-          return e;
-        }
+    for (auto [chunks, lag] : kStreamFfnShapes) {
+      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
+      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, x, *w, act_out,
+                                             static_cast<float*>(partials->get()), counters->get(), sa.get());
+          !e.ok()) {
+        return e;
       }
     }
   }
@@ -1614,6 +1653,9 @@ int main(int argc, char** argv) {
   app.add_option("--stream-gemm-rings", rings_kb, "--stream-gemm: ring sizes in KB, 0 the whole shared memory")
       ->capture_default_str();
   app.add_flag("--ksplit", ksplit, "only: each projection as a strided-batched GEMM over k chunks into fp32 partials");
+  bool ceilings = false;
+  app.add_flag("--ceilings", ceilings,
+               "only: this GPU's copy bandwidth and a pure DRAM read of each decode op's bytes");
   bool overlap = false;
   app.add_flag("--overlap", overlap,
                "only: the batch-16 attention beside a DRAM read of o's bytes and beside cuBLASLt's o");
@@ -1659,6 +1701,11 @@ int main(int argc, char** argv) {
   if (stream_gemm) {
     absl::Status st = BenchStreamGemm(m, Ints(rows), Ints(rings_kb), reps, stream->get());
     if (st.ok()) st = BenchStreamGemmChain(m, 16, reps, stream->get());
+    if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return st.ok() ? 0 : 1;
+  }
+  if (ceilings) {
+    absl::Status st = BenchCeilings(m, vocab, reps, stream->get());
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;
   }

@@ -19,7 +19,6 @@ namespace {
 using tma::BarrierArrive;
 using tma::BarrierExpect;
 using tma::BarrierInit;
-using tma::BarrierTryWait;
 using tma::BarrierWait;
 using tma::LdMatrix4;
 using tma::LoadAcquire;
@@ -65,7 +64,6 @@ struct Params {
   __half* act;
   int segments, segment_kind[kMaxSegments], segment_group[kMaxSegments];
   uint64_t* timeline;  // StreamFfnArgs::timeline
-  bool w_ahead;        // StreamFfnArgs::w_ahead
 };
 
 struct Item {
@@ -125,9 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_s[kMaxStages], empty_s[kMaxStages];
   __shared__ int item_s[kMaxStages];  // the item a filled stage belongs to; -1: no more
-  // A stage's X copy, for stages whose X goes out after their W: its k and the down group whose act
-  // it reads (-1: x, no group; + kFirstOfItem on a down item's first stage).
-  __shared__ int xk_s[kMaxStages], xgroup_s[kMaxStages];
+  __shared__ int kb_s[kMaxStages];    // its k block, for the stages copied before the wait
   unsigned char* ring = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
@@ -161,61 +157,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint64_t stream_policy, keep_policy;  // W is read once; X by every CTA
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream_policy));
       asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
-      // X copies not yet out: stages [x_slot, slot) in ring order (x_stage: x_slot's stage), each
-      // described by xk_s / xgroup_s when its W went out, so that nothing is decoded per stage. They
-      // wait for the predecessor grid (launched programmatically: the whole ring's W goes out before
-      // it, W being constant) and, for a down item with w_ahead, for its group's act.
-      constexpr int kFirstOfItem = 1 << 16;
-      int x_slot = 0, x_stage = 0;
-      bool waited = false;
-      uint32_t groups_ready = 0;  // bit g: act's features of group g are written (seen once)
-      auto grid_wait = [&] {
+      auto load_x = [&](int s, const Item& it, int kb) {
+        const CUtensorMap* map = it.kind == kDown ? &x2_map : &x_map;
+#pragma unroll
+        for (int b = 0; b < KB; ++b) {
+          TmaLoad(ring + s * kStageBytes + KB * C::kWBoxBytes + b * kXBoxBytes, map,
+                  it.k_first + (kb * KB + b) * kTileK, 0, &full_s[s], keep_policy);
+        }
+      };
+      int before_wait = 0;  // stages whose X waits for the predecessor; -1 once waited
+      auto wait_once = [&] {
+        if (before_wait < 0) return;
         GridDependencyWait();
         TriggerDependents();
-        waited = true;
-      };
-      // act is written by other CTAs' generic stores (released by their counts) and read by this
-      // thread's TMA copies (the async proxy): a proxy fence after the acquire that sees it done.
-      // poll: ask the group's count (an L2 round trip) if it is not known done.
-      auto act_ready = [&](int group, bool poll) {
-        if ((groups_ready >> group) & 1) return true;
-        if (!poll || LoadAcquire(p.counters + 2 + group) < p.gate_up_tiles) return false;
-        asm volatile("fence.proxy.async.global;" ::: "memory");
-        groups_ready |= 1u << group;
-        return true;
-      };
-      // Issues the waiting X copies in order up to `limit`. kBlock: until they are all out; kPoll:
-      // those that may go, asking once for a count not known done; kKnown: without asking (no round
-      // trip on the way from one stage's W to the next).
-      enum Flush { kKnown, kPoll, kBlock };
-      auto flush = [&](int limit, Flush how) {
-        while (x_slot < limit) {
-          if (!waited) {
-            if (how != kBlock) return;
-            grid_wait();
-          }
-          const int tagged = xgroup_s[x_stage], group = tagged >= 0 ? tagged & (kFirstOfItem - 1) : -1;
-          if (group >= 0 && !act_ready(group, how != kKnown)) {
-            if (how != kBlock) return;
-            __nanosleep(32);
-            continue;
-          }
-          if (p.timeline && group >= 0 && (tagged & kFirstOfItem)) {
-            const int item = item_s[x_stage];
-            p.timeline[4 * item + 1] = GlobalTimer() - p.timeline[4 * item];  // taken → its first X
-          }
-          const CUtensorMap* map = group >= 0 ? &x2_map : &x_map;
-#pragma unroll
-          for (int b = 0; b < KB; ++b) {
-            TmaLoad(ring + x_stage * kStageBytes + KB * C::kWBoxBytes + b * kXBoxBytes, map, xk_s[x_stage] + b * kTileK,
-                    0, &full_s[x_stage], keep_policy);
-          }
-          ++x_slot, x_stage = x_stage + 1 == stages ? 0 : x_stage + 1;
-        }
+        for (int s = 0; s < before_wait; ++s) load_x(s, Decode(p, item_s[s]), kb_s[s]);
+        before_wait = -1;
       };
       // Without a predecessor X goes out with each stage: X queued behind a ring of W copies
       // delayed the first stage by the TMA's issue of the whole ring (kernel bench, 12-03).
-      if (!p.overlap) grid_wait();
+      // Launched programmatically, the whole ring's W goes out before the wait (W is constant), so
+      // the ring fills while the predecessor's last CTAs finish.
+      const int early_stages = stages;
+      if (!p.overlap) wait_once();
       for (int slot = 0;;) {
         const int item = atomicAdd(p.counters, 1);
         const bool more = item < p.items;
@@ -224,31 +187,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         const CUtensorMap* w = it.kind == kDown ? &w2_map : &w_map;
         for (int kb = 0; kb < (more ? it.k_blocks : 1); ++kb, ++slot) {
           const int s = slot % stages;
-          if (slot >= stages) {
-            // The consumers free a stage only after its X: every copy up to the stage reused now
-            // must be out. While it is in use, later X copies go out as soon as they may (try_wait
-            // suspends between polls; a test_wait spin took issue slots from the consumer warp on
-            // this scheduler).
-            flush(slot - stages + 1, kBlock);
-            flush(slot, kPoll);
-            const uint32_t parity = ((slot / stages) - 1) & 1;
-            if (x_slot == slot) {
-              BarrierWait(&empty_s[s], parity);
-            } else {
-              while (!BarrierTryWait(&empty_s[s], parity)) flush(slot, kPoll);
-            }
-          }
+          if (slot >= early_stages) wait_once();
+          if (slot >= stages) BarrierWait(&empty_s[s], ((slot / stages) - 1) & 1);
           item_s[s] = more ? item : -1;  // published by the arrive's release
           if (!more) {
-            flush(slot, kBlock);
+            wait_once();
             BarrierArrive(&full_s[s]);
             break;
           }
-          if (kb == 0 && it.kind == kDown && !p.w_ahead) {
-            // The group's act before this item's W (w_ahead: its W goes out now, its X once act is in).
-            flush(slot, kBlock);
+          if (kb == 0 && it.kind == kDown) {
+            // act's features of this group: written by other CTAs' gate/up epilogues (generic
+            // stores, released by their count), read here by the TMA (the async proxy).
+            wait_once();
             const uint64_t spin_start = p.timeline ? GlobalTimer() : 0;
-            while (!act_ready(it.group, true)) __nanosleep(32);
+            while (LoadAcquire(p.counters + 2 + it.group) < p.gate_up_tiles) __nanosleep(32);
+            asm volatile("fence.proxy.async.global;" ::: "memory");
             if (p.timeline) p.timeline[4 * item + 1] = GlobalTimer() - spin_start;
           }
           BarrierExpect(&full_s[s], kStageBytes);
@@ -257,9 +210,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             TmaLoad(ring + s * kStageBytes + b * C::kWBoxBytes, w, it.k_first + (kb * KB + b) * kTileK,
                     it.tile * kTileN, &full_s[s], stream_policy);
           }
-          xk_s[s] = it.k_first + kb * KB * kTileK;
-          xgroup_s[s] = it.kind == kDown ? it.group + (kb == 0 && p.w_ahead ? kFirstOfItem : 0) : -1;
-          flush(slot + 1, kKnown);
+          if (before_wait < 0) {
+            load_x(s, it, kb);
+          } else {
+            kb_s[s] = kb, ++before_wait;
+          }
         }
         if (!more) break;
       }
@@ -490,7 +445,7 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   p.rows = a.rows, p.n = 2 * a.ffn, p.chunks = c, p.chunk_k = a.ffn / c, p.k_blocks = p.chunk_k / (kTileK * kb);
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
-  p.timeline = a.timeline, p.w_ahead = a.w_ahead;
+  p.timeline = a.timeline;
   p.ffn = a.ffn, p.hidden = a.hidden, p.act = a.act;
   const FfnTiles tiles = TilesOf(a.hidden, a.ffn, c);
   p.gate_up_tiles = tiles.gate_up, p.down_tiles = tiles.down, p.gate_up_k_blocks = a.hidden / (kTileK * kb);

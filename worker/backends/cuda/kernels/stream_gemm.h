@@ -97,13 +97,9 @@ struct StreamFfnArgs {
   int ctas = 0;               // 0: one an SM
   bool overlap_previous = false;
   // The kernel bench's timeline (null: none): for item i, timeline[4i ..] = {taken, ns spent waiting
-  // for act (down items; with w_ahead, from taken to the first X copy), done, SM}, times in
-  // %globaltimer ns; for CTA b, timeline[4 · items + 2b ..] = {start, end}.
+  // for act (down items), done, SM}, times in %globaltimer ns; for CTA b, timeline[4 · items + 2b ..]
+  // = {start, end}.
   uint64_t* timeline = nullptr;
-  // Experiment (bench/CUDA_NOTES.md, forty-seventh session): a down item's W goes out as soon as
-  // the item is taken and its X once its group's act is written, instead of the producer waiting
-  // for act before the W. Off: the measured producer.
-  bool w_ahead = false;
 };
 
 absl::Status StreamFfn(const StreamFfnArgs& args, cudaStream_t stream);

@@ -40,17 +40,6 @@ __device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-// Whether the phase of `parity` has completed, after waiting up to the hardware's time limit
-// (the thread is suspended meanwhile, unlike a test_wait spin).
-__device__ __forceinline__ bool BarrierTryWait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n }"
-      : "=r"(done)
-      : "r"(Smem(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
 // One 2D tile (coordinates: element along k, row) into shared memory, completing on `bar`.
 __device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int k0, int row0, uint64_t* bar,
                                         uint64_t policy) {
