@@ -97,6 +97,8 @@ int Main(int argc, char** argv) {
   int max_splits = CudaEngineOptions{}.attention_splits;
   int64_t ffn_halves_min_bytes = CudaEngineOptions{}.ffn_halves_min_bytes;
   int in_situ_candidates = CudaEngineOptions{}.in_situ_candidates;
+  int stream_ffn_chunks = CudaEngineOptions{}.stream_ffn_chunks, stream_ffn_lag = CudaEngineOptions{}.stream_ffn_lag,
+      stream_ffn_k_boxes = CudaEngineOptions{}.stream_ffn_k_boxes;
   int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
   int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
   bool block_late_o = CudaEngineOptions{}.attention_block_late_o_stages;
@@ -116,6 +118,16 @@ int Main(int argc, char** argv) {
   app.add_option("--ffn-halves-min-bytes", ffn_halves_min_bytes,
                  "smallest FFN (bytes) run as two halves on two graph branches above batch 1")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--stream-ffn-chunks", stream_ffn_chunks,
+                 "decode at 2-16 rows: the FFN as one StreamFfn launch, down in this many k chunks (0: cuBLASLt)")
+      ->check(CLI::Range(0, 4))
+      ->capture_default_str();
+  app.add_option("--stream-ffn-lag", stream_ffn_lag, "with --stream-ffn-chunks: gate/up groups a down chunk trails")
+      ->check(CLI::Range(1, 4))
+      ->capture_default_str();
+  app.add_option("--stream-ffn-k-boxes", stream_ffn_k_boxes, "with --stream-ffn-chunks: most 64-wide k boxes a ring stage")
+      ->check(CLI::IsMember({1, 2, 4}))
       ->capture_default_str();
   app.add_option("--in-situ-candidates", in_situ_candidates,
                  "cuBLASLt candidates a shape tries inside the captured step (1: the pick timed alone)")
@@ -150,6 +162,9 @@ int Main(int argc, char** argv) {
   const double t0 = Now();
   auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
                                          .ffn_halves_min_bytes = ffn_halves_min_bytes,
+                                         .stream_ffn_chunks = stream_ffn_chunks,
+                                         .stream_ffn_lag = stream_ffn_lag,
+                                         .stream_ffn_k_boxes = stream_ffn_k_boxes,
                                          .in_situ_candidates = in_situ_candidates,
                                          .attention_block =
                                              static_cast<CudaEngineOptions::AttentionBlockUse>(attention_block),

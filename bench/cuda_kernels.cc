@@ -717,14 +717,16 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
 // StreamFfn's (chunks, lag) pairs the MLP-block bench times: the lag (in gate/up groups) must
 // cover a gate/up item's time in flight, or down's first items wait, and the chunks set the size of
 // down's items, which the tail is made of (lag = chunks: every gate/up item first, then down's).
-constexpr std::pair<int, int> kStreamFfnShapes[] = {{4, 2}, {4, 3}, {4, 4}, {8, 3}, {8, 5}, {8, 6}, {8, 8},
-                                                   {16, 6}, {16, 10}, {16, 12}, {16, 16}};
+// (chunks, lag, k boxes a stage): StreamFfnArgs::k_boxes 4 beside the default 2 at the best lags.
+constexpr std::tuple<int, int, int> kStreamFfnShapes[] = {
+    {4, 2, 2}, {4, 3, 2}, {4, 4, 2}, {8, 3, 2}, {8, 5, 2},  {8, 6, 2},  {8, 8, 2},  {16, 6, 2},
+    {16, 10, 2}, {16, 12, 2}, {16, 16, 2}, {4, 3, 4}, {4, 4, 4}, {8, 6, 4}, {8, 8, 4}};
 
 // One StreamFfn launch (weights from DRAM) with its %globaltimer timeline, summarised: where the
 // launch's time goes beyond its bytes (the ramp, items' streaming rate an SM, down's waits for
 // act, the tail). Printed once per rows × chunks after the timed table.
-absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, const __half* x, RotatingCopies& w,
-                               __half* act, float* partials, void* counters, cudaStream_t s) {
+absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, int k_boxes, int ctas, const __half* x,
+                               RotatingCopies& w, __half* act, float* partials, void* counters, cudaStream_t s) {
   const int h = m.hidden, f = m.ffn;
   const std::vector<bool> down = cuda::StreamFfnItemIsDown(h, f, chunks, lag);
   const int items = static_cast<int>(down.size());
@@ -739,7 +741,7 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, co
     if (absl::Status e = cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
                                           .w_down = wc + gu_elems, .act = act, .chunks = chunks, .lag = lag,
                                           .partials = partials, .partial_stride = int64_t(rows) * h,
-                                          .workspace = counters,
+                                          .workspace = counters, .ctas = ctas, .k_boxes = k_boxes,
                                           .timeline = static_cast<uint64_t*>(buf->get())},
                                          s);
         !e.ok()) {
@@ -748,15 +750,15 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, co
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
   }
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(t.data(), buf->get(), words * 8, cudaMemcpyDeviceToHost));
-  int ctas = 0;
-  while (ctas < items && t[4 * items + 2 * ctas + 1] != 0) ++ctas;
+  int ran = 0;  // CTAs that ran
+  while (ran < items && t[4 * items + 2 * ran + 1] != 0) ++ran;
   uint64_t t0 = ~0ull, t_end = 0;
   std::vector<double> ends;
-  for (int b = 0; b < ctas; ++b) {
+  for (int b = 0; b < ran; ++b) {
     t0 = std::min(t0, t[4 * items + 2 * b]);
     t_end = std::max(t_end, t[4 * items + 2 * b + 1]);
   }
-  for (int b = 0; b < ctas; ++b) ends.push_back((t[4 * items + 2 * b + 1] - t0) * 1e-3);
+  for (int b = 0; b < ran; ++b) ends.push_back((t[4 * items + 2 * b + 1] - t0) * 1e-3);
   std::sort(ends.begin(), ends.end());
   // Per SM, items in the order they finished: an item's service time is from the previous one's
   // finish (the first's from the launch's start: its ramp).
@@ -782,7 +784,10 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, co
   const double span = (t_end - t0) * 1e-3, bytes = 2.0 * (gu_elems + size_t(h) * f);
   const double gu_kb = 64.0 * h * 2 / 1024, down_kb = 64.0 * (f / chunks) * 2 / 1024;
   const double gu_us = n_service[0] ? service[0] / n_service[0] : 0, down_us = n_service[1] ? service[1] / n_service[1] : 0;
-  std::printf("| | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f |\n",
+  std::printf("| %s | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f |\n",
+              absl::StrCat(k_boxes == 2 ? "" : absl::StrCat(k_boxes, " k boxes a stage"),
+                           ctas > 0 ? absl::StrCat(k_boxes == 2 ? "" : ", ", ctas, " CTAs") : "")
+                  .c_str(),
               rows, chunks, lag, span, bytes / (span * 1e-6) / 1e12, firsts ? first_done / firsts : 0.0, gu_us,
               gu_us > 0 ? gu_kb * 1024 / (gu_us * 1e3) : 0.0, down_us, down_us > 0 ? down_kb * 1024 / (down_us * 1e3) : 0.0,
               waited, wait_sum, wait_max, ends.front(), ends[ends.size() / 2], ends[ends.size() * 9 / 10], ends.back());
@@ -895,15 +900,17 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     const char* names[] = {"two halves at once", "B's gate/up after A's", "two halves at once, B at low priority"};
     std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
     for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
-    for (auto [chunks, lag] : kStreamFfnShapes) {  // the whole block in one persistent launch
+    for (auto [chunks, lag, k_boxes] : kStreamFfnShapes) {  // the whole block in one persistent launch
       if (rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
-      variants.push_back({"StreamFfn, down in " + std::to_string(chunks) + " k chunks, lag " + std::to_string(lag),
-                          [&, chunks, lag]() -> absl::Status {
+      variants.push_back({absl::StrCat("StreamFfn, down in ", chunks, " k chunks, lag ", lag,
+                                       k_boxes == 2 ? "" : absl::StrCat(", ", k_boxes, " k boxes a stage")),
+                          [&, chunks, lag, k_boxes]() -> absl::Status {
                             const __half* wc = weights();
                             return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
                                                     .w_down = wc + gu_elems, .act = act_out, .chunks = chunks,
                                                     .lag = lag, .partials = static_cast<float*>(partials->get()),
-                                                    .partial_stride = int64_t(rows) * h, .workspace = counters->get()},
+                                                    .partial_stride = int64_t(rows) * h, .workspace = counters->get(),
+                                                    .k_boxes = k_boxes},
                                                    sa.get());
                           }});
     }
@@ -957,9 +964,21 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       "| down item µs (GB/s an SM) | down waits > 0.5 µs (sum, max µs) | CTA ends: first, median, 90%%, last |\n"
       "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|\n");
   for (int rows : rows_list) {
-    for (auto [chunks, lag] : kStreamFfnShapes) {
+    for (auto [chunks, lag, k_boxes] : kStreamFfnShapes) {
       if (rows < 2 || rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
-      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, x, *w, act_out,
+      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, k_boxes, 0, x, *w, act_out,
+                                             static_cast<float*>(partials->get()), counters->get(), sa.get());
+          !e.ok()) {
+        return e;
+      }
+    }
+    // On half the SMs the DRAM leaves each CTA more than it takes (an H100's 3.2 TB/s over 66 SMs:
+    // 48 GB/s an SM), so an item's rate shows what one SM's pipeline does, on any machine.
+    int sms = 0;
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    for (int k_boxes : {1, 2, 4}) {
+      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || f % (64 * 4) != 0) continue;
+      if (absl::Status e = StreamFfnTimeline(m, rows, 4, 3, k_boxes, sms / 2, x, *w, act_out,
                                              static_cast<float*>(partials->get()), counters->get(), sa.get());
           !e.ok()) {
         return e;

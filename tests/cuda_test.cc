@@ -384,7 +384,7 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
   Dev<int> work(std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0));
   for (auto [rows, h, f, chunks, lag] :
        {std::tuple{1, 192, 256, 4, 2}, {5, 256, 512, 2, 1}, {16, 128, 384, 3, 4}, {16, 320, 640, 5, 2},
-        {13, 192, 1024, 8, 3}, {7, 128, 1024, 16, 5}, {3, 64, 128, 1, 2}}) {
+        {13, 192, 1024, 8, 3}, {7, 128, 1024, 16, 5}, {3, 64, 128, 1, 2}, {16, 512, 1024, 4, 3}}) {
     auto xf = Random(size_t(rows) * h, rng), guf = Random(size_t(2) * f * h, rng, 0.1f),
          df = Random(size_t(h) * f, rng, 0.05f);
     const std::vector<__half> xh = RoundToHalf(xf), guh = RoundToHalf(guf), dh = RoundToHalf(df);
@@ -400,20 +400,23 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
         want_act[size_t(r) * f + j] = __half2float(__float2half(float(g / (1 + std::exp(-g)) * u)));
       }
     }
-    for (auto [ctas, overlap] : {std::pair{0, false}, {3, false}, {1, false}, {0, true}, {1, true}}) {
+    // k_boxes 4 takes 4 boxes a stage where both k's are multiples of 256 (hidden 256 and 512 here).
+    for (auto [ctas, overlap, k_boxes] : {std::tuple{0, false, 2}, {3, false, 2}, {1, false, 2}, {0, true, 2},
+                                          {1, true, 2}, {0, false, 4}, {1, true, 4}}) {
       const int64_t stride = int64_t(rows) * h + 8;
       Dev<float> dp(std::vector<float>(size_t(stride) * chunks, std::nanf("")));
       Dev<__half> dact(std::vector<__half>(size_t(rows) * f, __float2half(std::nanf(""))));
       ASSERT_TRUE(cuda::StreamFfn({.x = dx.p, .rows = rows, .hidden = h, .w_gate_up = dgu.p, .ffn = f, .w_down = dd.p,
                                    .act = dact.p, .chunks = chunks, .lag = lag, .partials = dp.p,
                                    .partial_stride = stride, .workspace = work.p, .ctas = ctas,
-                                   .overlap_previous = overlap},
+                                   .overlap_previous = overlap, .k_boxes = k_boxes},
                                   nullptr)
                       .ok());
       const std::string where = "rows " + std::to_string(rows) + " hidden " + std::to_string(h) + " ffn " +
                                 std::to_string(f) + " chunks " + std::to_string(chunks) + " lag " +
-                                std::to_string(lag) + " ctas " + std::to_string(ctas) +
-                                (overlap ? " overlapped" : "") + " seed " + std::to_string(seed);
+                                std::to_string(lag) + " ctas " + std::to_string(ctas) + " k boxes " +
+                                std::to_string(k_boxes) + (overlap ? " overlapped" : "") + " seed " +
+                                std::to_string(seed);
       const std::vector<float> act = ToFloats(dact.Get());
       EXPECT_LE(RelL2(act, want_act), 2e-3) << where;
       const std::vector<float> got = dp.Get();
@@ -1689,17 +1692,20 @@ INSTANTIATE_TEST_SUITE_P(
 // BlockLateO: that with 4 key stages asked for (the engine's ring choice; these contexts, ≤ ~105
 // tokens, give a warp one tile, so the kernel test is what exercises the extra stages) and W_o's
 // ring growing into the key buffers after the merge.
-enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO };
+// kStreamFfn: the FFN as one StreamFfn launch, on qwen2-bias-tied (llama-gqa's ffn 688 is not a
+// multiple of 64), its q/k/v bias through the attention block.
+enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   REQUIRE_GPU();
   TAILSERVE_REQUIRE_SHARED();
   const BatchCase mode = GetParam();
-  auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
+  auto engine = CudaEngine::Load(testing::ReferenceDir(mode == kStreamFfn ? "qwen2-bias-tied" : "llama-gqa"),
                                  {.kv_dtype = mode >= kFusedBlock ? KvDtype::kFp8E4M3 : KvDtype::kFp16,
                                   .kv_memory_fraction = 0.05,
                                   .ffn_halves_min_bytes = mode == kHalves ? 0 : std::numeric_limits<int64_t>::max(),
+                                  .stream_ffn_chunks = mode == kStreamFfn ? 4 : 0,
                                   .attention_block = mode == kFusedBlock ? CudaEngineOptions::AttentionBlockUse::kWhole
                                                      : mode >= kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
                                                                               : CudaEngineOptions::AttentionBlockUse::kOff,
@@ -1801,11 +1807,11 @@ TEST(CudaEngineOptionsTest, AttentionBlockKeyStagesOnlyAfterQkv) {
 }
 
 std::string BatchCaseName(const ::testing::TestParamInfo<BatchCase>& info) {
-  static const char* kNames[] = {"OneStream", "Halves", "FusedBlock", "BlockAfterQkv", "BlockLateO"};
+  static const char* kNames[] = {"OneStream", "Halves", "FusedBlock", "BlockAfterQkv", "BlockLateO", "StreamFfn"};
   return kNames[info.param];
 }
 INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
-                         ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO),
+                         ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn),
                          BatchCaseName);
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current

@@ -17,6 +17,7 @@
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
+#include "worker/backends/cuda/kernels/stream_gemm.h"
 
 namespace tailserve {
 namespace {
@@ -78,7 +79,8 @@ struct CudaEngine::Buffers {
   // attention (RoPE with an FP16 cache) and the norms add.
   float* qkv_partials = nullptr;       // [kDecodeKSplits][max_bucket, q + 2 kv]
   void* attention_block_workspace = nullptr;  // AttentionBlock's counters (zeroed once; each launch leaves them so)
-  float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN halves' down
+  float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN halves' (StreamFfn's) down
+  char* stream_counters = nullptr;     // StreamFfn's workspace
   void* cublas_workspace = nullptr;
   void* side_cublas_workspace = nullptr;  // side_gemm_'s, as large
   size_t cublas_workspace_bytes = 32 << 20;
@@ -315,7 +317,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
                             (2 * static_cast<size_t>(c.num_layers) + 1) * 4 +
-                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) +
+                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) + cuda::kStreamGemmWorkspaceBytes +
                             cuda::kAttentionBlockWorkspaceBytes + 64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
@@ -386,6 +388,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.qkv_partials = a.Take<float>(kDecodeKSplits * max_bucket_ * (qd + 2 * kvd));
   b.attention_block_workspace = a.Take<char>(cuda::kAttentionBlockWorkspaceBytes);
   b.residual_partials = a.Take<float>(2 * kDecodeKSplits * max_bucket_ * h);
+  b.stream_counters = a.Take<char>(cuda::kStreamGemmWorkspaceBytes);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   b.side_cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   if (!b.side_cublas_workspace) return absl::InternalError("cuda: workspace arena too small (a sizing bug)");
@@ -397,6 +400,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   if (!gemm.ok()) return gemm.status();
   side_gemm_ = *std::move(gemm);
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.clamps, 0, 8));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.stream_counters, 0, cuda::kStreamGemmWorkspaceBytes));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.attention_block_workspace, 0, cuda::kAttentionBlockWorkspaceBytes));
   // Inputs start valid (token 0 at position 0 of the trash row) so padded graph rows are harmless.
   std::memset(b.host_inputs.get(), 0, inputs_bytes);
@@ -513,8 +517,18 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // the 1B's (100 MB) got slower (engine b16 1.19 → 1.22 ms): each half's GEMMs are then too short
   // to hide anything, hence the size floor (options_.ffn_halves_min_bytes). Not when profiling (one
   // event after each op on one stream; the whole-FFN shapes then run on cuBLASLt's untimed pick).
-  const bool ffn_halves = split_k && c.num_experts == 0 && f % 16 == 0 && profile_ == nullptr &&
-                          3 * int64_t{h} * f * 2 >= options_.ffn_halves_min_bytes;
+  // Or (options_.stream_ffn_chunks) at up to 16 rows one StreamFfn launch, down's k chunks the
+  // partials the next norm adds.
+  int stream_ffn_chunks = 0;
+  if (options_.stream_ffn_chunks > 0 && split_k && rows <= cuda::kStreamGemmMaxRows && c.num_experts == 0 &&
+      h % 64 == 0) {
+    for (int chunks = std::min(options_.stream_ffn_chunks, cuda::kMaxPartials); chunks >= 1 && !stream_ffn_chunks;
+         chunks /= 2) {
+      if (f % (64 * chunks) == 0) stream_ffn_chunks = chunks;
+    }
+  }
+  const bool ffn_halves = split_k && stream_ffn_chunks == 0 && c.num_experts == 0 && f % 16 == 0 &&
+                          profile_ == nullptr && 3 * int64_t{h} * f * 2 >= options_.ffn_halves_min_bytes;
   auto gemm_split_k = [&](cuda::GemmRunner& gemm, const __half* x, int k, const __half* w, int n, float* out,
                           int64_t stride, cuda::Partials* written, int ldw = 0) -> absl::Status {
     absl::StatusOr<int> chunks = gemm.RunSplitK(x, rows, k, w, n, kDecodeKSplits, out, stride, ldw);
@@ -598,7 +612,16 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     // The weight folded into gate/up.
     TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
     pending = {};
-    if (ffn_halves) {
+    if (stream_ffn_chunks > 0) {
+      TRY("ffn", cuda::StreamFfn({.x = b.xn, .rows = rows, .hidden = h, .w_gate_up = L.w_gate_up, .ffn = f,
+                                  .w_down = L.w_down, .act = b.act, .chunks = stream_ffn_chunks,
+                                  .lag = options_.stream_ffn_lag, .partials = b.residual_partials,
+                                  .partial_stride = residual_stride, .workspace = b.stream_counters,
+                                  .overlap_previous = shape.overlap_previous,
+                                  .k_boxes = options_.stream_ffn_k_boxes},
+                                 s));
+      pending = {b.residual_partials, stream_ffn_chunks, residual_stride};
+    } else if (ffn_halves) {
       // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.
       cudaStream_t side = side_stream_.get();
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(ffn_fork_.get(), s));

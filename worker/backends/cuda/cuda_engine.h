@@ -38,6 +38,15 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
+  // Decode at 2-16 rows: a dense FFN as one StreamFfn launch (kernels/stream_gemm.h: gate/up,
+  // SwiGLU and down in one persistent grid) instead of cuBLASLt's halves, down in this many k
+  // chunks (fewer where ffn does not divide; at most kMaxPartials), taken `stream_ffn_lag` gate/up
+  // groups behind, up to `stream_ffn_k_boxes` k boxes a ring stage. 0: off, until measured on the
+  // H200 (bench/CUDA_NOTES.md 12-06 (48): with 4 k boxes a stage its per-SM rate is no longer
+  // capped at ~26 GB/s; on an H100, b16 5.932 → 5.894 ms against the halves).
+  int stream_ffn_chunks = 0;
+  int stream_ffn_lag = 3;
+  int stream_ffn_k_boxes = 4;
   // After timing each cuBLASLt shape alone, time up to this many of its candidates inside the
   // captured step and keep the fastest (CudaEngine::TuneInSitu; 1: the pick timed alone). 12 took
   // longer to load and gave the 8B step nothing more than 6 (b16 4.607 / 4.620 against 4.600 /

@@ -434,8 +434,11 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   }
   absl::StatusOr<int> ctas = CtasOrSms(a.ctas);
   if (!ctas.ok()) return ctas.status();
-  // Two 64-wide k boxes a stage where both k's allow (StreamGemm's fastest at 16 rows), else one.
-  const int kb = a.hidden % (2 * kTileK) == 0 && (a.ffn / c) % (2 * kTileK) == 0 ? 2 : 1;
+  // The most k boxes a stage that both k's allow, up to a.k_boxes.
+  int kb = 1;
+  for (int b : {4, 2}) {
+    if (kb == 1 && b <= a.k_boxes && a.hidden % (b * kTileK) == 0 && (a.ffn / c) % (b * kTileK) == 0) kb = b;
+  }
   CUtensorMap maps[4];
   if (absl::Status s = Map(&maps[0], a.w_gate_up, a.hidden, 2 * a.ffn, 64); !s.ok()) return s;
   if (absl::Status s = Map(&maps[1], a.x, a.hidden, a.rows, 16); !s.ok()) return s;
@@ -454,6 +457,7 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
     p.segment_kind[p.segments] = segment.down ? kDown : kGateUp, p.segment_group[p.segments] = segment.group;
     ++p.segments;
   }
+  if (kb == 4) return Launch<1, 4>(maps, p, *ctas, stream);
   return kb == 2 ? Launch<1, 2>(maps, p, *ctas, stream) : Launch<1, 1>(maps, p, *ctas, stream);
 }
 

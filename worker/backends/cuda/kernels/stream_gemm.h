@@ -96,6 +96,11 @@ struct StreamFfnArgs {
   void* workspace = nullptr;  // as StreamGemmArgs::workspace
   int ctas = 0;               // 0: one an SM
   bool overlap_previous = false;
+  // The most 64-wide k boxes a ring stage holds (1, 2 or 4; the largest that divides both k's is
+  // taken). A stage costs a fixed time beside its bytes: at 2 boxes an item streams at ~26 GB/s an
+  // SM on the H100 and the H200 alike, short of the H200's ~34; on half an H100's SMs (room in the
+  // DRAM for each) 1 / 2 / 4 boxes stream at 17 / 27 / 42 GB/s an SM (bench/CUDA_NOTES.md 12-06 (48)).
+  int k_boxes = 2;
   // The kernel bench's timeline (null: none): for item i, timeline[4i ..] = {taken, ns spent waiting
   // for act (down items), done, SM}, times in %globaltimer ns; for CTA b, timeline[4 · items + 2b ..]
   // = {start, end}.
