@@ -98,7 +98,8 @@ int Main(int argc, char** argv) {
   int64_t ffn_halves_min_bytes = CudaEngineOptions{}.ffn_halves_min_bytes;
   int in_situ_candidates = CudaEngineOptions{}.in_situ_candidates;
   int stream_ffn_chunks = CudaEngineOptions{}.stream_ffn_chunks, stream_ffn_lag = CudaEngineOptions{}.stream_ffn_lag,
-      stream_ffn_k_boxes = CudaEngineOptions{}.stream_ffn_k_boxes;
+      stream_ffn_k_boxes = CudaEngineOptions{}.stream_ffn_k_boxes,
+      stream_ffn_last_chunk = CudaEngineOptions{}.stream_ffn_last_chunk;
   int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
   int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
   bool block_late_o = CudaEngineOptions{}.attention_block_late_o_stages;
@@ -128,6 +129,10 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--stream-ffn-k-boxes", stream_ffn_k_boxes, "with --stream-ffn-chunks: most 64-wide k boxes a ring stage")
       ->check(CLI::IsMember({1, 2, 4}))
+      ->capture_default_str();
+  app.add_option("--stream-ffn-last-chunk", stream_ffn_last_chunk,
+                 "with --stream-ffn-chunks: features of the last down chunk where ffn splits so (0: equal chunks)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--in-situ-candidates", in_situ_candidates,
                  "cuBLASLt candidates a shape tries inside the captured step (1: the pick timed alone)")
@@ -165,6 +170,7 @@ int Main(int argc, char** argv) {
                                          .stream_ffn_chunks = stream_ffn_chunks,
                                          .stream_ffn_lag = stream_ffn_lag,
                                          .stream_ffn_k_boxes = stream_ffn_k_boxes,
+                                         .stream_ffn_last_chunk = stream_ffn_last_chunk,
                                          .in_situ_candidates = in_situ_candidates,
                                          .attention_block =
                                              static_cast<CudaEngineOptions::AttentionBlockUse>(attention_block),

@@ -725,18 +725,27 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
 // StreamFfn's (chunks, lag) pairs the MLP-block bench times: the lag (in gate/up groups) must
 // cover a gate/up item's time in flight, or down's first items wait, and the chunks set the size of
 // down's items, which the tail is made of (lag = chunks: every gate/up item first, then down's).
-// (chunks, lag, k boxes a stage): StreamFfnArgs::k_boxes 4 beside the default 2 at the best lags.
-constexpr std::tuple<int, int, int> kStreamFfnShapes[] = {
-    {4, 2, 2}, {4, 3, 2}, {4, 4, 2}, {8, 3, 2}, {8, 5, 2},  {8, 6, 2},  {8, 8, 2},  {16, 6, 2},
-    {16, 10, 2}, {16, 12, 2}, {16, 16, 2}, {4, 3, 4}, {4, 4, 4}, {8, 6, 4}, {8, 8, 4}};
+// (chunks, lag, k boxes a stage, last chunk): StreamFfnArgs::k_boxes 4 beside the default 2 at the
+// best lags, and a last chunk of 2048 features (the 8B's 14336 = 3 · 4096 + 2048).
+constexpr std::tuple<int, int, int, int> kStreamFfnShapes[] = {
+    {4, 2, 2, 0},  {4, 3, 2, 0},  {4, 4, 2, 0},  {8, 3, 2, 0},  {8, 5, 2, 0},   {8, 6, 2, 0},
+    {8, 8, 2, 0},  {16, 6, 2, 0}, {16, 10, 2, 0}, {16, 12, 2, 0}, {16, 16, 2, 0}, {4, 3, 4, 0},
+    {4, 4, 4, 0},  {8, 6, 4, 0},  {8, 8, 4, 0},  {4, 3, 4, 2048}, {4, 4, 4, 2048}, {4, 2, 4, 2048}};
+
+// The row label's suffix for a StreamFfn shape's k boxes and last chunk (the defaults: none).
+std::string StreamFfnShapeSuffix(int k_boxes, int last_chunk) {
+  return absl::StrCat(k_boxes == 2 ? "" : absl::StrCat(", ", k_boxes, " k boxes a stage"),
+                      last_chunk == 0 ? "" : absl::StrCat(", last chunk ", last_chunk));
+}
 
 // One StreamFfn launch (weights from DRAM) with its %globaltimer timeline, summarised: where the
 // launch's time goes beyond its bytes (the ramp, items' streaming rate an SM, down's waits for
 // act, the tail). Printed once per rows × chunks after the timed table.
-absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, int k_boxes, int ctas, const __half* x,
-                               RotatingCopies& w, __half* act, float* partials, void* counters, cudaStream_t s) {
+absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, int k_boxes, int last_chunk, int ctas,
+                               const __half* x, RotatingCopies& w, __half* act, float* partials, void* counters,
+                               cudaStream_t s) {
   const int h = m.hidden, f = m.ffn;
-  const std::vector<bool> down = cuda::StreamFfnItemIsDown(h, f, chunks, lag);
+  const std::vector<bool> down = cuda::StreamFfnItemIsDown(h, f, chunks, lag, last_chunk);
   const int items = static_cast<int>(down.size());
   // Room for a CTA an item, the most the launch takes; the CTAs that ran are those with an end.
   const size_t words = size_t(4) * items + 2 * items;
@@ -750,6 +759,7 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, in
                                           .w_down = wc + gu_elems, .act = act, .chunks = chunks, .lag = lag,
                                           .partials = partials, .partial_stride = int64_t(rows) * h,
                                           .workspace = counters, .ctas = ctas, .k_boxes = k_boxes,
+                                          .last_chunk = last_chunk,
                                           .timeline = static_cast<uint64_t*>(buf->get())},
                                          s);
         !e.ok()) {
@@ -793,8 +803,7 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, in
   const double gu_kb = 64.0 * h * 2 / 1024, down_kb = 64.0 * (f / chunks) * 2 / 1024;
   const double gu_us = n_service[0] ? service[0] / n_service[0] : 0, down_us = n_service[1] ? service[1] / n_service[1] : 0;
   std::printf("| %s | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f |\n",
-              absl::StrCat(k_boxes == 2 ? "" : absl::StrCat(k_boxes, " k boxes a stage"),
-                           ctas > 0 ? absl::StrCat(k_boxes == 2 ? "" : ", ", ctas, " CTAs") : "")
+              absl::StrCat(StreamFfnShapeSuffix(k_boxes, last_chunk), ctas > 0 ? absl::StrCat(", ", ctas, " CTAs") : "")
                   .c_str(),
               rows, chunks, lag, span, bytes / (span * 1e-6) / 1e12, firsts ? first_done / firsts : 0.0, gu_us,
               gu_us > 0 ? gu_kb * 1024 / (gu_us * 1e3) : 0.0, down_us, down_us > 0 ? down_kb * 1024 / (down_us * 1e3) : 0.0,
@@ -908,17 +917,17 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     const char* names[] = {"two halves at once", "B's gate/up after A's", "two halves at once, B at low priority"};
     std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
     for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
-    for (auto [chunks, lag, k_boxes] : kStreamFfnShapes) {  // the whole block in one persistent launch
-      if (rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
+    for (auto [chunks, lag, k_boxes, last] : kStreamFfnShapes) {  // the whole block in one persistent launch
+      if (rows > cuda::kStreamGemmMaxRows || cuda::StreamFfnItemIsDown(h, f, chunks, lag, last).empty()) continue;
       variants.push_back({absl::StrCat("StreamFfn, down in ", chunks, " k chunks, lag ", lag,
-                                       k_boxes == 2 ? "" : absl::StrCat(", ", k_boxes, " k boxes a stage")),
-                          [&, chunks, lag, k_boxes]() -> absl::Status {
+                                       StreamFfnShapeSuffix(k_boxes, last)),
+                          [&, chunks, lag, k_boxes, last]() -> absl::Status {
                             const __half* wc = weights();
                             return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
                                                     .w_down = wc + gu_elems, .act = act_out, .chunks = chunks,
                                                     .lag = lag, .partials = static_cast<float*>(partials->get()),
                                                     .partial_stride = int64_t(rows) * h, .workspace = counters->get(),
-                                                    .k_boxes = k_boxes},
+                                                    .k_boxes = k_boxes, .last_chunk = last},
                                                    sa.get());
                           }});
     }
@@ -972,9 +981,11 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       "| down item µs (GB/s an SM) | down waits > 0.5 µs (sum, max µs) | CTA ends: first, median, 90%%, last |\n"
       "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|\n");
   for (int rows : rows_list) {
-    for (auto [chunks, lag, k_boxes] : kStreamFfnShapes) {
-      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || f % (64 * chunks) != 0) continue;
-      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, k_boxes, 0, x, *w, act_out,
+    for (auto [chunks, lag, k_boxes, last] : kStreamFfnShapes) {
+      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || cuda::StreamFfnItemIsDown(h, f, chunks, lag, last).empty()) {
+        continue;
+      }
+      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, k_boxes, last, 0, x, *w, act_out,
                                              static_cast<float*>(partials->get()), counters->get(), sa.get());
           !e.ok()) {
         return e;
@@ -986,7 +997,7 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     for (int k_boxes : {1, 2, 4}) {
       if (rows < 2 || rows > cuda::kStreamGemmMaxRows || f % (64 * 4) != 0) continue;
-      if (absl::Status e = StreamFfnTimeline(m, rows, 4, 3, k_boxes, sms / 2, x, *w, act_out,
+      if (absl::Status e = StreamFfnTimeline(m, rows, 4, 3, k_boxes, 0, sms / 2, x, *w, act_out,
                                              static_cast<float*>(partials->get()), counters->get(), sa.get());
           !e.ok()) {
         return e;

@@ -371,20 +371,35 @@ TEST(StreamFfnOrderTest, ItemKindsFollowTheOrder) {
   EXPECT_EQ(cuda::StreamFfnItemIsDown(128, 512, 4, 2), want);
 }
 
+// A last chunk of 64 features (ffn 448: three of 128, then 64): its gate/up group has 2 tiles; a
+// last chunk that is no multiple of 64, or leaves the rest unequal, splits nothing.
+TEST(StreamFfnOrderTest, ALastChunkOfItsOwnSize) {
+  const bool G = false, D = true;
+  const std::vector<bool> want = {G, G, G, G, G, G, G, G, G, G, G, G, D, D,  // GU0 GU1 GU2 D0
+                                  G, G, D, D, D, D, D, D};                   // GU3 D1 D2 D3
+  EXPECT_EQ(cuda::StreamFfnItemIsDown(128, 448, 4, 2, 64), want);
+  EXPECT_TRUE(cuda::StreamFfnItemIsDown(128, 448, 4, 2, 32).empty());
+  EXPECT_TRUE(cuda::StreamFfnItemIsDown(128, 512, 4, 2, 64).empty());
+  EXPECT_TRUE(cuda::StreamFfnItemIsDown(128, 512, 1, 2, 64).empty());
+}
+
 // StreamFfn against the CPU: act = SwiGLU(x · W_gate_upᵀ) rounded to fp16 as the kernel writes
 // it, and each down chunk's partial from the kernel's own act (so a wrong chunk, group count or
-// order shows as an exact mismatch, not as rounding). Odd row counts, one and two k boxes a stage,
-// 1 to 16 chunks at lags 1 to past the last group, one CTA (a producer waiting on its own
-// consumers' gate/up tiles), 3 CTAs and one an SM, and launched programmatically (X copies
-// deferred behind the first W); one workspace throughout (counters reset).
+// order shows as an exact mismatch, not as rounding). Odd row counts, one, two and four k boxes a
+// stage, equal chunks and a last chunk of its own size, 1 to 16 chunks at lags 1 to past the last
+// group, one CTA (a producer waiting on its own consumers' gate/up tiles), 3 CTAs and one an SM,
+// and launched programmatically (X copies deferred behind the first W); one workspace throughout
+// (counters reset).
 TEST(CudaKernelTest, StreamFfnMatchesCpu) {
   REQUIRE_GPU();
   const unsigned seed = 89;
   std::mt19937 rng(seed);
   Dev<int> work(std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0));
-  for (auto [rows, h, f, chunks, lag] :
-       {std::tuple{1, 192, 256, 4, 2}, {5, 256, 512, 2, 1}, {16, 128, 384, 3, 4}, {16, 320, 640, 5, 2},
-        {13, 192, 1024, 8, 3}, {7, 128, 1024, 16, 5}, {3, 64, 128, 1, 2}, {16, 512, 1024, 4, 3}}) {
+  // The last element: StreamFfnArgs::last_chunk (0: equal chunks).
+  for (auto [rows, h, f, chunks, lag, last] :
+       {std::tuple{1, 192, 256, 4, 2, 0}, {5, 256, 512, 2, 1, 0}, {16, 128, 384, 3, 4, 0}, {16, 320, 640, 5, 2, 0},
+        {13, 192, 1024, 8, 3, 0}, {7, 128, 1024, 16, 5, 0}, {3, 64, 128, 1, 2, 0}, {16, 512, 1024, 4, 3, 0},
+        {16, 512, 1792, 4, 3, 256}, {5, 256, 1152, 3, 2, 384}, {13, 192, 704, 4, 4, 128}}) {
     auto xf = Random(size_t(rows) * h, rng), guf = Random(size_t(2) * f * h, rng, 0.1f),
          df = Random(size_t(h) * f, rng, 0.05f);
     const std::vector<__half> xh = RoundToHalf(xf), guh = RoundToHalf(guf), dh = RoundToHalf(df);
@@ -409,20 +424,21 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
       ASSERT_TRUE(cuda::StreamFfn({.x = dx.p, .rows = rows, .hidden = h, .w_gate_up = dgu.p, .ffn = f, .w_down = dd.p,
                                    .act = dact.p, .chunks = chunks, .lag = lag, .partials = dp.p,
                                    .partial_stride = stride, .workspace = work.p, .ctas = ctas,
-                                   .overlap_previous = overlap, .k_boxes = k_boxes},
+                                   .overlap_previous = overlap, .k_boxes = k_boxes, .last_chunk = last},
                                   nullptr)
                       .ok());
       const std::string where = "rows " + std::to_string(rows) + " hidden " + std::to_string(h) + " ffn " +
                                 std::to_string(f) + " chunks " + std::to_string(chunks) + " lag " +
                                 std::to_string(lag) + " ctas " + std::to_string(ctas) + " k boxes " +
-                                std::to_string(k_boxes) + (overlap ? " overlapped" : "") + " seed " +
-                                std::to_string(seed);
+                                std::to_string(k_boxes) + " last chunk " + std::to_string(last) +
+                                (overlap ? " overlapped" : "") + " seed " + std::to_string(seed);
       const std::vector<float> act = ToFloats(dact.Get());
       EXPECT_LE(RelL2(act, want_act), 2e-3) << where;
       const std::vector<float> got = dp.Get();
-      const int fc = f / chunks;
+      const int fc = last > 0 ? (f - last) / (chunks - 1) : f / chunks;
       for (int c = 0; c < chunks; ++c) {
-        const ChunkCheck cc = ChunkOfProduct(act, dh, rows, h, f, c * fc, (c + 1) * fc, got.data() + c * stride);
+        const int end = c == chunks - 1 ? f : (c + 1) * fc;
+        const ChunkCheck cc = ChunkOfProduct(act, dh, rows, h, f, c * fc, end, got.data() + c * stride);
         EXPECT_LE(RelL2(cc.mine, cc.want), 1e-5) << where << " chunk " << c;
       }
     }
@@ -434,6 +450,12 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
                             nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);  // ffn not a multiple of 64
+  EXPECT_EQ(cuda::StreamFfn({.x = dx.p, .rows = 1, .hidden = 64, .w_gate_up = dw.p, .ffn = 64, .w_down = dw.p,
+                             .act = dact.p, .chunks = 1, .partials = dp.p, .partial_stride = 64, .workspace = work.p,
+                             .last_chunk = 32},
+                            nullptr)
+                .code(),
+            absl::StatusCode::kInvalidArgument);  // a last chunk needs another chunk beside it
 }
 
 // A Gemv launched programmatically starts while its predecessor runs and must still read that
@@ -1693,19 +1715,22 @@ INSTANTIATE_TEST_SUITE_P(
 // tokens, give a warp one tile, so the kernel test is what exercises the extra stages) and W_o's
 // ring growing into the key buffers after the merge.
 // kStreamFfn: the FFN as one StreamFfn launch, on qwen2-bias-tied (llama-gqa's ffn 688 is not a
-// multiple of 64), its q/k/v bias through the attention block.
-enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn };
+// multiple of 64), its q/k/v bias through the attention block; kStreamFfnLast: in 3 chunks, the
+// last of 128 features (ffn 512 = 2 · 192 + 128).
+enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn, kStreamFfnLast };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   REQUIRE_GPU();
   TAILSERVE_REQUIRE_SHARED();
   const BatchCase mode = GetParam();
-  auto engine = CudaEngine::Load(testing::ReferenceDir(mode == kStreamFfn ? "qwen2-bias-tied" : "llama-gqa"),
+  const bool stream_ffn = mode == kStreamFfn || mode == kStreamFfnLast;
+  auto engine = CudaEngine::Load(testing::ReferenceDir(stream_ffn ? "qwen2-bias-tied" : "llama-gqa"),
                                  {.kv_dtype = mode >= kFusedBlock ? KvDtype::kFp8E4M3 : KvDtype::kFp16,
                                   .kv_memory_fraction = 0.05,
                                   .ffn_halves_min_bytes = mode == kHalves ? 0 : std::numeric_limits<int64_t>::max(),
-                                  .stream_ffn_chunks = mode == kStreamFfn ? 4 : 0,
+                                  .stream_ffn_chunks = mode == kStreamFfn ? 4 : mode == kStreamFfnLast ? 3 : 0,
+                                  .stream_ffn_last_chunk = mode == kStreamFfnLast ? 128 : 0,
                                   .attention_block = mode == kFusedBlock ? CudaEngineOptions::AttentionBlockUse::kWhole
                                                      : mode >= kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
                                                                               : CudaEngineOptions::AttentionBlockUse::kOff,
@@ -1807,11 +1832,13 @@ TEST(CudaEngineOptionsTest, AttentionBlockKeyStagesOnlyAfterQkv) {
 }
 
 std::string BatchCaseName(const ::testing::TestParamInfo<BatchCase>& info) {
-  static const char* kNames[] = {"OneStream", "Halves", "FusedBlock", "BlockAfterQkv", "BlockLateO", "StreamFfn"};
+  static const char* kNames[] = {"OneStream",  "Halves",    "FusedBlock",    "BlockAfterQkv",
+                                 "BlockLateO", "StreamFfn", "StreamFfnLast"};
   return kNames[info.param];
 }
 INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
-                         ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn),
+                         ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn,
+                                           kStreamFfnLast),
                          BatchCaseName);
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current

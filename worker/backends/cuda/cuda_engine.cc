@@ -519,12 +519,17 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // event after each op on one stream; the whole-FFN shapes then run on cuBLASLt's untimed pick).
   // Or (options_.stream_ffn_chunks) at up to 16 rows one StreamFfn launch, down's k chunks the
   // partials the next norm adds.
-  int stream_ffn_chunks = 0;
+  int stream_ffn_chunks = 0, stream_ffn_last = 0;
   if (options_.stream_ffn_chunks > 0 && split_k && rows <= cuda::kStreamGemmMaxRows && c.num_experts == 0 &&
       h % 64 == 0) {
     for (int chunks = std::min(options_.stream_ffn_chunks, cuda::kMaxPartials); chunks >= 1 && !stream_ffn_chunks;
          chunks /= 2) {
-      if (f % (64 * chunks) == 0) stream_ffn_chunks = chunks;
+      const int last = options_.stream_ffn_last_chunk;
+      if (!cuda::StreamFfnItemIsDown(h, f, chunks, options_.stream_ffn_lag, last).empty()) {
+        stream_ffn_chunks = chunks, stream_ffn_last = last;
+      } else if (f % (64 * chunks) == 0) {
+        stream_ffn_chunks = chunks;
+      }
     }
   }
   const bool ffn_halves = split_k && stream_ffn_chunks == 0 && c.num_experts == 0 && f % 16 == 0 &&
@@ -618,7 +623,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                   .lag = options_.stream_ffn_lag, .partials = b.residual_partials,
                                   .partial_stride = residual_stride, .workspace = b.stream_counters,
                                   .overlap_previous = shape.overlap_previous,
-                                  .k_boxes = options_.stream_ffn_k_boxes},
+                                  .k_boxes = options_.stream_ffn_k_boxes, .last_chunk = stream_ffn_last},
                                  s));
       pending = {b.residual_partials, stream_ffn_chunks, residual_stride};
     } else if (ffn_halves) {

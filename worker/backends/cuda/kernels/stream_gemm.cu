@@ -60,7 +60,10 @@ struct Params {
   int stages;     // of the ring: Config::kStages (0 asks for them), or fewer (StreamGemmArgs::max_ring_bytes)
   // The FFN (ffn > 0): items in segments of one kind and group, in this order, so that a down
   // segment comes `lag` gate/up groups after its own (its features long written when it is taken).
-  int ffn, hidden, gate_up_tiles, down_tiles, gate_up_k_blocks;  // tiles: a group's
+  int ffn, hidden, down_tiles, gate_up_k_blocks;  // down_tiles: a group's
+  // Feature group g: features [group_first[g], + group_features[g]), gate/up tiles from
+  // group_first[g] / 32 (a tile: 32 features' gate and up), down's k blocks.
+  int group_first[kStreamFfnMaxChunks], group_features[kStreamFfnMaxChunks], group_k_blocks[kStreamFfnMaxChunks];
   __half* act;
   int segments, segment_kind[kMaxSegments], segment_group[kMaxSegments];
   uint64_t* timeline;  // StreamFfnArgs::timeline
@@ -77,22 +80,27 @@ __device__ __forceinline__ Item Decode(const Params& p, int item) {
   }
   for (int s = 0; s < p.segments; ++s) {
     const ItemKind kind = static_cast<ItemKind>(p.segment_kind[s]);
-    const int g = p.segment_group[s], count = kind == kGateUp ? p.gate_up_tiles : p.down_tiles;
+    const int g = p.segment_group[s], count = kind == kGateUp ? p.group_features[g] / 32 : p.down_tiles;
     if (item < count) {
-      return kind == kGateUp ? Item{kGateUp, g, g * p.gate_up_tiles + item, 0, p.gate_up_k_blocks}
-                             : Item{kDown, g, item, g * p.chunk_k, p.k_blocks};
+      return kind == kGateUp ? Item{kGateUp, g, p.group_first[g] / 32 + item, 0, p.gate_up_k_blocks}
+                             : Item{kDown, g, item, p.group_first[g], p.group_k_blocks[g]};
     }
     item -= count;
   }
   return {kGemm, 0, 0, 0, 0};  // unreachable for item < p.items
 }
 
-// A StreamFfn feature group's items: gate/up tiles (64 interleaved columns of its ffn / chunks
-// features) and down tiles (64 columns of hidden).
-struct FfnTiles {
-  int gate_up, down;
-};
-FfnTiles TilesOf(int hidden, int ffn, int chunks) { return {2 * (ffn / chunks) / 64, (hidden + 63) / 64}; }
+// StreamFfn's feature groups (down's k chunks): ffn / chunks features each, or with a last chunk
+// of `last` features the others sharing the rest equally; empty where that does not split into
+// multiples of 64 (a k box).
+std::vector<int> GroupFeatures(int ffn, int chunks, int last) {
+  if (chunks < 1 || ffn <= 0 || last < 0 || last >= ffn || (last > 0 && chunks < 2)) return {};
+  const int rest = last > 0 ? ffn - last : ffn, equal = last > 0 ? chunks - 1 : chunks;
+  if (rest % (kTileK * equal) != 0 || last % kTileK != 0) return {};
+  std::vector<int> features(equal, rest / equal);
+  if (last > 0) features.push_back(last);
+  return features;
+}
 
 __device__ __forceinline__ uint64_t GlobalTimer() {
   uint64_t t;
@@ -200,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             // stores, released by their count), read here by the TMA (the async proxy).
             wait_once();
             const uint64_t spin_start = p.timeline ? GlobalTimer() : 0;
-            while (LoadAcquire(p.counters + 2 + it.group) < p.gate_up_tiles) __nanosleep(32);
+            while (LoadAcquire(p.counters + 2 + it.group) < p.group_features[it.group] / 32) __nanosleep(32);
             asm volatile("fence.proxy.async.global;" ::: "memory");
             if (p.timeline) p.timeline[4 * item + 1] = GlobalTimer() - spin_start;
           }
@@ -411,11 +419,12 @@ std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag) {
   return order;
 }
 
-std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag) {
-  const FfnTiles tiles = TilesOf(hidden, ffn, chunks);
+std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag, int last_chunk) {
+  const std::vector<int> features = GroupFeatures(ffn, chunks, last_chunk);
   std::vector<bool> down;
+  if (features.empty()) return down;
   for (const StreamFfnSegment& segment : StreamFfnOrder(chunks, lag)) {
-    down.insert(down.end(), segment.down ? tiles.down : tiles.gate_up, segment.down);
+    down.insert(down.end(), segment.down ? (hidden + 63) / 64 : features[segment.group] / 32, segment.down);
   }
   return down;
 }
@@ -423,21 +432,25 @@ std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag) 
 absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const int c = a.chunks;
+  const std::vector<int> features = GroupFeatures(a.ffn, c, a.last_chunk);
   if (a.rows < 1 || a.rows > kStreamGemmMaxRows || c < 1 || c > kStreamFfnMaxChunks || a.lag < 1 || a.hidden <= 0 ||
-      a.hidden % kTileK != 0 || a.ffn <= 0 || a.ffn % (kTileK * c) != 0 || a.x == nullptr || a.w_gate_up == nullptr ||
+      a.hidden % kTileK != 0 || features.empty() || a.x == nullptr || a.w_gate_up == nullptr ||
       a.w_down == nullptr || a.act == nullptr || a.partials == nullptr || a.workspace == nullptr || !aligned(a.x) ||
       !aligned(a.w_gate_up) || !aligned(a.w_down) || !aligned(a.act) ||
       a.partial_stride < static_cast<int64_t>(a.rows) * a.hidden) {
     return absl::InvalidArgumentError(
-        "StreamFfn: 1..16 rows, 1..16 chunks, a lag of 1 or more, hidden a multiple of 64, ffn of 64 · chunks, x, the weights and act "
-        "16-byte aligned, partials at least rows · hidden apart, a workspace");
+        "StreamFfn: 1..16 rows, 1..16 chunks, a lag of 1 or more, hidden a multiple of 64, ffn of 64 · chunks (with a "
+        "last chunk: it and the rest's equal shares multiples of 64), x, the weights and act 16-byte aligned, partials "
+        "at least rows · hidden apart, a workspace");
   }
   absl::StatusOr<int> ctas = CtasOrSms(a.ctas);
   if (!ctas.ok()) return ctas.status();
-  // The most k boxes a stage that both k's allow, up to a.k_boxes.
+  // The most k boxes a stage that hidden and every group allow, up to a.k_boxes.
   int kb = 1;
   for (int b : {4, 2}) {
-    if (kb == 1 && b <= a.k_boxes && a.hidden % (b * kTileK) == 0 && (a.ffn / c) % (b * kTileK) == 0) kb = b;
+    bool fits = kb == 1 && b <= a.k_boxes && a.hidden % (b * kTileK) == 0;
+    for (int n : features) fits = fits && n % (b * kTileK) == 0;
+    if (fits) kb = b;
   }
   CUtensorMap maps[4];
   if (absl::Status s = Map(&maps[0], a.w_gate_up, a.hidden, 2 * a.ffn, 64); !s.ok()) return s;
@@ -445,14 +458,16 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   if (absl::Status s = Map(&maps[2], a.w_down, a.ffn, a.hidden, 64); !s.ok()) return s;
   if (absl::Status s = Map(&maps[3], a.act, a.ffn, a.rows, 16); !s.ok()) return s;
   Params p{};
-  p.rows = a.rows, p.n = 2 * a.ffn, p.chunks = c, p.chunk_k = a.ffn / c, p.k_blocks = p.chunk_k / (kTileK * kb);
+  p.rows = a.rows, p.n = 2 * a.ffn, p.chunks = c;
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
   p.timeline = a.timeline;
   p.ffn = a.ffn, p.hidden = a.hidden, p.act = a.act;
-  const FfnTiles tiles = TilesOf(a.hidden, a.ffn, c);
-  p.gate_up_tiles = tiles.gate_up, p.down_tiles = tiles.down, p.gate_up_k_blocks = a.hidden / (kTileK * kb);
-  p.items = c * (p.gate_up_tiles + p.down_tiles);
+  p.down_tiles = (a.hidden + 63) / 64, p.gate_up_k_blocks = a.hidden / (kTileK * kb);
+  for (int g = 0, first = 0; g < c; first += features[g], ++g) {
+    p.group_first[g] = first, p.group_features[g] = features[g], p.group_k_blocks[g] = features[g] / (kTileK * kb);
+  }
+  p.items = c * p.down_tiles + a.ffn / 32;
   for (const StreamFfnSegment& segment : StreamFfnOrder(c, a.lag)) {
     p.segment_kind[p.segments] = segment.down ? kDown : kGateUp, p.segment_group[p.segments] = segment.group;
     ++p.segments;

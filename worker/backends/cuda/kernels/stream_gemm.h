@@ -101,6 +101,10 @@ struct StreamFfnArgs {
   // SM on the H100 and the H200 alike, short of the H200's ~34; on half an H100's SMs (room in the
   // DRAM for each) 1 / 2 / 4 boxes stream at 17 / 27 / 42 GB/s an SM (bench/CUDA_NOTES.md 12-06 (48)).
   int k_boxes = 2;
+  // Features of the last chunk (0: ffn / chunks, as the others'); the other chunks share the rest
+  // equally. A smaller last chunk shortens the launch's tail: its down items, the last taken and
+  // only hidden / 64 of them, wait for its gate/up and then run on fewer CTAs than the grid has.
+  int last_chunk = 0;
   // The kernel bench's timeline (null: none): for item i, timeline[4i ..] = {taken, ns spent waiting
   // for act (down items), done, SM}, times in %globaltimer ns; for CTA b, timeline[4 · items + 2b ..]
   // = {start, end}.
@@ -119,7 +123,7 @@ struct StreamFfnSegment {
 std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag);
 
 // StreamFfn's items in the order its grid takes them, true for a down item: what the timeline's
-// item records are (the kernel bench).
-std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag);
+// item records are (the kernel bench). Empty where ffn does not split (StreamFfnArgs::last_chunk).
+std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag, int last_chunk = 0);
 
 }  // namespace tailserve::cuda
