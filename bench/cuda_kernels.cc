@@ -918,7 +918,7 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
     for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
     for (auto [chunks, lag, k_boxes, last] : kStreamFfnShapes) {  // the whole block in one persistent launch
-      if (rows > cuda::kStreamGemmMaxRows || cuda::StreamFfnItemIsDown(h, f, chunks, lag, last).empty()) continue;
+      if (rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, chunks, last)) continue;
       variants.push_back({absl::StrCat("StreamFfn, down in ", chunks, " k chunks, lag ", lag,
                                        StreamFfnShapeSuffix(k_boxes, last)),
                           [&, chunks, lag, k_boxes, last]() -> absl::Status {
@@ -982,9 +982,7 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|\n");
   for (int rows : rows_list) {
     for (auto [chunks, lag, k_boxes, last] : kStreamFfnShapes) {
-      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || cuda::StreamFfnItemIsDown(h, f, chunks, lag, last).empty()) {
-        continue;
-      }
+      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, chunks, last)) continue;
       if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, k_boxes, last, 0, x, *w, act_out,
                                              static_cast<float*>(partials->get()), counters->get(), sa.get());
           !e.ok()) {
@@ -996,7 +994,7 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     int sms = 0;
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     for (int k_boxes : {1, 2, 4}) {
-      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || f % (64 * 4) != 0) continue;
+      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, 4)) continue;
       if (absl::Status e = StreamFfnTimeline(m, rows, 4, 3, k_boxes, 0, sms / 2, x, *w, act_out,
                                              static_cast<float*>(partials->get()), counters->get(), sa.get());
           !e.ok()) {

@@ -381,6 +381,9 @@ TEST(StreamFfnOrderTest, ALastChunkOfItsOwnSize) {
   EXPECT_TRUE(cuda::StreamFfnItemIsDown(128, 448, 4, 2, 32).empty());
   EXPECT_TRUE(cuda::StreamFfnItemIsDown(128, 512, 4, 2, 64).empty());
   EXPECT_TRUE(cuda::StreamFfnItemIsDown(128, 512, 1, 2, 64).empty());
+  EXPECT_TRUE(cuda::StreamFfnSplits(14336, 4, 2048));  // the 8B: 3 · 4096 + 2048
+  EXPECT_TRUE(cuda::StreamFfnSplits(14336, 4));
+  EXPECT_FALSE(cuda::StreamFfnSplits(688, 1));  // llama-gqa's ffn: no multiple of 64
 }
 
 // StreamFfn against the CPU: act = SwiGLU(x · W_gate_upᵀ) rounded to fp16 as the kernel writes

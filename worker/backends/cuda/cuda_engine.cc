@@ -522,12 +522,12 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   int stream_ffn_chunks = 0, stream_ffn_last = 0;
   if (options_.stream_ffn_chunks > 0 && split_k && rows <= cuda::kStreamGemmMaxRows && c.num_experts == 0 &&
       h % 64 == 0) {
+    const int last = options_.stream_ffn_last_chunk;
     for (int chunks = std::min(options_.stream_ffn_chunks, cuda::kMaxPartials); chunks >= 1 && !stream_ffn_chunks;
          chunks /= 2) {
-      const int last = options_.stream_ffn_last_chunk;
-      if (!cuda::StreamFfnItemIsDown(h, f, chunks, options_.stream_ffn_lag, last).empty()) {
+      if (cuda::StreamFfnSplits(f, chunks, last)) {
         stream_ffn_chunks = chunks, stream_ffn_last = last;
-      } else if (f % (64 * chunks) == 0) {
+      } else if (cuda::StreamFfnSplits(f, chunks)) {
         stream_ffn_chunks = chunks;
       }
     }

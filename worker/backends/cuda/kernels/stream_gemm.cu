@@ -419,6 +419,8 @@ std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag) {
   return order;
 }
 
+bool StreamFfnSplits(int ffn, int chunks, int last_chunk) { return !GroupFeatures(ffn, chunks, last_chunk).empty(); }
+
 std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag, int last_chunk) {
   const std::vector<int> features = GroupFeatures(ffn, chunks, last_chunk);
   std::vector<bool> down;

@@ -96,8 +96,8 @@ struct StreamFfnArgs {
   void* workspace = nullptr;  // as StreamGemmArgs::workspace
   int ctas = 0;               // 0: one an SM
   bool overlap_previous = false;
-  // The most 64-wide k boxes a ring stage holds (1, 2 or 4; the largest that divides both k's is
-  // taken). A stage costs a fixed time beside its bytes: at 2 boxes an item streams at ~26 GB/s an
+  // The most 64-wide k boxes a ring stage holds (1, 2 or 4; the largest that divides hidden and
+  // every chunk's features is taken). A stage costs a fixed time beside its bytes: at 2 boxes an item streams at ~26 GB/s an
   // SM on the H100 and the H200 alike, short of the H200's ~34; on half an H100's SMs (room in the
   // DRAM for each) 1 / 2 / 4 boxes stream at 17 / 27 / 42 GB/s an SM (bench/CUDA_NOTES.md 12-06 (48)).
   int k_boxes = 2;
@@ -122,8 +122,12 @@ struct StreamFfnSegment {
 };
 std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag);
 
+// Whether ffn splits into `chunks` down chunks, the last of `last_chunk` features (0: all equal),
+// each a multiple of 64: the chunking StreamFfn takes.
+bool StreamFfnSplits(int ffn, int chunks, int last_chunk = 0);
+
 // StreamFfn's items in the order its grid takes them, true for a down item: what the timeline's
-// item records are (the kernel bench). Empty where ffn does not split (StreamFfnArgs::last_chunk).
+// item records are (the kernel bench). Empty where ffn does not split (StreamFfnSplits).
 std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag, int last_chunk = 0);
 
 }  // namespace tailserve::cuda
