@@ -742,13 +742,13 @@ std::string StreamFfnShapeSuffix(int k_boxes, int last_chunk) {
 // launch's time goes beyond its bytes (the ramp, items' streaming rate an SM, down's waits for
 // act, the tail). Printed once per rows × chunks after the timed table.
 absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, int k_boxes, int last_chunk, int ctas,
-                               const __half* x, RotatingCopies& w, __half* act, float* partials, void* counters,
+                               int probe, int max_ring_bytes, const __half* x, RotatingCopies& w, __half* act, float* partials, void* counters,
                                cudaStream_t s) {
   const int h = m.hidden, f = m.ffn;
   const std::vector<bool> down = cuda::StreamFfnItemIsDown(h, f, chunks, lag, last_chunk);
   const int items = static_cast<int>(down.size());
   // Room for a CTA an item, the most the launch takes; the CTAs that ran are those with an end.
-  const size_t words = size_t(4) * items + 2 * items;
+  const size_t words = size_t(4) * items + 6 * items;
   absl::StatusOr<DeviceMemory> buf = Filled(words * 8, 0);
   if (!buf.ok()) return buf.status();
   const size_t gu_elems = size_t(2) * f * h;
@@ -760,7 +760,8 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, in
                                           .partials = partials, .partial_stride = int64_t(rows) * h,
                                           .workspace = counters, .ctas = ctas, .k_boxes = k_boxes,
                                           .last_chunk = last_chunk,
-                                          .timeline = static_cast<uint64_t*>(buf->get())},
+                                          .max_ring_bytes = max_ring_bytes,
+                                          .timeline = static_cast<uint64_t*>(buf->get()), .probe = probe},
                                          s);
         !e.ok()) {
       return e;
@@ -769,14 +770,18 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, in
   }
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpy(t.data(), buf->get(), words * 8, cudaMemcpyDeviceToHost));
   int ran = 0;  // CTAs that ran
-  while (ran < items && t[4 * items + 2 * ran + 1] != 0) ++ran;
+  const uint64_t* cta = t.data() + 4 * items;  // 6 words a CTA
+  while (ran < items && cta[6 * ran + 1] != 0) ++ran;
   uint64_t t0 = ~0ull, t_end = 0;
   std::vector<double> ends;
+  double consumer_waits = 0, producer_waits = 0;  // shares of each CTA's cycles, summed
   for (int b = 0; b < ran; ++b) {
-    t0 = std::min(t0, t[4 * items + 2 * b]);
-    t_end = std::max(t_end, t[4 * items + 2 * b + 1]);
+    t0 = std::min(t0, cta[6 * b]);
+    t_end = std::max(t_end, cta[6 * b + 1]);
+    const double cycles = std::max<double>(1, double(cta[6 * b + 3] - cta[6 * b + 2]));
+    consumer_waits += cta[6 * b + 4] / cycles, producer_waits += cta[6 * b + 5] / cycles;
   }
-  for (int b = 0; b < ran; ++b) ends.push_back((t[4 * items + 2 * b + 1] - t0) * 1e-3);
+  for (int b = 0; b < ran; ++b) ends.push_back((cta[6 * b + 1] - t0) * 1e-3);
   std::sort(ends.begin(), ends.end());
   // Per SM, items in the order they finished: an item's service time is from the previous one's
   // finish (the first's from the launch's start: its ramp).
@@ -802,12 +807,18 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, in
   const double span = (t_end - t0) * 1e-3, bytes = 2.0 * (gu_elems + size_t(h) * f);
   const double gu_kb = 64.0 * h * 2 / 1024, down_kb = 64.0 * (f / chunks) * 2 / 1024;
   const double gu_us = n_service[0] ? service[0] / n_service[0] : 0, down_us = n_service[1] ? service[1] / n_service[1] : 0;
-  std::printf("| %s | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f |\n",
-              absl::StrCat(StreamFfnShapeSuffix(k_boxes, last_chunk), ctas > 0 ? absl::StrCat(", ", ctas, " CTAs") : "")
+  const std::string probe_name =
+      absl::StrCat(probe == 1 ? ", no MMAs" : probe == 2 ? ", no X" : probe == 3 ? ", no MMAs, no X" : "",
+                   max_ring_bytes > 0 ? absl::StrCat(", ring ", max_ring_bytes / 1024, " KB") : "");
+  std::printf("| %s | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f "
+              "| %.0f%% | %.0f%% |\n",
+              absl::StrCat(StreamFfnShapeSuffix(k_boxes, last_chunk), ctas > 0 ? absl::StrCat(", ", ctas, " CTAs") : "",
+                           probe_name)
                   .c_str(),
               rows, chunks, lag, span, bytes / (span * 1e-6) / 1e12, firsts ? first_done / firsts : 0.0, gu_us,
               gu_us > 0 ? gu_kb * 1024 / (gu_us * 1e3) : 0.0, down_us, down_us > 0 ? down_kb * 1024 / (down_us * 1e3) : 0.0,
-              waited, wait_sum, wait_max, ends.front(), ends[ends.size() / 2], ends[ends.size() * 9 / 10], ends.back());
+              waited, wait_sum, wait_max, ends.front(), ends[ends.size() / 2], ends[ends.size() * 9 / 10], ends.back(),
+              100 * consumer_waits / ran, 100 * producer_waits / ran);
   return absl::OkStatus();
 }
 
@@ -978,12 +989,13 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
   }
   std::printf(
       "\n| StreamFfn timeline | rows | chunks | lag | span µs | TB/s | first item done | gate/up item µs (GB/s an SM) "
-      "| down item µs (GB/s an SM) | down waits > 0.5 µs (sum, max µs) | CTA ends: first, median, 90%%, last |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|\n");
+      "| down item µs (GB/s an SM) | down waits > 0.5 µs (sum, max µs) | CTA ends: first, median, 90%%, last "
+      "| consumer waits | producer waits |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|---:|\n");
   for (int rows : rows_list) {
     for (auto [chunks, lag, k_boxes, last] : kStreamFfnShapes) {
       if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, chunks, last)) continue;
-      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, k_boxes, last, 0, x, *w, act_out,
+      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, k_boxes, last, 0, 0, 0, x, *w, act_out,
                                              static_cast<float*>(partials->get()), counters->get(), sa.get());
           !e.ok()) {
         return e;
@@ -993,12 +1005,31 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     // 48 GB/s an SM), so an item's rate shows what one SM's pipeline does, on any machine.
     int sms = 0;
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    // The probes (wrong results): without the MMAs, without X's copies, or both, what rate is left
+    // shows which of them caps an SM, on half the SMs and on all.
     for (int k_boxes : {1, 2, 4}) {
-      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, 4)) continue;
-      if (absl::Status e = StreamFfnTimeline(m, rows, 4, 3, k_boxes, 0, sms / 2, x, *w, act_out,
-                                             static_cast<float*>(partials->get()), counters->get(), sa.get());
-          !e.ok()) {
-        return e;
+      for (int probe = 0; probe < 4; ++probe) {
+        for (int ctas : {sms / 2, 0}) {
+          if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, 4)) continue;
+          if ((probe == 0 && ctas == 0) || (k_boxes == 1 && probe > 0 && ctas == 0)) continue;  // above, or not asked
+          if (absl::Status e = StreamFfnTimeline(m, rows, 4, 3, k_boxes, 0, ctas, probe, 0, x, *w, act_out,
+                                                 static_cast<float*>(partials->get()), counters->get(), sa.get());
+              !e.ok()) {
+            return e;
+          }
+        }
+      }
+    }
+    // Two CTAs an SM, each with half a ring: two pipelines an SM (against one CTA with the same
+    // half ring, and the full ring above).
+    for (int k_boxes : {2, 4}) {
+      for (int ctas : {sms, 2 * sms}) {
+        if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, 4)) continue;
+        if (absl::Status e = StreamFfnTimeline(m, rows, 4, 3, k_boxes, 0, ctas, 0, 110 * 1024, x, *w, act_out,
+                                               static_cast<float*>(partials->get()), counters->get(), sa.get());
+            !e.ok()) {
+          return e;
+        }
       }
     }
   }

@@ -57,7 +57,7 @@ fi
 echo "== checkpoints"
 mkdir -p /tmp/ckpt
 # A warm machine keeps /tmp: reuse checkpoints a previous call made.
-[ "$MODE" = bench8b ] || [ -f /tmp/ckpt/l1b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
+[ "$MODE" = bench8b ] || { [ "$MODE" = ab ] && [ "${AB_MODELS:-l8b l1b}" = l8b ]; } || [ -f /tmp/ckpt/l1b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
 # A 1B-only trace (TRACE_MODEL=l1b) skips the 8B checkpoint's ~37 s.
 [ "$MODE" = trace ] && [ "${TRACE_MODEL:-l8b}" = l1b ] || [ -f /tmp/ckpt/l8b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.1-8b --vocab 128256 --out /tmp/ckpt/l8b ) 2>&1 | tail -4
 if [ "$MODE" = ab ]; then

@@ -50,6 +50,8 @@ constexpr int kMaxStages = (227 * 1024 - 1024) / (64 * kTileK * 2 + kXBoxBytes);
 // features is written.
 enum ItemKind : int { kGemm = 0, kGateUp = 1, kDown = 2 };
 constexpr int kMaxSegments = 2 * kStreamFfnMaxChunks;
+// StreamFfnArgs::probe's bits.
+constexpr int kProbeNoMath = 1, kProbeNoX = 2;
 
 struct Params {
   int rows, n, chunks, chunk_k, k_blocks, items;
@@ -57,7 +59,7 @@ struct Params {
   int64_t stride;
   int* counters;  // [0]: the next item, [1]: CTAs finished, [2 + g]: the FFN's gate/up tiles of group g done
   bool overlap;   // launched programmatically: copy the first W before the wait
-  int stages;     // of the ring: Config::kStages (0 asks for them), or fewer (StreamGemmArgs::max_ring_bytes)
+  int stages;     // of the ring: Config::kStages, or fewer (max_ring_bytes)
   // The FFN (ffn > 0): items in segments of one kind and group, in this order, so that a down
   // segment comes `lag` gate/up groups after its own (its features long written when it is taken).
   int ffn, hidden, down_tiles, gate_up_k_blocks;  // down_tiles: a group's
@@ -67,6 +69,7 @@ struct Params {
   __half* act;
   int segments, segment_kind[kMaxSegments], segment_group[kMaxSegments];
   uint64_t* timeline;  // StreamFfnArgs::timeline
+  int probe;           // StreamFfnArgs::probe
 };
 
 struct Item {
@@ -143,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int s = 0; s < stages; ++s) BarrierInit(&full_s[s], 1), BarrierInit(&empty_s[s], kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    if (p.timeline) p.timeline[4 * p.items + 2 * blockIdx.x] = GlobalTimer();
+    if (p.timeline) p.timeline[4 * p.items + 6 * blockIdx.x] = GlobalTimer(), p.timeline[4 * p.items + 6 * blockIdx.x + 2] = clock64();
   }
   __syncthreads();
   // X and the partials (read by the previous launch's consumer) belong to what came before: the
@@ -165,7 +168,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint64_t stream_policy, keep_policy;  // W is read once; X by every CTA
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream_policy));
       asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
+      const bool no_x = (p.probe & kProbeNoX) != 0;
+      uint64_t empty_wait = 0;  // cycles spent waiting for a free stage (the timeline's)
       auto load_x = [&](int s, const Item& it, int kb) {
+        if (no_x) return;
         const CUtensorMap* map = it.kind == kDown ? &x2_map : &x_map;
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
@@ -196,7 +202,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kb = 0; kb < (more ? it.k_blocks : 1); ++kb, ++slot) {
           const int s = slot % stages;
           if (slot >= early_stages) wait_once();
-          if (slot >= stages) BarrierWait(&empty_s[s], ((slot / stages) - 1) & 1);
+          if (slot >= stages) {
+            const uint64_t w0 = p.timeline ? clock64() : 0;
+            BarrierWait(&empty_s[s], ((slot / stages) - 1) & 1);
+            if (p.timeline) empty_wait += clock64() - w0;
+          }
           item_s[s] = more ? item : -1;  // published by the arrive's release
           if (!more) {
             wait_once();
@@ -212,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             asm volatile("fence.proxy.async.global;" ::: "memory");
             if (p.timeline) p.timeline[4 * item + 1] = GlobalTimer() - spin_start;
           }
-          BarrierExpect(&full_s[s], kStageBytes);
+          BarrierExpect(&full_s[s], no_x ? KB * C::kWBoxBytes : kStageBytes);
 #pragma unroll
           for (int b = 0; b < KB; ++b) {
             TmaLoad(ring + s * kStageBytes + b * C::kWBoxBytes, w, it.k_first + (kb * KB + b) * kTileK,
@@ -226,6 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (!more) break;
       }
+      if (p.timeline) p.timeline[4 * p.items + 6 * blockIdx.x + 5] = empty_wait;
     }
     __syncwarp();
   } else {
@@ -236,26 +247,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t ring_addr = Smem(ring);
     float acc[TN][2][4] = {};
     Item it{};
+    const bool timed = p.timeline != nullptr && warp == 0;
+    uint64_t full_wait = 0;  // warp 0's cycles waiting for a filled stage (the timeline's)
     for (int slot = 0, kb = 0;; ++slot) {
       const int s = slot % stages;
+      const uint64_t w0 = timed ? clock64() : 0;
       BarrierWait(&full_s[s], (slot / stages) & 1);
+      if (timed) full_wait += clock64() - w0;
       const int item = item_s[s];
       if (item < 0) break;
       if (kb == 0) it = Decode(p, item);  // an item's stages arrive in a row
       const uint32_t stage = ring_addr + s * kStageBytes;
+      if ((p.probe & kProbeNoMath) == 0) {
 #pragma unroll
-      for (int b = 0; b < KB; ++b) {
-        const uint32_t w_base = stage + b * C::kWBoxBytes, x_base = stage + KB * C::kWBoxBytes + b * kXBoxBytes;
+        for (int b = 0; b < KB; ++b) {
+          const uint32_t w_base = stage + b * C::kWBoxBytes, x_base = stage + KB * C::kWBoxBytes + b * kXBoxBytes;
 #pragma unroll
-        for (int ks = 0; ks < kTileK / 16; ++ks) {
-          uint32_t bx[4];
-          LdMatrix4(x_base + Swizzled(x_row, 2 * ks + x_half), bx);
+          for (int ks = 0; ks < kTileK / 16; ++ks) {
+            uint32_t bx[4];
+            LdMatrix4(x_base + Swizzled(x_row, 2 * ks + x_half), bx);
 #pragma unroll
-          for (int mt = 0; mt < TN; ++mt) {
-            uint32_t a[4];
-            LdMatrix4(w_base + Swizzled(w_row + 16 * mt, 2 * ks + w_half), a);
-            Mma(acc[mt][0], a, bx[0], bx[1]);
-            Mma(acc[mt][1], a, bx[2], bx[3]);
+            for (int mt = 0; mt < TN; ++mt) {
+              uint32_t a[4];
+              LdMatrix4(w_base + Swizzled(w_row + 16 * mt, 2 * ks + w_half), a);
+              Mma(acc[mt][0], a, bx[0], bx[1]);
+              Mma(acc[mt][1], a, bx[2], bx[3]);
+            }
           }
         }
       }
@@ -303,12 +320,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (p.timeline && threadIdx.x == 0) p.timeline[4 * item + 2] = GlobalTimer();
     }
+    if (timed && lane == 0) p.timeline[4 * p.items + 6 * blockIdx.x + 4] = full_wait;
   }
   // The last CTA out leaves the counters zeroed for the next launch: every CTA has taken its
   // final (past-the-end) item before it counts itself finished.
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (p.timeline) p.timeline[4 * p.items + 2 * blockIdx.x + 1] = GlobalTimer();
+    if (p.timeline) p.timeline[4 * p.items + 6 * blockIdx.x + 1] = GlobalTimer(), p.timeline[4 * p.items + 6 * blockIdx.x + 3] = clock64();
     __threadfence();
     if (atomicAdd(p.counters + 1, 1) == static_cast<int>(gridDim.x) - 1) {
       __threadfence();  // the reset after every other CTA's last use, not only by control dependence
@@ -336,9 +354,9 @@ absl::Status Attributes() {
 }
 
 template <int TN, int KB>
-absl::Status Launch(const CUtensorMap (&maps)[4], Params p, int ctas, cudaStream_t stream) {
+absl::Status Launch(const CUtensorMap (&maps)[4], Params p, int ctas, int max_ring_bytes, cudaStream_t stream) {
   using C = Config<TN, KB>;
-  if (p.stages == 0) p.stages = C::kStages;
+  p.stages = max_ring_bytes > 0 ? std::clamp(max_ring_bytes / C::kStageBytes, 2, C::kStages) : C::kStages;
   if (absl::Status st = Attributes<TN, KB>(); !st.ok()) return st;
   const int smem = p.stages * C::kStageBytes + 1024;  // + alignment slack
   TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(p.overlap, dim3(std::min(ctas, p.items)), dim3(kThreads), smem,
@@ -361,8 +379,7 @@ absl::Status LaunchGemm(const StreamGemmArgs& a, int ctas, cudaStream_t stream) 
   p.items = (a.n + C::kTileN - 1) / C::kTileN * a.chunks;
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
-  if (a.max_ring_bytes > 0) p.stages = std::clamp(a.max_ring_bytes / C::kStageBytes, 2, C::kStages);
-  return Launch<TN, KB>(maps, p, ctas, stream);
+  return Launch<TN, KB>(maps, p, ctas, a.max_ring_bytes, stream);
 }
 
 // Calls f(TN, KB) (as integral constants) with StreamGemmArgs::variant's item and stage shape.
@@ -463,7 +480,7 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   p.rows = a.rows, p.n = 2 * a.ffn, p.chunks = c;
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
-  p.timeline = a.timeline;
+  p.timeline = a.timeline, p.probe = a.probe;
   p.ffn = a.ffn, p.hidden = a.hidden, p.act = a.act;
   p.down_tiles = (a.hidden + 63) / 64, p.gate_up_k_blocks = a.hidden / (kTileK * kb);
   for (int g = 0, first = 0; g < c; first += features[g], ++g) {
@@ -474,8 +491,9 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
     p.segment_kind[p.segments] = segment.down ? kDown : kGateUp, p.segment_group[p.segments] = segment.group;
     ++p.segments;
   }
-  if (kb == 4) return Launch<1, 4>(maps, p, *ctas, stream);
-  return kb == 2 ? Launch<1, 2>(maps, p, *ctas, stream) : Launch<1, 1>(maps, p, *ctas, stream);
+  const int ring = a.max_ring_bytes;
+  if (kb == 4) return Launch<1, 4>(maps, p, *ctas, ring, stream);
+  return kb == 2 ? Launch<1, 2>(maps, p, *ctas, ring, stream) : Launch<1, 1>(maps, p, *ctas, ring, stream);
 }
 
 }  // namespace tailserve::cuda

@@ -105,10 +105,17 @@ struct StreamFfnArgs {
   // equally. A smaller last chunk shortens the launch's tail: its down items, the last taken and
   // only hidden / 64 of them, wait for its gate/up and then run on fewer CTAs than the grid has.
   int last_chunk = 0;
+  // As StreamGemmArgs::max_ring_bytes: with half a ring (~100 KB) two CTAs share an SM, two
+  // pipelines where a stage's fixed cost caps one (the kernel bench's timeline).
+  int max_ring_bytes = 0;
   // The kernel bench's timeline (null: none): for item i, timeline[4i ..] = {taken, ns spent waiting
-  // for act (down items), done, SM}, times in %globaltimer ns; for CTA b, timeline[4 · items + 2b ..]
-  // = {start, end}.
+  // for act (down items), done, SM}, times in %globaltimer ns; for CTA b, timeline[4 · items + 6b ..]
+  // = {start, end (ns), start, end (SM cycles), cycles consumer warp 0 waited for a filled stage,
+  // cycles the producer waited for a free one}.
   uint64_t* timeline = nullptr;
+  // The kernel bench's probes of what caps an SM's rate (0: none; results are wrong otherwise):
+  // 1, the consumers skip their MMAs; 2, no X copies (W alone fills a stage).
+  int probe = 0;
 };
 
 absl::Status StreamFfn(const StreamFfnArgs& args, cudaStream_t stream);
