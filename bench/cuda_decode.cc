@@ -99,7 +99,8 @@ int Main(int argc, char** argv) {
   int in_situ_candidates = CudaEngineOptions{}.in_situ_candidates;
   int stream_ffn_chunks = CudaEngineOptions{}.stream_ffn_chunks, stream_ffn_lag = CudaEngineOptions{}.stream_ffn_lag,
       stream_ffn_k_boxes = CudaEngineOptions{}.stream_ffn_k_boxes,
-      stream_ffn_last_chunk = CudaEngineOptions{}.stream_ffn_last_chunk;
+      stream_ffn_last_chunk = CudaEngineOptions{}.stream_ffn_last_chunk,
+      stream_ffn_last_chunks = CudaEngineOptions{}.stream_ffn_last_chunks;
   int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
   int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
   bool block_late_o = CudaEngineOptions{}.attention_block_late_o_stages;
@@ -133,6 +134,10 @@ int Main(int argc, char** argv) {
   app.add_option("--stream-ffn-last-chunk", stream_ffn_last_chunk,
                  "with --stream-ffn-chunks: features of the last down chunk where ffn splits so (0: equal chunks)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--stream-ffn-last-chunks", stream_ffn_last_chunks,
+                 "with --stream-ffn-last-chunk: how many down chunks at the end take its features")
+      ->check(CLI::Range(1, 3))
       ->capture_default_str();
   app.add_option("--in-situ-candidates", in_situ_candidates,
                  "cuBLASLt candidates a shape tries inside the captured step (1: the pick timed alone)")
@@ -171,6 +176,7 @@ int Main(int argc, char** argv) {
                                          .stream_ffn_lag = stream_ffn_lag,
                                          .stream_ffn_k_boxes = stream_ffn_k_boxes,
                                          .stream_ffn_last_chunk = stream_ffn_last_chunk,
+                                         .stream_ffn_last_chunks = stream_ffn_last_chunks,
                                          .in_situ_candidates = in_situ_candidates,
                                          .attention_block =
                                              static_cast<CudaEngineOptions::AttentionBlockUse>(attention_block),

@@ -725,27 +725,30 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
 // StreamFfn's (chunks, lag) pairs the MLP-block bench times: the lag (in gate/up groups) must
 // cover a gate/up item's time in flight, or down's first items wait, and the chunks set the size of
 // down's items, which the tail is made of (lag = chunks: every gate/up item first, then down's).
-// (chunks, lag, k boxes a stage, last chunk): StreamFfnArgs::k_boxes 4 beside the default 2 at the
-// best lags, and a last chunk of 2048 features (the 8B's 14336 = 3 · 4096 + 2048).
-constexpr std::tuple<int, int, int, int> kStreamFfnShapes[] = {
-    {4, 2, 2, 0},  {4, 3, 2, 0},  {4, 4, 2, 0},  {8, 3, 2, 0},  {8, 5, 2, 0},   {8, 6, 2, 0},
-    {8, 8, 2, 0},  {16, 6, 2, 0}, {16, 10, 2, 0}, {16, 12, 2, 0}, {16, 16, 2, 0}, {4, 3, 4, 0},
-    {4, 4, 4, 0},  {8, 6, 4, 0},  {8, 8, 4, 0},  {4, 3, 4, 2048}, {4, 4, 4, 2048}, {4, 2, 4, 2048}};
+// (chunks, lag, k boxes a stage, last chunk, last chunks): StreamFfnArgs::k_boxes 4 beside the
+// default 2, and smaller last chunks (the 8B's 14336 = 3 · 4096 + 2048, 2 · 5120 + 2 · 2048,
+// 2 · 4608 + 2 · 2560, 6656 + 3 · 2560), which shorten the tail (more than 4 chunks: more partials
+// than the next norm adds; 8 and 16 lost or tied, bench/RESULTS.md).
+constexpr std::tuple<int, int, int, int, int> kStreamFfnShapes[] = {
+    {4, 3, 2, 0, 1},    {8, 6, 2, 0, 1},    {4, 3, 4, 0, 1},    {4, 4, 4, 0, 1},    {4, 3, 4, 2048, 1},
+    {4, 3, 4, 2048, 2}, {4, 2, 4, 2048, 2}, {4, 3, 4, 2560, 2}, {4, 3, 4, 2560, 3}};
 
-// The row label's suffix for a StreamFfn shape's k boxes and last chunk (the defaults: none).
-std::string StreamFfnShapeSuffix(int k_boxes, int last_chunk) {
+// The row label's suffix for a StreamFfn shape's k boxes and last chunks (the defaults: none).
+std::string StreamFfnShapeSuffix(int k_boxes, int last_chunk, int last_chunks) {
   return absl::StrCat(k_boxes == 2 ? "" : absl::StrCat(", ", k_boxes, " k boxes a stage"),
-                      last_chunk == 0 ? "" : absl::StrCat(", last chunk ", last_chunk));
+                      last_chunk == 0 ? ""
+                      : last_chunks == 1 ? absl::StrCat(", last chunk ", last_chunk)
+                                         : absl::StrCat(", last ", last_chunks, " chunks ", last_chunk));
 }
 
 // One StreamFfn launch (weights from DRAM) with its %globaltimer timeline, summarised: where the
 // launch's time goes beyond its bytes (the ramp, items' streaming rate an SM, down's waits for
 // act, the tail). Printed once per rows × chunks after the timed table.
-absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, int k_boxes, int last_chunk, int ctas,
-                               int probe, int max_ring_bytes, const __half* x, RotatingCopies& w, __half* act, float* partials, void* counters,
+absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, int k_boxes, int last_chunk,
+                               int last_chunks, int ctas, int max_ring_bytes, const __half* x, RotatingCopies& w, __half* act, float* partials, void* counters,
                                cudaStream_t s) {
   const int h = m.hidden, f = m.ffn;
-  const std::vector<bool> down = cuda::StreamFfnItemIsDown(h, f, chunks, lag, last_chunk);
+  const std::vector<bool> down = cuda::StreamFfnItemIsDown(h, f, chunks, lag, last_chunk, last_chunks);
   const int items = static_cast<int>(down.size());
   // Room for a CTA an item, the most the launch takes; the CTAs that ran are those with an end.
   const size_t words = size_t(4) * items + 6 * items;
@@ -759,9 +762,9 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, in
                                           .w_down = wc + gu_elems, .act = act, .chunks = chunks, .lag = lag,
                                           .partials = partials, .partial_stride = int64_t(rows) * h,
                                           .workspace = counters, .ctas = ctas, .k_boxes = k_boxes,
-                                          .last_chunk = last_chunk,
+                                          .last_chunk = last_chunk, .last_chunks = last_chunks,
                                           .max_ring_bytes = max_ring_bytes,
-                                          .timeline = static_cast<uint64_t*>(buf->get()), .probe = probe},
+                                          .timeline = static_cast<uint64_t*>(buf->get())},
                                          s);
         !e.ok()) {
       return e;
@@ -807,13 +810,11 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, in
   const double span = (t_end - t0) * 1e-3, bytes = 2.0 * (gu_elems + size_t(h) * f);
   const double gu_kb = 64.0 * h * 2 / 1024, down_kb = 64.0 * (f / chunks) * 2 / 1024;
   const double gu_us = n_service[0] ? service[0] / n_service[0] : 0, down_us = n_service[1] ? service[1] / n_service[1] : 0;
-  const std::string probe_name =
-      absl::StrCat(probe == 1 ? ", no MMAs" : probe == 2 ? ", no X" : probe == 3 ? ", no MMAs, no X" : "",
-                   max_ring_bytes > 0 ? absl::StrCat(", ring ", max_ring_bytes / 1024, " KB") : "");
+  const std::string ring = max_ring_bytes > 0 ? absl::StrCat(", ring ", max_ring_bytes / 1024, " KB") : "";
   std::printf("| %s | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f "
               "| %.0f%% | %.0f%% |\n",
-              absl::StrCat(StreamFfnShapeSuffix(k_boxes, last_chunk), ctas > 0 ? absl::StrCat(", ", ctas, " CTAs") : "",
-                           probe_name)
+              absl::StrCat(StreamFfnShapeSuffix(k_boxes, last_chunk, last_chunks), ctas > 0 ? absl::StrCat(", ", ctas, " CTAs") : "",
+                           ring)
                   .c_str(),
               rows, chunks, lag, span, bytes / (span * 1e-6) / 1e12, firsts ? first_done / firsts : 0.0, gu_us,
               gu_us > 0 ? gu_kb * 1024 / (gu_us * 1e3) : 0.0, down_us, down_us > 0 ? down_kb * 1024 / (down_us * 1e3) : 0.0,
@@ -928,17 +929,17 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     const char* names[] = {"two halves at once", "B's gate/up after A's", "two halves at once, B at low priority"};
     std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
     for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
-    for (auto [chunks, lag, k_boxes, last] : kStreamFfnShapes) {  // the whole block in one persistent launch
-      if (rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, chunks, last)) continue;
+    for (auto [chunks, lag, k_boxes, last, count] : kStreamFfnShapes) {  // the whole block in one persistent launch
+      if (rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, chunks, last, count)) continue;
       variants.push_back({absl::StrCat("StreamFfn, down in ", chunks, " k chunks, lag ", lag,
-                                       StreamFfnShapeSuffix(k_boxes, last)),
-                          [&, chunks, lag, k_boxes, last]() -> absl::Status {
+                                       StreamFfnShapeSuffix(k_boxes, last, count)),
+                          [&, chunks, lag, k_boxes, last, count]() -> absl::Status {
                             const __half* wc = weights();
                             return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
                                                     .w_down = wc + gu_elems, .act = act_out, .chunks = chunks,
                                                     .lag = lag, .partials = static_cast<float*>(partials->get()),
                                                     .partial_stride = int64_t(rows) * h, .workspace = counters->get(),
-                                                    .k_boxes = k_boxes, .last_chunk = last},
+                                                    .k_boxes = k_boxes, .last_chunk = last, .last_chunks = count},
                                                    sa.get());
                           }});
     }
@@ -993,9 +994,9 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       "| consumer waits | producer waits |\n"
       "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|---:|\n");
   for (int rows : rows_list) {
-    for (auto [chunks, lag, k_boxes, last] : kStreamFfnShapes) {
-      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, chunks, last)) continue;
-      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, k_boxes, last, 0, 0, 0, x, *w, act_out,
+    for (auto [chunks, lag, k_boxes, last, count] : kStreamFfnShapes) {
+      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, chunks, last, count)) continue;
+      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, k_boxes, last, count, 0, 0, x, *w, act_out,
                                              static_cast<float*>(partials->get()), counters->get(), sa.get());
           !e.ok()) {
         return e;
@@ -1005,19 +1006,12 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     // 48 GB/s an SM), so an item's rate shows what one SM's pipeline does, on any machine.
     int sms = 0;
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    // The probes (wrong results): without the MMAs, without X's copies, or both, what rate is left
-    // shows which of them caps an SM, on half the SMs and on all.
     for (int k_boxes : {1, 2, 4}) {
-      for (int probe = 0; probe < 4; ++probe) {
-        for (int ctas : {sms / 2, 0}) {
-          if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, 4)) continue;
-          if ((probe == 0 && ctas == 0) || (k_boxes == 1 && probe > 0 && ctas == 0)) continue;  // above, or not asked
-          if (absl::Status e = StreamFfnTimeline(m, rows, 4, 3, k_boxes, 0, ctas, probe, 0, x, *w, act_out,
-                                                 static_cast<float*>(partials->get()), counters->get(), sa.get());
-              !e.ok()) {
-            return e;
-          }
-        }
+      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, 4)) continue;
+      if (absl::Status e = StreamFfnTimeline(m, rows, 4, 3, k_boxes, 0, 1, sms / 2, 0, x, *w, act_out,
+                                             static_cast<float*>(partials->get()), counters->get(), sa.get());
+          !e.ok()) {
+        return e;
       }
     }
     // Two CTAs an SM, each with half a ring: two pipelines an SM (against one CTA with the same
@@ -1025,7 +1019,7 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     for (int k_boxes : {2, 4}) {
       for (int ctas : {sms, 2 * sms}) {
         if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, 4)) continue;
-        if (absl::Status e = StreamFfnTimeline(m, rows, 4, 3, k_boxes, 0, ctas, 0, 110 * 1024, x, *w, act_out,
+        if (absl::Status e = StreamFfnTimeline(m, rows, 4, 3, k_boxes, 0, 1, ctas, 110 * 1024, x, *w, act_out,
                                                static_cast<float*>(partials->get()), counters->get(), sa.get());
             !e.ok()) {
           return e;

@@ -386,10 +386,25 @@ TEST(StreamFfnOrderTest, ALastChunkOfItsOwnSize) {
   EXPECT_FALSE(cuda::StreamFfnSplits(688, 1));  // llama-gqa's ffn: no multiple of 64
 }
 
+// The last two chunks of 64 features (ffn 512: two of 192, then 64 and 64); as many last chunks as
+// chunks, or none of a size, split nothing.
+TEST(StreamFfnOrderTest, LastChunksOfTheirOwnSize) {
+  const bool G = false, D = true;
+  const std::vector<bool> want = {G, G, G, G, G, G, G, G, G, G, G, G, G, G, D, D,  // GU0 GU1 GU2 D0
+                                  G, G, D, D, D, D, D, D};                         // GU3 D1 D2 D3
+  EXPECT_EQ(cuda::StreamFfnItemIsDown(128, 512, 4, 2, 64, 2), want);
+  EXPECT_TRUE(cuda::StreamFfnItemIsDown(128, 512, 4, 2, 64, 4).empty());
+  EXPECT_TRUE(cuda::StreamFfnItemIsDown(128, 512, 4, 2, 64, 0).empty());
+  EXPECT_TRUE(cuda::StreamFfnItemIsDown(128, 512, 4, 2, 256, 2).empty());  // nothing left for the rest
+  EXPECT_TRUE(cuda::StreamFfnSplits(14336, 4, 2048, 2));  // the 8B: 2 · 5120 + 2 · 2048
+  EXPECT_TRUE(cuda::StreamFfnSplits(14336, 4, 2560, 3));  // 6656 + 3 · 2560
+  EXPECT_FALSE(cuda::StreamFfnSplits(14336, 4, 2000, 2));  // no multiple of 64
+}
+
 // StreamFfn against the CPU: act = SwiGLU(x · W_gate_upᵀ) rounded to fp16 as the kernel writes
 // it, and each down chunk's partial from the kernel's own act (so a wrong chunk, group count or
 // order shows as an exact mismatch, not as rounding). Odd row counts, one, two and four k boxes a
-// stage, equal chunks and a last chunk of its own size, 1 to 16 chunks at lags 1 to past the last
+// stage, equal chunks and last chunks of their own size, 1 to 16 chunks at lags 1 to past the last
 // group, one CTA (a producer waiting on its own consumers' gate/up tiles), 3 CTAs and one an SM,
 // and launched programmatically (X copies deferred behind the first W); one workspace throughout
 // (counters reset).
@@ -398,11 +413,12 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
   const unsigned seed = 89;
   std::mt19937 rng(seed);
   Dev<int> work(std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0));
-  // The last element: StreamFfnArgs::last_chunk (0: equal chunks).
-  for (auto [rows, h, f, chunks, lag, last] :
-       {std::tuple{1, 192, 256, 4, 2, 0}, {5, 256, 512, 2, 1, 0}, {16, 128, 384, 3, 4, 0}, {16, 320, 640, 5, 2, 0},
-        {13, 192, 1024, 8, 3, 0}, {7, 128, 1024, 16, 5, 0}, {3, 64, 128, 1, 2, 0}, {16, 512, 1024, 4, 3, 0},
-        {16, 512, 1792, 4, 3, 256}, {5, 256, 1152, 3, 2, 384}, {13, 192, 704, 4, 4, 128}}) {
+  // The last two elements: StreamFfnArgs::last_chunk (0: equal chunks) and last_chunks.
+  for (auto [rows, h, f, chunks, lag, last, count] :
+       {std::tuple{1, 192, 256, 4, 2, 0, 1}, {5, 256, 512, 2, 1, 0, 1}, {16, 128, 384, 3, 4, 0, 1},
+        {16, 320, 640, 5, 2, 0, 1}, {13, 192, 1024, 8, 3, 0, 1}, {7, 128, 1024, 16, 5, 0, 1}, {3, 64, 128, 1, 2, 0, 1},
+        {16, 512, 1024, 4, 3, 0, 1}, {16, 512, 1792, 4, 3, 256, 1}, {5, 256, 1152, 3, 2, 384, 1},
+        {13, 192, 704, 4, 4, 128, 1}, {16, 512, 2560, 4, 3, 512, 2}, {11, 192, 1216, 4, 2, 128, 3}}) {
     auto xf = Random(size_t(rows) * h, rng), guf = Random(size_t(2) * f * h, rng, 0.1f),
          df = Random(size_t(h) * f, rng, 0.05f);
     const std::vector<__half> xh = RoundToHalf(xf), guh = RoundToHalf(guf), dh = RoundToHalf(df);
@@ -427,21 +443,24 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
       ASSERT_TRUE(cuda::StreamFfn({.x = dx.p, .rows = rows, .hidden = h, .w_gate_up = dgu.p, .ffn = f, .w_down = dd.p,
                                    .act = dact.p, .chunks = chunks, .lag = lag, .partials = dp.p,
                                    .partial_stride = stride, .workspace = work.p, .ctas = ctas,
-                                   .overlap_previous = overlap, .k_boxes = k_boxes, .last_chunk = last},
+                                   .overlap_previous = overlap, .k_boxes = k_boxes, .last_chunk = last,
+                                   .last_chunks = count},
                                   nullptr)
                       .ok());
       const std::string where = "rows " + std::to_string(rows) + " hidden " + std::to_string(h) + " ffn " +
                                 std::to_string(f) + " chunks " + std::to_string(chunks) + " lag " +
                                 std::to_string(lag) + " ctas " + std::to_string(ctas) + " k boxes " +
-                                std::to_string(k_boxes) + " last chunk " + std::to_string(last) +
+                                std::to_string(k_boxes) + " last chunks " + std::to_string(count) + " of " +
+                                std::to_string(last) +
                                 (overlap ? " overlapped" : "") + " seed " + std::to_string(seed);
       const std::vector<float> act = ToFloats(dact.Get());
       EXPECT_LE(RelL2(act, want_act), 2e-3) << where;
       const std::vector<float> got = dp.Get();
-      const int fc = last > 0 ? (f - last) / (chunks - 1) : f / chunks;
-      for (int c = 0; c < chunks; ++c) {
-        const int end = c == chunks - 1 ? f : (c + 1) * fc;
-        const ChunkCheck cc = ChunkOfProduct(act, dh, rows, h, f, c * fc, end, got.data() + c * stride);
+      const int n_last = last > 0 ? count : 0, fc = (f - n_last * last) / (chunks - n_last);
+      for (int c = 0, first = 0; c < chunks; ++c) {
+        const int end = first + (c < chunks - n_last ? fc : last);
+        const ChunkCheck cc = ChunkOfProduct(act, dh, rows, h, f, first, end, got.data() + c * stride);
+        first = end;
         EXPECT_LE(RelL2(cc.mine, cc.want), 1e-5) << where << " chunk " << c;
       }
     }
@@ -1718,8 +1737,8 @@ INSTANTIATE_TEST_SUITE_P(
 // tokens, give a warp one tile, so the kernel test is what exercises the extra stages) and W_o's
 // ring growing into the key buffers after the merge.
 // kStreamFfn: the FFN as one StreamFfn launch, on qwen2-bias-tied (llama-gqa's ffn 688 is not a
-// multiple of 64), its q/k/v bias through the attention block; kStreamFfnLast: in 3 chunks, the
-// last of 128 features (ffn 512 = 2 · 192 + 128).
+// multiple of 64), its q/k/v bias through the attention block; kStreamFfnLast: in 4 chunks, the
+// last two of 64 features (ffn 512 = 2 · 192 + 2 · 64).
 enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn, kStreamFfnLast };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
@@ -1732,8 +1751,9 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
                                  {.kv_dtype = mode >= kFusedBlock ? KvDtype::kFp8E4M3 : KvDtype::kFp16,
                                   .kv_memory_fraction = 0.05,
                                   .ffn_halves_min_bytes = mode == kHalves ? 0 : std::numeric_limits<int64_t>::max(),
-                                  .stream_ffn_chunks = mode == kStreamFfn ? 4 : mode == kStreamFfnLast ? 3 : 0,
-                                  .stream_ffn_last_chunk = mode == kStreamFfnLast ? 128 : 0,
+                                  .stream_ffn_chunks = stream_ffn ? 4 : 0,
+                                  .stream_ffn_last_chunk = mode == kStreamFfnLast ? 64 : 0,
+                                  .stream_ffn_last_chunks = 2,
                                   .attention_block = mode == kFusedBlock ? CudaEngineOptions::AttentionBlockUse::kWhole
                                                      : mode >= kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
                                                                               : CudaEngineOptions::AttentionBlockUse::kOff,

@@ -525,7 +525,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     const int last = options_.stream_ffn_last_chunk;
     for (int chunks = std::min(options_.stream_ffn_chunks, cuda::kMaxPartials); chunks >= 1 && !stream_ffn_chunks;
          chunks /= 2) {
-      if (cuda::StreamFfnSplits(f, chunks, last)) {
+      if (cuda::StreamFfnSplits(f, chunks, last, options_.stream_ffn_last_chunks)) {
         stream_ffn_chunks = chunks, stream_ffn_last = last;
       } else if (cuda::StreamFfnSplits(f, chunks)) {
         stream_ffn_chunks = chunks;
@@ -623,7 +623,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                   .lag = options_.stream_ffn_lag, .partials = b.residual_partials,
                                   .partial_stride = residual_stride, .workspace = b.stream_counters,
                                   .overlap_previous = shape.overlap_previous,
-                                  .k_boxes = options_.stream_ffn_k_boxes, .last_chunk = stream_ffn_last},
+                                  .k_boxes = options_.stream_ffn_k_boxes, .last_chunk = stream_ffn_last,
+                                  .last_chunks = options_.stream_ffn_last_chunks},
                                  s));
       pending = {b.residual_partials, stream_ffn_chunks, residual_stride};
     } else if (ffn_halves) {

@@ -47,9 +47,10 @@ struct CudaEngineOptions {
   int stream_ffn_chunks = 0;
   int stream_ffn_lag = 3;
   int stream_ffn_k_boxes = 4;
-  // StreamFfnArgs::last_chunk where ffn splits that way (the 8B's 14336 = 3 · 4096 + 2048), else
-  // equal chunks. Prepared for the next H200 call, not measured.
+  // StreamFfnArgs::last_chunk / last_chunks where ffn splits that way (the 8B's 14336 = 3 · 4096
+  // + 2048, or 2 · 5120 + 2 · 2048), else equal chunks.
   int stream_ffn_last_chunk = 0;
+  int stream_ffn_last_chunks = 1;
   // After timing each cuBLASLt shape alone, time up to this many of its candidates inside the
   // captured step and keep the fastest (CudaEngine::TuneInSitu; 1: the pick timed alone). 12 took
   // longer to load and gave the 8B step nothing more than 6 (b16 4.607 / 4.620 against 4.600 /

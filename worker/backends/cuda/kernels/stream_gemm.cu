@@ -50,8 +50,6 @@ constexpr int kMaxStages = (227 * 1024 - 1024) / (64 * kTileK * 2 + kXBoxBytes);
 // features is written.
 enum ItemKind : int { kGemm = 0, kGateUp = 1, kDown = 2 };
 constexpr int kMaxSegments = 2 * kStreamFfnMaxChunks;
-// StreamFfnArgs::probe's bits.
-constexpr int kProbeNoMath = 1, kProbeNoX = 2;
 
 struct Params {
   int rows, n, chunks, chunk_k, k_blocks, items;
@@ -69,7 +67,6 @@ struct Params {
   __half* act;
   int segments, segment_kind[kMaxSegments], segment_group[kMaxSegments];
   uint64_t* timeline;  // StreamFfnArgs::timeline
-  int probe;           // StreamFfnArgs::probe
 };
 
 struct Item {
@@ -93,15 +90,19 @@ __device__ __forceinline__ Item Decode(const Params& p, int item) {
   return {kGemm, 0, 0, 0, 0};  // unreachable for item < p.items
 }
 
-// StreamFfn's feature groups (down's k chunks): ffn / chunks features each, or with a last chunk
-// of `last` features the others sharing the rest equally; empty where that does not split into
-// multiples of 64 (a k box).
-std::vector<int> GroupFeatures(int ffn, int chunks, int last) {
-  if (chunks < 1 || ffn <= 0 || last < 0 || last >= ffn || (last > 0 && chunks < 2)) return {};
-  const int rest = last > 0 ? ffn - last : ffn, equal = last > 0 ? chunks - 1 : chunks;
+// StreamFfn's feature groups (down's k chunks): ffn / chunks features each, or with the last
+// `count` chunks of `last` features each, the others sharing the rest equally; empty where that
+// does not split into multiples of 64 (a k box).
+std::vector<int> GroupFeatures(int ffn, int chunks, int last, int count) {
+  if (last == 0) count = 0;
+  if (chunks < 1 || ffn <= 0 || last < 0 || (last > 0 && count < 1) || count >= chunks ||
+      int64_t{last} * count >= ffn) {
+    return {};
+  }
+  const int rest = ffn - last * count, equal = chunks - count;
   if (rest % (kTileK * equal) != 0 || last % kTileK != 0) return {};
   std::vector<int> features(equal, rest / equal);
-  if (last > 0) features.push_back(last);
+  features.insert(features.end(), count, last);
   return features;
 }
 
@@ -168,10 +169,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint64_t stream_policy, keep_policy;  // W is read once; X by every CTA
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream_policy));
       asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
-      const bool no_x = (p.probe & kProbeNoX) != 0;
       uint64_t empty_wait = 0;  // cycles spent waiting for a free stage (the timeline's)
       auto load_x = [&](int s, const Item& it, int kb) {
-        if (no_x) return;
         const CUtensorMap* map = it.kind == kDown ? &x2_map : &x_map;
 #pragma unroll
         for (int b = 0; b < KB; ++b) {
@@ -222,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             asm volatile("fence.proxy.async.global;" ::: "memory");
             if (p.timeline) p.timeline[4 * item + 1] = GlobalTimer() - spin_start;
           }
-          BarrierExpect(&full_s[s], no_x ? KB * C::kWBoxBytes : kStageBytes);
+          BarrierExpect(&full_s[s], kStageBytes);
 #pragma unroll
           for (int b = 0; b < KB; ++b) {
             TmaLoad(ring + s * kStageBytes + b * C::kWBoxBytes, w, it.k_first + (kb * KB + b) * kTileK,
@@ -258,21 +257,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (item < 0) break;
       if (kb == 0) it = Decode(p, item);  // an item's stages arrive in a row
       const uint32_t stage = ring_addr + s * kStageBytes;
-      if ((p.probe & kProbeNoMath) == 0) {
 #pragma unroll
-        for (int b = 0; b < KB; ++b) {
-          const uint32_t w_base = stage + b * C::kWBoxBytes, x_base = stage + KB * C::kWBoxBytes + b * kXBoxBytes;
+      for (int b = 0; b < KB; ++b) {
+        const uint32_t w_base = stage + b * C::kWBoxBytes, x_base = stage + KB * C::kWBoxBytes + b * kXBoxBytes;
 #pragma unroll
-          for (int ks = 0; ks < kTileK / 16; ++ks) {
-            uint32_t bx[4];
-            LdMatrix4(x_base + Swizzled(x_row, 2 * ks + x_half), bx);
+        for (int ks = 0; ks < kTileK / 16; ++ks) {
+          uint32_t bx[4];
+          LdMatrix4(x_base + Swizzled(x_row, 2 * ks + x_half), bx);
 #pragma unroll
-            for (int mt = 0; mt < TN; ++mt) {
-              uint32_t a[4];
-              LdMatrix4(w_base + Swizzled(w_row + 16 * mt, 2 * ks + w_half), a);
-              Mma(acc[mt][0], a, bx[0], bx[1]);
-              Mma(acc[mt][1], a, bx[2], bx[3]);
-            }
+          for (int mt = 0; mt < TN; ++mt) {
+            uint32_t a[4];
+            LdMatrix4(w_base + Swizzled(w_row + 16 * mt, 2 * ks + w_half), a);
+            Mma(acc[mt][0], a, bx[0], bx[1]);
+            Mma(acc[mt][1], a, bx[2], bx[3]);
           }
         }
       }
@@ -436,10 +433,12 @@ std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag) {
   return order;
 }
 
-bool StreamFfnSplits(int ffn, int chunks, int last_chunk) { return !GroupFeatures(ffn, chunks, last_chunk).empty(); }
+bool StreamFfnSplits(int ffn, int chunks, int last_chunk, int last_chunks) {
+  return !GroupFeatures(ffn, chunks, last_chunk, last_chunks).empty();
+}
 
-std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag, int last_chunk) {
-  const std::vector<int> features = GroupFeatures(ffn, chunks, last_chunk);
+std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag, int last_chunk, int last_chunks) {
+  const std::vector<int> features = GroupFeatures(ffn, chunks, last_chunk, last_chunks);
   std::vector<bool> down;
   if (features.empty()) return down;
   for (const StreamFfnSegment& segment : StreamFfnOrder(chunks, lag)) {
@@ -451,7 +450,7 @@ std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag, 
 absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const int c = a.chunks;
-  const std::vector<int> features = GroupFeatures(a.ffn, c, a.last_chunk);
+  const std::vector<int> features = GroupFeatures(a.ffn, c, a.last_chunk, a.last_chunks);
   if (a.rows < 1 || a.rows > kStreamGemmMaxRows || c < 1 || c > kStreamFfnMaxChunks || a.lag < 1 || a.hidden <= 0 ||
       a.hidden % kTileK != 0 || features.empty() || a.x == nullptr || a.w_gate_up == nullptr ||
       a.w_down == nullptr || a.act == nullptr || a.partials == nullptr || a.workspace == nullptr || !aligned(a.x) ||
@@ -480,7 +479,7 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   p.rows = a.rows, p.n = 2 * a.ffn, p.chunks = c;
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
-  p.timeline = a.timeline, p.probe = a.probe;
+  p.timeline = a.timeline;
   p.ffn = a.ffn, p.hidden = a.hidden, p.act = a.act;
   p.down_tiles = (a.hidden + 63) / 64, p.gate_up_k_blocks = a.hidden / (kTileK * kb);
   for (int g = 0, first = 0; g < c; first += features[g], ++g) {

@@ -101,10 +101,12 @@ struct StreamFfnArgs {
   // SM on the H100 and the H200 alike, short of the H200's ~34; on half an H100's SMs (room in the
   // DRAM for each) 1 / 2 / 4 boxes stream at 17 / 27 / 42 GB/s an SM (bench/CUDA_NOTES.md 12-06 (48)).
   int k_boxes = 2;
-  // Features of the last chunk (0: ffn / chunks, as the others'); the other chunks share the rest
-  // equally. A smaller last chunk shortens the launch's tail: its down items, the last taken and
-  // only hidden / 64 of them, wait for its gate/up and then run on fewer CTAs than the grid has.
+  // Features of each of the last `last_chunks` chunks (0: ffn / chunks, as the others'); the other
+  // chunks share the rest equally. Smaller last chunks shorten the launch's tail: the CTAs end
+  // about one item apart, and the items taken last are the last chunks' down items (hidden / 64 a
+  // chunk, so with 132 SMs the last two chunks' make the final wave).
   int last_chunk = 0;
+  int last_chunks = 1;
   // As StreamGemmArgs::max_ring_bytes: with half a ring (~100 KB) two CTAs share an SM, two
   // pipelines where a stage's fixed cost caps one (the kernel bench's timeline).
   int max_ring_bytes = 0;
@@ -113,9 +115,6 @@ struct StreamFfnArgs {
   // = {start, end (ns), start, end (SM cycles), cycles consumer warp 0 waited for a filled stage,
   // cycles the producer waited for a free one}.
   uint64_t* timeline = nullptr;
-  // The kernel bench's probes of what caps an SM's rate (0: none; results are wrong otherwise):
-  // 1, the consumers skip their MMAs; 2, no X copies (W alone fills a stage).
-  int probe = 0;
 };
 
 absl::Status StreamFfn(const StreamFfnArgs& args, cudaStream_t stream);
@@ -129,12 +128,13 @@ struct StreamFfnSegment {
 };
 std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag);
 
-// Whether ffn splits into `chunks` down chunks, the last of `last_chunk` features (0: all equal),
-// each a multiple of 64: the chunking StreamFfn takes.
-bool StreamFfnSplits(int ffn, int chunks, int last_chunk = 0);
+// Whether ffn splits into `chunks` down chunks, the last `last_chunks` of `last_chunk` features
+// each (0: all equal), each a multiple of 64: the chunking StreamFfn takes.
+bool StreamFfnSplits(int ffn, int chunks, int last_chunk = 0, int last_chunks = 1);
 
 // StreamFfn's items in the order its grid takes them, true for a down item: what the timeline's
 // item records are (the kernel bench). Empty where ffn does not split (StreamFfnSplits).
-std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag, int last_chunk = 0);
+std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag, int last_chunk = 0,
+                                     int last_chunks = 1);
 
 }  // namespace tailserve::cuda
