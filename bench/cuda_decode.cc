@@ -100,7 +100,8 @@ int Main(int argc, char** argv) {
   int stream_ffn_chunks = CudaEngineOptions{}.stream_ffn_chunks, stream_ffn_lag = CudaEngineOptions{}.stream_ffn_lag,
       stream_ffn_k_boxes = CudaEngineOptions{}.stream_ffn_k_boxes,
       stream_ffn_last_chunk = CudaEngineOptions{}.stream_ffn_last_chunk,
-      stream_ffn_last_chunks = CudaEngineOptions{}.stream_ffn_last_chunks;
+      stream_ffn_last_chunks = CudaEngineOptions{}.stream_ffn_last_chunks,
+      stream_ffn_ctas_per_sm = CudaEngineOptions{}.stream_ffn_ctas_per_sm;
   int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
   int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
   bool block_late_o = CudaEngineOptions{}.attention_block_late_o_stages;
@@ -138,6 +139,10 @@ int Main(int argc, char** argv) {
   app.add_option("--stream-ffn-last-chunks", stream_ffn_last_chunks,
                  "with --stream-ffn-last-chunk: how many down chunks at the end take its features")
       ->check(CLI::Range(1, 3))
+      ->capture_default_str();
+  app.add_option("--stream-ffn-ctas-per-sm", stream_ffn_ctas_per_sm,
+                 "with --stream-ffn-chunks: StreamFfn CTAs an SM (2: each with half a ring)")
+      ->check(CLI::Range(1, 2))
       ->capture_default_str();
   app.add_option("--in-situ-candidates", in_situ_candidates,
                  "cuBLASLt candidates a shape tries inside the captured step (1: the pick timed alone)")
@@ -177,6 +182,7 @@ int Main(int argc, char** argv) {
                                          .stream_ffn_k_boxes = stream_ffn_k_boxes,
                                          .stream_ffn_last_chunk = stream_ffn_last_chunk,
                                          .stream_ffn_last_chunks = stream_ffn_last_chunks,
+                                         .stream_ffn_ctas_per_sm = stream_ffn_ctas_per_sm,
                                          .in_situ_candidates = in_situ_candidates,
                                          .attention_block =
                                              static_cast<CudaEngineOptions::AttentionBlockUse>(attention_block),

@@ -1738,7 +1738,7 @@ INSTANTIATE_TEST_SUITE_P(
 // ring growing into the key buffers after the merge.
 // kStreamFfn: the FFN as one StreamFfn launch, on qwen2-bias-tied (llama-gqa's ffn 688 is not a
 // multiple of 64), its q/k/v bias through the attention block; kStreamFfnLast: in 4 chunks, the
-// last two of 64 features (ffn 512 = 2 · 192 + 2 · 64).
+// last two of 64 features (ffn 512 = 2 · 192 + 2 · 64), two CTAs an SM.
 enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn, kStreamFfnLast };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
@@ -1754,6 +1754,7 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
                                   .stream_ffn_chunks = stream_ffn ? 4 : 0,
                                   .stream_ffn_last_chunk = mode == kStreamFfnLast ? 64 : 0,
                                   .stream_ffn_last_chunks = 2,
+                                  .stream_ffn_ctas_per_sm = mode == kStreamFfnLast ? 2 : 1,
                                   .attention_block = mode == kFusedBlock ? CudaEngineOptions::AttentionBlockUse::kWhole
                                                      : mode >= kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
                                                                               : CudaEngineOptions::AttentionBlockUse::kOff,

@@ -29,6 +29,10 @@ namespace {
 // 33.4 / 34.9 → 30.3 / 30.3 / 31.2; 4 and 8 chunks were slower than 2, gate/up gains nothing.
 constexpr int kDecodeKSplits = 2;
 
+// StreamFfn's ring with two CTAs an SM (CudaEngineOptions::stream_ffn_ctas_per_sm): two rings, their
+// slack and the barriers within the SM's 228 KB.
+constexpr int kHalfRingBytes = 110 * 1024;
+
 }  // namespace
 
 struct CudaEngine::Buffers {
@@ -109,6 +113,9 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
       (options_.attention_block != CudaEngineOptions::AttentionBlockUse::kAfterQkv ||
        options_.attention_block_key_stages < 2 || options_.attention_block_key_stages > 4)) {
     return absl::InvalidArgumentError("cuda: 3-4 attention block key stages only with the block after q/k/v");
+  }
+  if (options_.stream_ffn_ctas_per_sm < 1 || options_.stream_ffn_ctas_per_sm > 2) {
+    return absl::InvalidArgumentError("cuda: one or two StreamFfn CTAs an SM");
   }
   std::sort(options_.buckets.begin(), options_.buckets.end());
   max_bucket_ = options_.buckets.back();
@@ -622,9 +629,11 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                   .w_down = L.w_down, .act = b.act, .chunks = stream_ffn_chunks,
                                   .lag = options_.stream_ffn_lag, .partials = b.residual_partials,
                                   .partial_stride = residual_stride, .workspace = b.stream_counters,
+                                  .ctas = sm_count_ * options_.stream_ffn_ctas_per_sm,
                                   .overlap_previous = shape.overlap_previous,
                                   .k_boxes = options_.stream_ffn_k_boxes, .last_chunk = stream_ffn_last,
-                                  .last_chunks = options_.stream_ffn_last_chunks},
+                                  .last_chunks = options_.stream_ffn_last_chunks,
+                                  .max_ring_bytes = options_.stream_ffn_ctas_per_sm > 1 ? kHalfRingBytes : 0},
                                  s));
       pending = {b.residual_partials, stream_ffn_chunks, residual_stride};
     } else if (ffn_halves) {

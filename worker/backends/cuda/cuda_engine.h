@@ -51,6 +51,9 @@ struct CudaEngineOptions {
   // + 2048, or 2 · 5120 + 2 · 2048), else equal chunks.
   int stream_ffn_last_chunk = 0;
   int stream_ffn_last_chunks = 1;
+  // 2: two StreamFfn CTAs an SM, each with half a ring (StreamFfnArgs::max_ring_bytes): two
+  // pipelines an SM where one stage's fixed cost caps a CTA (bench/CUDA_NOTES.md 12-06 (49)).
+  int stream_ffn_ctas_per_sm = 1;
   // After timing each cuBLASLt shape alone, time up to this many of its candidates inside the
   // captured step and keep the fastest (CudaEngine::TuneInSitu; 1: the pick timed alone). 12 took
   // longer to load and gave the 8B step nothing more than 6 (b16 4.607 / 4.620 against 4.600 /
