@@ -147,7 +147,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int s = 0; s < stages; ++s) BarrierInit(&full_s[s], 1), BarrierInit(&empty_s[s], kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    if (p.timeline) p.timeline[4 * p.items + 6 * blockIdx.x] = GlobalTimer(), p.timeline[4 * p.items + 6 * blockIdx.x + 2] = clock64();
+    if (p.timeline) {
+      uint64_t* cta = p.timeline + 4 * p.items + 6 * blockIdx.x;  // StreamFfnArgs::timeline's CTA record
+      cta[0] = GlobalTimer(), cta[2] = clock64();
+    }
   }
   __syncthreads();
   // X and the partials (read by the previous launch's consumer) belong to what came before: the
@@ -323,7 +326,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // final (past-the-end) item before it counts itself finished.
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (p.timeline) p.timeline[4 * p.items + 6 * blockIdx.x + 1] = GlobalTimer(), p.timeline[4 * p.items + 6 * blockIdx.x + 3] = clock64();
+    if (p.timeline) {
+      uint64_t* cta = p.timeline + 4 * p.items + 6 * blockIdx.x;
+      cta[1] = GlobalTimer(), cta[3] = clock64();
+    }
     __threadfence();
     if (atomicAdd(p.counters + 1, 1) == static_cast<int>(gridDim.x) - 1) {
       __threadfence();  // the reset after every other CTA's last use, not only by control dependence
