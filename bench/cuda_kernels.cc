@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/overlap_probe.h"
+#include "bench/ring_probe.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/cuda_resources.h"
 #include "worker/backends/cuda/gemm.h"
@@ -388,6 +389,43 @@ absl::Status BenchCeilings(const Shape& m, int vocab, int reps, cudaStream_t s) 
     }
     std::printf("| %s | %.1f | %.1f | %.2f | %d | %.1f | %.1f |\n", name, bytes / 1e6, best, bytes / (best * 1e-6) / 1e12,
                 best_per_sm, bytes / (copy_tbs * 1e12) * 1e6, bytes / kCopyBandwidth * 1e6);
+  }
+  return absl::OkStatus();
+}
+
+// What one CTA's TMA ring streams an SM with nothing else in it (bench/ring_probe.h): the gate/up
+// matrix's 64-row tiles over the whole k, at 1 / 2 / 4 boxes a stage, with StreamFfn's 4 consumer
+// warps, 1, or none (the producer waits for a stage's bytes before it refills it), its stage index
+// divided out of the slot as StreamFfn does or counted, on half the SMs (where the DRAM leaves each
+// more than it takes: the SM's own cap) and on all. If the bare ring streams at StreamFfn's rate
+// (15 / 25 / 40 GB/s an SM on half an H100's SMs), the stage's fixed cost is the ring's own.
+absl::Status BenchRingProbe(const Shape& m, int reps, cudaStream_t s) {
+  int sms = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int rows = 2 * m.ffn, k = m.hidden;
+  const size_t bytes = size_t(rows) * k * 2;
+  absl::StatusOr<RotatingCopies> w = RotatingCopies::Make(bytes, RotatingCopies::PastL2(bytes, false));
+  if (!w.ok()) return w.status();
+  std::printf("\nring probe: a [%d, %d] fp16 matrix (%.0f MB) in 64-row × 64-k TMA boxes, 160 KB rings\n\n"
+              "| k boxes a stage | consumer warps | stage index | CTAs | µs | TB/s | GB/s an SM |\n"
+              "|---:|---:|---|---:|---:|---:|---:|\n",
+              rows, k, bytes / 1e6);
+  for (int k_boxes : {1, 2, 4}) {
+    for (int consumers : {4, 1, 0}) {
+      for (bool divide : {true, false}) {
+        for (int ctas : {sms / 2, sms}) {
+          absl::StatusOr<double> us = TimeGraph(s, reps, [&]() {
+            return bench::RingProbe({.w = w->Next<const __half>(), .rows = rows, .k = k, .k_boxes = k_boxes,
+                                     .consumers = consumers, .divide = divide, .ctas = ctas},
+                                    s);
+          });
+          if (!us.ok()) return us.status();
+          const double tbs = bytes / (*us * 1e-6) / 1e12;
+          std::printf("| %d | %d | %s | %d | %.1f | %.2f | %.0f |\n", k_boxes, consumers, divide ? "divided" : "counted",
+                      ctas, *us, tbs, tbs * 1e3 / ctas);
+        }
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -1717,6 +1755,8 @@ int main(int argc, char** argv) {
   bool ceilings = false;
   app.add_flag("--ceilings", ceilings,
                "only: this GPU's copy bandwidth and a pure DRAM read of each decode op's bytes");
+  bool ring_probe = false;
+  app.add_flag("--ring-probe", ring_probe, "only: what a bare TMA ring (StreamFfn's, without its work) streams an SM");
   bool overlap = false;
   app.add_flag("--overlap", overlap,
                "only: the batch-16 attention beside a DRAM read of o's bytes and beside cuBLASLt's o");
@@ -1767,6 +1807,11 @@ int main(int argc, char** argv) {
   }
   if (ceilings) {
     absl::Status st = BenchCeilings(m, vocab, reps, stream->get());
+    if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return st.ok() ? 0 : 1;
+  }
+  if (ring_probe) {
+    absl::Status st = BenchRingProbe(m, reps, stream->get());
     if (!st.ok()) std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return st.ok() ? 0 : 1;
   }
