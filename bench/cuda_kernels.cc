@@ -783,8 +783,8 @@ std::string StreamFfnShapeSuffix(int k_boxes, int last_chunk, int last_chunks) {
 // launch's time goes beyond its bytes (the ramp, items' streaming rate an SM, down's waits for
 // act, the tail). Printed once per rows × chunks after the timed table.
 absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, int k_boxes, int last_chunk,
-                               int last_chunks, int ctas, int max_ring_bytes, const __half* x, RotatingCopies& w, __half* act, float* partials, void* counters,
-                               cudaStream_t s) {
+                               int last_chunks, int ctas, int max_ring_bytes, const __half* x, RotatingCopies& w,
+                               __half* act, float* partials, void* counters, cudaStream_t s) {
   const int h = m.hidden, f = m.ffn;
   const std::vector<bool> down = cuda::StreamFfnItemIsDown(h, f, chunks, lag, last_chunk, last_chunks);
   const int items = static_cast<int>(down.size());
@@ -851,8 +851,8 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, in
   const std::string ring = max_ring_bytes > 0 ? absl::StrCat(", ring ", max_ring_bytes / 1024, " KB") : "";
   std::printf("| %s | %d | %d | %d | %.1f | %.2f | %.1f | %.2f (%.0f) | %.2f (%.0f) | %d (%.1f, %.1f) | %.1f, %.1f, %.1f, %.1f "
               "| %.0f%% | %.0f%% |\n",
-              absl::StrCat(StreamFfnShapeSuffix(k_boxes, last_chunk, last_chunks), ctas > 0 ? absl::StrCat(", ", ctas, " CTAs") : "",
-                           ring)
+              absl::StrCat(StreamFfnShapeSuffix(k_boxes, last_chunk, last_chunks),
+                           ctas > 0 ? absl::StrCat(", ", ctas, " CTAs") : "", ring)
                   .c_str(),
               rows, chunks, lag, span, bytes / (span * 1e-6) / 1e12, firsts ? first_done / firsts : 0.0, gu_us,
               gu_us > 0 ? gu_kb * 1024 / (gu_us * 1e3) : 0.0, down_us, down_us > 0 ? down_kb * 1024 / (down_us * 1e3) : 0.0,
@@ -1031,37 +1031,29 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       "| down item µs (GB/s an SM) | down waits > 0.5 µs (sum, max µs) | CTA ends: first, median, 90%%, last "
       "| consumer waits | producer waits |\n"
       "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|---:|\n");
+  int sms = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   for (int rows : rows_list) {
+    if (rows < 2 || rows > cuda::kStreamGemmMaxRows) continue;
+    auto timeline = [&](int chunks, int lag, int k_boxes, int last, int count, int ctas, int ring) {
+      return StreamFfnTimeline(m, rows, chunks, lag, k_boxes, last, count, ctas, ring, x, *w, act_out,
+                               static_cast<float*>(partials->get()), counters->get(), sa.get());
+    };
     for (auto [chunks, lag, k_boxes, last, count] : kStreamFfnShapes) {
-      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, chunks, last, count)) continue;
-      if (absl::Status e = StreamFfnTimeline(m, rows, chunks, lag, k_boxes, last, count, 0, 0, x, *w, act_out,
-                                             static_cast<float*>(partials->get()), counters->get(), sa.get());
-          !e.ok()) {
-        return e;
-      }
+      if (!cuda::StreamFfnSplits(f, chunks, last, count)) continue;
+      if (absl::Status e = timeline(chunks, lag, k_boxes, last, count, 0, 0); !e.ok()) return e;
     }
+    if (!cuda::StreamFfnSplits(f, 4)) continue;
     // On half the SMs the DRAM leaves each CTA more than it takes (an H100's 3.2 TB/s over 66 SMs:
     // 48 GB/s an SM), so an item's rate shows what one SM's pipeline does, on any machine.
-    int sms = 0;
-    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     for (int k_boxes : {1, 2, 4}) {
-      if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, 4)) continue;
-      if (absl::Status e = StreamFfnTimeline(m, rows, 4, 3, k_boxes, 0, 1, sms / 2, 0, x, *w, act_out,
-                                             static_cast<float*>(partials->get()), counters->get(), sa.get());
-          !e.ok()) {
-        return e;
-      }
+      if (absl::Status e = timeline(4, 3, k_boxes, 0, 1, sms / 2, 0); !e.ok()) return e;
     }
     // Two CTAs an SM, each with half a ring: two pipelines an SM (against one CTA with the same
     // half ring, and the full ring above).
     for (int k_boxes : {2, 4}) {
       for (int ctas : {sms, 2 * sms}) {
-        if (rows < 2 || rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, 4)) continue;
-        if (absl::Status e = StreamFfnTimeline(m, rows, 4, 3, k_boxes, 0, 1, ctas, 110 * 1024, x, *w, act_out,
-                                               static_cast<float*>(partials->get()), counters->get(), sa.get());
-            !e.ok()) {
-          return e;
-        }
+        if (absl::Status e = timeline(4, 3, k_boxes, 0, 1, ctas, cuda::kStreamFfnHalfRingBytes); !e.ok()) return e;
       }
     }
   }

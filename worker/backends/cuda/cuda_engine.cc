@@ -29,10 +29,6 @@ namespace {
 // 33.4 / 34.9 → 30.3 / 30.3 / 31.2; 4 and 8 chunks were slower than 2, gate/up gains nothing.
 constexpr int kDecodeKSplits = 2;
 
-// StreamFfn's ring with two CTAs an SM (CudaEngineOptions::stream_ffn_ctas_per_sm): two rings, their
-// slack and the barriers within the SM's 228 KB.
-constexpr int kHalfRingBytes = 110 * 1024;
-
 }  // namespace
 
 struct CudaEngine::Buffers {
@@ -633,7 +629,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
                                   .overlap_previous = shape.overlap_previous,
                                   .k_boxes = options_.stream_ffn_k_boxes, .last_chunk = stream_ffn_last,
                                   .last_chunks = options_.stream_ffn_last_chunks,
-                                  .max_ring_bytes = options_.stream_ffn_ctas_per_sm > 1 ? kHalfRingBytes : 0},
+                                  .max_ring_bytes = options_.stream_ffn_ctas_per_sm > 1 ? cuda::kStreamFfnHalfRingBytes : 0},
                                  s));
       pending = {b.residual_partials, stream_ffn_chunks, residual_stride};
     } else if (ffn_halves) {

@@ -67,6 +67,9 @@ absl::Status StreamGemm(const StreamGemmArgs& args, cudaStream_t stream);
 int StreamGemmKStep(int variant);
 
 inline constexpr int kStreamFfnMaxChunks = 16;
+// StreamFfnArgs::max_ring_bytes for two CTAs an SM: two rings, their slack and the barriers within
+// an SM's 228 KB.
+inline constexpr int kStreamFfnHalfRingBytes = 110 * 1024;
 
 // A dense FFN block for 1-16 rows in one persistent launch of the same kernel: act = SwiGLU of
 // x · W_gate_upᵀ, then `chunks` partials of act · W_downᵀ over equal k ranges of act (the next
@@ -97,9 +100,10 @@ struct StreamFfnArgs {
   int ctas = 0;               // 0: one an SM
   bool overlap_previous = false;
   // The most 64-wide k boxes a ring stage holds (1, 2 or 4; the largest that divides hidden and
-  // every chunk's features is taken). A stage costs a fixed time beside its bytes: at 2 boxes an item streams at ~26 GB/s an
-  // SM on the H100 and the H200 alike, short of the H200's ~34; on half an H100's SMs (room in the
-  // DRAM for each) 1 / 2 / 4 boxes stream at 17 / 27 / 42 GB/s an SM (bench/CUDA_NOTES.md 12-06 (48)).
+  // every chunk's features is taken). A stage costs a fixed time beside its bytes: at 2 boxes an
+  // item streams at ~26 GB/s an SM on the H100 and the H200 alike, short of the H200's ~34; on half
+  // an H100's SMs (room in the DRAM for each) 1 / 2 / 4 boxes stream at 17 / 27 / 42 GB/s an SM
+  // (bench/CUDA_NOTES.md 12-06 (48)).
   int k_boxes = 2;
   // Features of each of the last `last_chunks` chunks (0: ffn / chunks, as the others'); the other
   // chunks share the rest equally. Smaller last chunks shorten the launch's tail: the CTAs end
@@ -107,7 +111,7 @@ struct StreamFfnArgs {
   // chunk, so with 132 SMs the last two chunks' make the final wave).
   int last_chunk = 0;
   int last_chunks = 1;
-  // As StreamGemmArgs::max_ring_bytes: with half a ring (~100 KB) two CTAs share an SM, two
+  // As StreamGemmArgs::max_ring_bytes: with kStreamFfnHalfRingBytes two CTAs share an SM, two
   // pipelines where a stage's fixed cost caps one (the kernel bench's timeline).
   int max_ring_bytes = 0;
   // The kernel bench's timeline (null: none): for item i, timeline[4i ..] = {taken, ns spent waiting
