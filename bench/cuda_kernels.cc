@@ -393,12 +393,12 @@ absl::Status BenchCeilings(const Shape& m, int vocab, int reps, cudaStream_t s) 
   return absl::OkStatus();
 }
 
-// What one CTA's TMA ring streams an SM with nothing else in it (bench/ring_probe.h): the gate/up
-// matrix's 64-row tiles over the whole k, at 1 / 2 / 4 boxes a stage, with StreamFfn's 4 consumer
-// warps, 1, or none (the producer waits for a stage's bytes before it refills it), its stage index
-// divided out of the slot as StreamFfn does or counted, on half the SMs (where the DRAM leaves each
-// more than it takes: the SM's own cap) and on all. If the bare ring streams at StreamFfn's rate
-// (15 / 25 / 40 GB/s an SM on half an H100's SMs), the stage's fixed cost is the ring's own.
+// What one CTA's TMA ring streams an SM (bench/ring_probe.h), from a bare ring (W boxes, 4 consumer
+// warps that only wait and release) up to StreamFfn's gate/up item one piece at a time: X's
+// boxes, tiles claimed from a counter, the per-tile epilogue, the MMAs. The gate/up matrix's
+// 64-row tiles over the whole k, at 1 / 2 / 4 boxes a stage, on an eighth of the SMs (where the
+// DRAM leaves each SM far more than it takes: the SM's own cap; an H100's bare ring: 88 / 129 /
+// 158 GB/s an SM, StreamFfn's gate/up items 17 / 28 / 41) and on half.
 absl::Status BenchRingProbe(const Shape& m, int reps, cudaStream_t s) {
   int sms = 0;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -406,24 +406,28 @@ absl::Status BenchRingProbe(const Shape& m, int reps, cudaStream_t s) {
   const size_t bytes = size_t(rows) * k * 2;
   absl::StatusOr<RotatingCopies> w = RotatingCopies::Make(bytes, RotatingCopies::PastL2(bytes, false));
   if (!w.ok()) return w.status();
-  std::printf("\nring probe: a [%d, %d] fp16 matrix (%.0f MB) in 64-row × 64-k TMA boxes, 160 KB rings\n\n"
-              "| k boxes a stage | consumer warps | stage index | CTAs | µs | TB/s | GB/s an SM |\n"
-              "|---:|---:|---|---:|---:|---:|---:|\n",
+  auto x = Filled(size_t(16) * k * 2, 0x2c), out = Filled(size_t(16) * rows * 4, 0), counters = Filled(64, 0);
+  for (auto* b : {&x, &out, &counters}) {
+    if (!b->ok()) return b->status();
+  }
+  static constexpr const char* kLevels[bench::kRingLevels] = {"bare ring", "+ X boxes", "+ claimed tiles",
+                                                              "+ epilogue", "+ MMAs (StreamFfn's item)"};
+  std::printf("\nring probe: a [%d, %d] fp16 matrix (%.0f MB) in 64-row × 64-k TMA boxes\n\n"
+              "| k boxes a stage | level | CTAs | µs | TB/s | GB/s an SM |\n|---:|---|---:|---:|---:|---:|\n",
               rows, k, bytes / 1e6);
   for (int k_boxes : {1, 2, 4}) {
-    for (int consumers : {4, 1, 0}) {
-      for (bool divide : {true, false}) {
-        for (int ctas : {sms / 2, sms}) {
-          absl::StatusOr<double> us = TimeGraph(s, reps, [&]() {
-            return bench::RingProbe({.w = w->Next<const __half>(), .rows = rows, .k = k, .k_boxes = k_boxes,
-                                     .consumers = consumers, .divide = divide, .ctas = ctas},
-                                    s);
-          });
-          if (!us.ok()) return us.status();
-          const double tbs = bytes / (*us * 1e-6) / 1e12;
-          std::printf("| %d | %d | %s | %d | %.1f | %.2f | %.0f |\n", k_boxes, consumers, divide ? "divided" : "counted",
-                      ctas, *us, tbs, tbs * 1e3 / ctas);
-        }
+    for (int level = 0; level < bench::kRingLevels; ++level) {
+      for (int ctas : {sms / 8, sms / 2}) {
+        absl::StatusOr<double> us = TimeGraph(s, reps, [&]() {
+          return bench::RingProbe({.w = w->Next<const __half>(), .rows = rows, .k = k, .k_boxes = k_boxes,
+                                   .level = static_cast<bench::RingLevel>(level),
+                                   .x = static_cast<const __half*>(x->get()), .out = static_cast<float*>(out->get()),
+                                   .counters = static_cast<int*>(counters->get()), .ctas = ctas},
+                                  s);
+        });
+        if (!us.ok()) return us.status();
+        const double tbs = bytes / (*us * 1e-6) / 1e12;
+        std::printf("| %d | %s | %d | %.1f | %.2f | %.0f |\n", k_boxes, kLevels[level], ctas, *us, tbs, tbs * 1e3 / ctas);
       }
     }
   }
@@ -868,6 +872,8 @@ absl::Status StreamFfnTimeline(const Shape& m, int rows, int chunks, int lag, in
 // halves on two branches: started together, B's gate/up after A's (A's SwiGLU and down then run
 // beside it), and started together with B at a lower stream priority. Constant data: only time.
 absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list, int reps) {
+  int sms = 0;
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int h = m.hidden, f = m.ffn;
   // A and B at the device's greatest priority, the low-priority B at its least (which is also the
   // default: the engine's streams have it).
@@ -981,6 +987,21 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
                                                    sa.get());
                           }});
     }
+    // On an eighth of the SMs, without the timeline: what one SM's pipeline streams (bytes ÷ µs ÷ CTAs).
+    for (int k_boxes : {1, 2, 4}) {
+      if (rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, 4)) continue;
+      variants.push_back({absl::StrCat("StreamFfn, down in 4 k chunks, lag 3", StreamFfnShapeSuffix(k_boxes, 0, 1), ", ",
+                                       sms / 8, " CTAs"),
+                          [&, k_boxes]() -> absl::Status {
+                            const __half* wc = weights();
+                            return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
+                                                    .w_down = wc + gu_elems, .act = act_out, .chunks = 4, .lag = 3,
+                                                    .partials = static_cast<float*>(partials->get()),
+                                                    .partial_stride = int64_t(rows) * h, .workspace = counters->get(),
+                                                    .ctas = sms / 8, .k_boxes = k_boxes},
+                                                   sa.get());
+                          }});
+    }
     // One stream of StreamGemm launches: gate/up in 2 k chunks, SwiGLU adding them, down in
     // `down_chunks`; programmatic, each one's W copies run while its predecessor finishes (the
     // four projections chained that way beat cuBLASLt's by 4 µs, bench/CUDA_NOTES.md 12-03 (24)).
@@ -1031,8 +1052,6 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       "| down item µs (GB/s an SM) | down waits > 0.5 µs (sum, max µs) | CTA ends: first, median, 90%%, last "
       "| consumer waits | producer waits |\n"
       "|---|---:|---:|---:|---:|---:|---:|---|---|---|---|---:|---:|\n");
-  int sms = 0;
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   for (int rows : rows_list) {
     if (rows < 2 || rows > cuda::kStreamGemmMaxRows) continue;
     auto timeline = [&](int chunks, int lag, int k_boxes, int last, int count, int ctas, int ring) {
@@ -1046,8 +1065,11 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     if (!cuda::StreamFfnSplits(f, 4)) continue;
     // On half the SMs the DRAM leaves each CTA more than it takes (an H100's 3.2 TB/s over 66 SMs:
     // 48 GB/s an SM), so an item's rate shows what one SM's pipeline does, on any machine.
-    for (int k_boxes : {1, 2, 4}) {
-      if (absl::Status e = timeline(4, 3, k_boxes, 0, 1, sms / 2, 0); !e.ok()) return e;
+    // On an eighth the DRAM leaves each SM far more (a bare ring: 88-158 GB/s an SM, --ring-probe).
+    for (int ctas : {sms / 8, sms / 2}) {
+      for (int k_boxes : {1, 2, 4}) {
+        if (absl::Status e = timeline(4, 3, k_boxes, 0, 1, ctas, 0); !e.ok()) return e;
+      }
     }
     // Two CTAs an SM, each with half a ring: two pipelines an SM (against one CTA with the same
     // half ring, and the full ring above).

@@ -22,10 +22,10 @@ using tma::BarrierInit;
 using tma::BarrierWait;
 using tma::LdMatrix4;
 using tma::LoadAcquire;
-using tma::Map;
+using tma::MapBoxes;
 using tma::Smem;
 using tma::Swizzled;
-using tma::TmaLoad;
+using tma::TmaLoadBoxes;
 
 constexpr int kTileK = tma::kBoxK;  // k a box: one 128-byte swizzle row
 constexpr int kXBoxBytes = 16 * kTileK * 2;  // 2 KB: 16 rows, zero-filled past the real ones
@@ -173,20 +173,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(stream_policy));
       asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
       uint64_t empty_wait = 0;  // cycles spent waiting for a free stage (the timeline's)
+      // One copy a stage for W and one for X (maps from MapBoxes), and no division: the producer
+      // lane's issue is what sets a stage's fixed cost (bench/CUDA_NOTES.md 12-06 (50): a bare
+      // ring streams 53-144 GB/s an SM, and each per-stage step added to it slows it).
       auto load_x = [&](int s, const Item& it, int kb) {
-        const CUtensorMap* map = it.kind == kDown ? &x2_map : &x_map;
-#pragma unroll
-        for (int b = 0; b < KB; ++b) {
-          TmaLoad(ring + s * kStageBytes + KB * C::kWBoxBytes + b * kXBoxBytes, map,
-                  it.k_first + (kb * KB + b) * kTileK, 0, &full_s[s], keep_policy);
-        }
+        TmaLoadBoxes(ring + s * kStageBytes + KB * C::kWBoxBytes, it.kind == kDown ? &x2_map : &x_map,
+                     it.k_first / kTileK + kb * KB, 0, &full_s[s], keep_policy);
       };
       int before_wait = 0;  // stages whose X waits for the predecessor; -1 once waited
       auto wait_once = [&] {
         if (before_wait < 0) return;
         GridDependencyWait();
         TriggerDependents();
-        for (int s = 0; s < before_wait; ++s) load_x(s, Decode(p, item_s[s]), kb_s[s]);
+        for (int e = 0; e < before_wait; ++e) load_x(e, Decode(p, item_s[e]), kb_s[e]);
         before_wait = -1;
       };
       // Without a predecessor X goes out with each stage: X queued behind a ring of W copies
@@ -195,21 +194,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       // the ring fills while the predecessor's last CTAs finish.
       const int early_stages = stages;
       if (!p.overlap) wait_once();
+      int s = 0;             // slot % stages
+      uint32_t parity = 0;   // (slot / stages) & 1
+      // The next item is claimed kClaimAhead stages before this one's last: waiting for the
+      // atomic's round trip between items stalled the ring (the ring probe's claimed tiles).
+      constexpr int kClaimAhead = 4;
+      int item = atomicAdd(p.counters, 1);
       for (int slot = 0;;) {
-        const int item = atomicAdd(p.counters, 1);
         const bool more = item < p.items;
         const Item it = more ? Decode(p, item) : Item{};
         if (p.timeline && more) p.timeline[4 * item] = GlobalTimer(), p.timeline[4 * item + 3] = SmId();
         const CUtensorMap* w = it.kind == kDown ? &w2_map : &w_map;
-        for (int kb = 0; kb < (more ? it.k_blocks : 1); ++kb, ++slot) {
-          const int s = slot % stages;
+        const int k_blocks = more ? it.k_blocks : 1, claim_at = k_blocks > kClaimAhead ? k_blocks - kClaimAhead : 0;
+        int next = p.items;
+        for (int kb = 0; kb < k_blocks; ++kb, ++slot) {
+          if (more && kb == claim_at) next = atomicAdd(p.counters, 1);
           if (slot >= early_stages) wait_once();
           if (slot >= stages) {
             const uint64_t w0 = p.timeline ? clock64() : 0;
-            BarrierWait(&empty_s[s], ((slot / stages) - 1) & 1);
+            BarrierWait(&empty_s[s], parity ^ 1);
             if (p.timeline) empty_wait += clock64() - w0;
           }
-          item_s[s] = more ? item : -1;  // published by the arrive's release
+          // The consumers read an item's id at its first stage (the stages before the wait: each).
+          if (kb == 0 || before_wait >= 0) item_s[s] = more ? item : -1;  // published by the arrive's release
           if (!more) {
             wait_once();
             BarrierArrive(&full_s[s]);
@@ -225,18 +232,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (p.timeline) p.timeline[4 * item + 1] = GlobalTimer() - spin_start;
           }
           BarrierExpect(&full_s[s], kStageBytes);
-#pragma unroll
-          for (int b = 0; b < KB; ++b) {
-            TmaLoad(ring + s * kStageBytes + b * C::kWBoxBytes, w, it.k_first + (kb * KB + b) * kTileK,
-                    it.tile * kTileN, &full_s[s], stream_policy);
-          }
+          TmaLoadBoxes(ring + s * kStageBytes, w, it.k_first / kTileK + kb * KB, it.tile * kTileN, &full_s[s],
+                       stream_policy);
           if (before_wait < 0) {
             load_x(s, it, kb);
           } else {
             kb_s[s] = kb, ++before_wait;
           }
+          if (++s == stages) s = 0, parity ^= 1;
         }
         if (!more) break;
+        item = next;
       }
       if (p.timeline) p.timeline[4 * p.items + 6 * blockIdx.x + 5] = empty_wait;
     }
@@ -251,14 +257,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     Item it{};
     const bool timed = p.timeline != nullptr && warp == 0;
     uint64_t full_wait = 0;  // warp 0's cycles waiting for a filled stage (the timeline's)
-    for (int slot = 0, kb = 0;; ++slot) {
-      const int s = slot % stages;
+    int item = -1;
+    for (int s = 0, kb = 0, parity = 0;;) {  // s: the slot % stages, parity: (slot / stages) & 1
       const uint64_t w0 = timed ? clock64() : 0;
-      BarrierWait(&full_s[s], (slot / stages) & 1);
+      BarrierWait(&full_s[s], parity);
       if (timed) full_wait += clock64() - w0;
-      const int item = item_s[s];
-      if (item < 0) break;
-      if (kb == 0) it = Decode(p, item);  // an item's stages arrive in a row
+      if (kb == 0) {  // an item's stages arrive in a row; its id with the first
+        item = item_s[s];
+        if (item < 0) break;
+        it = Decode(p, item);
+      }
       const uint32_t stage = ring_addr + s * kStageBytes;
 #pragma unroll
       for (int b = 0; b < KB; ++b) {
@@ -278,6 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       __syncwarp();
       if (lane == 0) BarrierArrive(&empty_s[s]);
+      if (++s == stages) s = 0, parity ^= 1;
       if (++kb < it.k_blocks) continue;
       // The item's last stage: acc[mt][j][i] is column tile·kTileN + 16·TN·warp + 16·mt + g +
       // 8·(i / 2) of row 8·j + 2·c + i % 2 (g = lane / 4, c = lane % 4).
@@ -374,8 +383,8 @@ absl::Status LaunchGemm(const StreamGemmArgs& a, int ctas, cudaStream_t stream) 
   using C = Config<TN, KB>;
   if (a.k % (kTileK * KB * a.chunks) != 0) return absl::InvalidArgumentError("StreamGemm: k for the variant");
   CUtensorMap maps[4];
-  if (absl::Status s = Map(&maps[0], a.w, a.k, a.n, C::kTileN); !s.ok()) return s;
-  if (absl::Status s = Map(&maps[1], a.x, a.k, a.rows, 16); !s.ok()) return s;
+  if (absl::Status s = MapBoxes(&maps[0], a.w, a.k, a.n, C::kTileN, KB); !s.ok()) return s;
+  if (absl::Status s = MapBoxes(&maps[1], a.x, a.k, a.rows, 16, KB); !s.ok()) return s;
   maps[2] = maps[0], maps[3] = maps[1];
   Params p{};
   p.rows = a.rows, p.n = a.n, p.chunks = a.chunks, p.chunk_k = a.k / a.chunks, p.k_blocks = p.chunk_k / (kTileK * KB);
@@ -477,10 +486,10 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
     if (fits) kb = b;
   }
   CUtensorMap maps[4];
-  if (absl::Status s = Map(&maps[0], a.w_gate_up, a.hidden, 2 * a.ffn, 64); !s.ok()) return s;
-  if (absl::Status s = Map(&maps[1], a.x, a.hidden, a.rows, 16); !s.ok()) return s;
-  if (absl::Status s = Map(&maps[2], a.w_down, a.ffn, a.hidden, 64); !s.ok()) return s;
-  if (absl::Status s = Map(&maps[3], a.act, a.ffn, a.rows, 16); !s.ok()) return s;
+  if (absl::Status s = MapBoxes(&maps[0], a.w_gate_up, a.hidden, 2 * a.ffn, 64, kb); !s.ok()) return s;
+  if (absl::Status s = MapBoxes(&maps[1], a.x, a.hidden, a.rows, 16, kb); !s.ok()) return s;
+  if (absl::Status s = MapBoxes(&maps[2], a.w_down, a.ffn, a.hidden, 64, kb); !s.ok()) return s;
+  if (absl::Status s = MapBoxes(&maps[3], a.act, a.ffn, a.rows, 16, kb); !s.ok()) return s;
   Params p{};
   p.rows = a.rows, p.n = 2 * a.ffn, p.chunks = c;
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);

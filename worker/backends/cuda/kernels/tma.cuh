@@ -49,6 +49,17 @@ __device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int k
       "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(Smem(bar)), "l"(policy)
       : "memory");
 }
+// `boxes` such tiles in a row along k in one copy (a map from MapBoxes), landing one after
+// another: a copy per stage instead of one per box, since the producer lane's issue is what caps
+// a ring's rate (bench/CUDA_NOTES.md 12-06 (50)). k_box: the first tile's k / kBoxK.
+__device__ __forceinline__ void TmaLoadBoxes(void* dst, const CUtensorMap* map, int k_box, int row0, uint64_t* bar,
+                                             uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(Smem(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(row0), "r"(k_box), "r"(Smem(bar)), "l"(policy)
+      : "memory");
+}
 __device__ __forceinline__ void LdMatrix4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -73,6 +84,24 @@ inline PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
   }();
   return fn;
+}
+
+// A [rows, k] fp16 matrix (k a multiple of kBoxK) for TmaLoadBoxes: viewed as [k / kBoxK, rows,
+// kBoxK], a copy takes `boxes` kBoxK × box_rows tiles along k, each laid out as Map's.
+inline absl::Status MapBoxes(CUtensorMap* map, const __half* base, int k, int rows, int box_rows, int boxes) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
+  if (encode == nullptr) return absl::InternalError("the driver has no cuTensorMapEncodeTiled");
+  if (k % kBoxK != 0) return absl::InvalidArgumentError("MapBoxes: k a multiple of 64");
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kBoxK), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(k / kBoxK)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(k) * 2, kBoxK * 2};
+  const cuuint32_t box[3] = {kBoxK, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(boxes)},
+                   unit[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<__half*>(base), dims, strides, box,
+                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled (3D) failed: CUresult ", r));
+  return absl::OkStatus();
 }
 
 // A [rows, k] fp16 matrix as kBoxK × box_rows tiles, 128-byte swizzled, zeros past its edges.
