@@ -101,7 +101,8 @@ int Main(int argc, char** argv) {
       stream_ffn_k_boxes = CudaEngineOptions{}.stream_ffn_k_boxes,
       stream_ffn_last_chunk = CudaEngineOptions{}.stream_ffn_last_chunk,
       stream_ffn_last_chunks = CudaEngineOptions{}.stream_ffn_last_chunks,
-      stream_ffn_ctas_per_sm = CudaEngineOptions{}.stream_ffn_ctas_per_sm;
+      stream_ffn_ctas_per_sm = CudaEngineOptions{}.stream_ffn_ctas_per_sm,
+      stream_ffn_min_rows = CudaEngineOptions{}.stream_ffn_min_rows;
   int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
   int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
   bool block_late_o = CudaEngineOptions{}.attention_block_late_o_stages;
@@ -123,8 +124,12 @@ int Main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--stream-ffn-chunks", stream_ffn_chunks,
-                 "decode at 2-16 rows: the FFN as one StreamFfn launch, down in this many k chunks (0: cuBLASLt)")
+                 "decode at --stream-ffn-min-rows to 16 rows: the FFN as one StreamFfn launch, down in this many k "
+                 "chunks (0: cuBLASLt's halves)")
       ->check(CLI::Range(0, 4))
+      ->capture_default_str();
+  app.add_option("--stream-ffn-min-rows", stream_ffn_min_rows, "with --stream-ffn-chunks: the fewest rows it takes")
+      ->check(CLI::Range(2, 16))
       ->capture_default_str();
   app.add_option("--stream-ffn-lag", stream_ffn_lag, "with --stream-ffn-chunks: gate/up groups a down chunk trails")
       ->check(CLI::Range(1, 4))
@@ -133,8 +138,9 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({1, 2, 4}))
       ->capture_default_str();
   app.add_option("--stream-ffn-last-chunk", stream_ffn_last_chunk,
-                 "with --stream-ffn-chunks: features of the last down chunk where ffn splits so (0: equal chunks)")
-      ->check(CLI::NonNegativeNumber)
+                 "with --stream-ffn-chunks: features of the last down chunk where ffn splits so (0: equal chunks, "
+                 "-1: ffn · 5 / 28 rounded down to 256)")
+      ->check(CLI::Range(-1, 1 << 20))
       ->capture_default_str();
   app.add_option("--stream-ffn-last-chunks", stream_ffn_last_chunks,
                  "with --stream-ffn-last-chunk: how many down chunks at the end take its features")
@@ -178,6 +184,7 @@ int Main(int argc, char** argv) {
   auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
                                          .ffn_halves_min_bytes = ffn_halves_min_bytes,
                                          .stream_ffn_chunks = stream_ffn_chunks,
+                                         .stream_ffn_min_rows = stream_ffn_min_rows,
                                          .stream_ffn_lag = stream_ffn_lag,
                                          .stream_ffn_k_boxes = stream_ffn_k_boxes,
                                          .stream_ffn_last_chunk = stream_ffn_last_chunk,

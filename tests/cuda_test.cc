@@ -1752,6 +1752,7 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
                                   .kv_memory_fraction = 0.05,
                                   .ffn_halves_min_bytes = mode == kHalves ? 0 : std::numeric_limits<int64_t>::max(),
                                   .stream_ffn_chunks = stream_ffn ? 4 : 0,
+                                  .stream_ffn_min_rows = 2,
                                   .stream_ffn_last_chunk = mode == kStreamFfnLast ? 64 : 0,
                                   .stream_ffn_last_chunks = 2,
                                   .stream_ffn_ctas_per_sm = mode == kStreamFfnLast ? 2 : 1,
@@ -1853,6 +1854,15 @@ TEST(CudaEngineOptionsTest, AttentionBlockKeyStagesOnlyAfterQkv) {
                                  {.kv_dtype = KvDtype::kFp8E4M3, .kv_memory_fraction = 0.05,
                                   .attention_block = Use::kAfterQkv, .attention_block_key_stages = 4});
   EXPECT_NE(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
+}
+
+TEST(CudaEngineOptionsTest, StreamFfnFromTwoRowsAndALastChunkOfTheRuleOrMore) {
+  TAILSERVE_REQUIRE_SHARED();
+  for (const auto& [min_rows, last] : std::vector<std::pair<int, int>>{{1, -1}, {0, 0}, {9, -2}}) {
+    auto engine = CudaEngine::Load(testing::ReferenceDir("qwen2-bias-tied"),
+                                   {.stream_ffn_min_rows = min_rows, .stream_ffn_last_chunk = last});
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << min_rows << " rows, last " << last;
+  }
 }
 
 std::string BatchCaseName(const ::testing::TestParamInfo<BatchCase>& info) {

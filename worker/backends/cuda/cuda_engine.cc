@@ -113,6 +113,9 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   if (options_.stream_ffn_ctas_per_sm < 1 || options_.stream_ffn_ctas_per_sm > 2) {
     return absl::InvalidArgumentError("cuda: one or two StreamFfn CTAs an SM");
   }
+  if (options_.stream_ffn_last_chunk < -1 || options_.stream_ffn_min_rows < 2) {
+    return absl::InvalidArgumentError("cuda: a StreamFfn last chunk of -1 (the rule) or more, from 2 rows or more");
+  }
   std::sort(options_.buckets.begin(), options_.buckets.end());
   max_bucket_ = options_.buckets.back();
   max_rows_ = std::max(options_.prefill_chunk, max_bucket_);
@@ -520,12 +523,12 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // the 1B's (100 MB) got slower (engine b16 1.19 → 1.22 ms): each half's GEMMs are then too short
   // to hide anything, hence the size floor (options_.ffn_halves_min_bytes). Not when profiling (one
   // event after each op on one stream; the whole-FFN shapes then run on cuBLASLt's untimed pick).
-  // Or (options_.stream_ffn_chunks) at up to 16 rows one StreamFfn launch, down's k chunks the
-  // partials the next norm adds.
+  // Or (options_.stream_ffn_chunks) at stream_ffn_min_rows-16 rows one StreamFfn launch, down's
+  // k chunks the partials the next norm adds.
   int stream_ffn_chunks = 0, stream_ffn_last = 0;
-  if (options_.stream_ffn_chunks > 0 && split_k && rows <= cuda::kStreamGemmMaxRows && c.num_experts == 0 &&
-      h % 64 == 0) {
-    const int last = options_.stream_ffn_last_chunk;
+  if (options_.stream_ffn_chunks > 0 && split_k && rows >= options_.stream_ffn_min_rows &&
+      rows <= cuda::kStreamGemmMaxRows && c.num_experts == 0 && h % 64 == 0) {
+    const int last = options_.stream_ffn_last_chunk >= 0 ? options_.stream_ffn_last_chunk : f * 5 / 28 / 256 * 256;
     for (int chunks = std::min(options_.stream_ffn_chunks, cuda::kMaxPartials); chunks >= 1 && !stream_ffn_chunks;
          chunks /= 2) {
       if (cuda::StreamFfnSplits(f, chunks, last, options_.stream_ffn_last_chunks)) {

@@ -38,19 +38,21 @@ struct CudaEngineOptions {
   // Decode above batch 1 runs the FFN as two halves on two graph branches when its three matrices
   // hold at least this many bytes (CudaEngine::Forward says why; 0: always, as tests do).
   int64_t ffn_halves_min_bytes = int64_t{200} << 20;
-  // Decode at 2-16 rows: a dense FFN as one StreamFfn launch (kernels/stream_gemm.h: gate/up,
-  // SwiGLU and down in one persistent grid) instead of cuBLASLt's halves, down in this many k
-  // chunks (fewer where ffn does not divide; at most kMaxPartials), taken `stream_ffn_lag` gate/up
-  // groups behind, up to `stream_ffn_k_boxes` k boxes a ring stage. 0: off, until measured on the
-  // H200 (bench/CUDA_NOTES.md 12-06 (48): with 4 k boxes a stage its per-SM rate is no longer
-  // capped at ~26 GB/s; on an H100, b16 5.932 → 5.894 ms against the halves).
-  int stream_ffn_chunks = 0;
+  // Decode at stream_ffn_min_rows-16 rows: a dense FFN as one StreamFfn launch
+  // (kernels/stream_gemm.h: gate/up, SwiGLU and down in one persistent grid) instead of cuBLASLt's
+  // halves, down in this many k chunks (fewer where ffn does not divide; at most kMaxPartials),
+  // taken `stream_ffn_lag` gate/up groups behind, up to `stream_ffn_k_boxes` k boxes a ring stage
+  // (0 chunks: off). On from 9 rows (the 16-row bucket): with the producer's issue trimmed it beat
+  // the halves at b16 on every H100 (bench/CUDA_NOTES.md 12-06 (50): 5.939 → 5.841 ms).
+  int stream_ffn_chunks = 4;
+  int stream_ffn_min_rows = 9;
   int stream_ffn_lag = 3;
   int stream_ffn_k_boxes = 4;
-  // StreamFfnArgs::last_chunk / last_chunks where ffn splits that way (the 8B's 14336 = 3 · 4096
-  // + 2048, or 2 · 5120 + 2 · 2048), else equal chunks.
-  int stream_ffn_last_chunk = 0;
-  int stream_ffn_last_chunks = 1;
+  // StreamFfnArgs::last_chunk / last_chunks where ffn splits that way, else equal chunks. -1: the
+  // rule, ffn · 5 / 28 rounded down to 256 features (the 8B's 14336 = 6656 + 3 · 2560, best of the
+  // splits measured, 12-06 (49)); 0: equal chunks.
+  int stream_ffn_last_chunk = -1;
+  int stream_ffn_last_chunks = 3;
   // 2: two StreamFfn CTAs an SM, each with half a ring (StreamFfnArgs::max_ring_bytes): two
   // pipelines an SM where one stage's fixed cost caps a CTA (bench/CUDA_NOTES.md 12-06 (49)).
   int stream_ffn_ctas_per_sm = 1;
