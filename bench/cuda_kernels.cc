@@ -973,34 +973,30 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     const char* names[] = {"two halves at once", "B's gate/up after A's", "two halves at once, B at low priority"};
     std::vector<std::pair<std::string, std::function<absl::Status()>>> variants = {{"one stream (the engine)", serial}};
     for (int mode = 0; mode < 3; ++mode) variants.push_back({names[mode], branches(mode)});
-    for (auto [chunks, lag, k_boxes, last, count] : kStreamFfnShapes) {  // the whole block in one persistent launch
+    // The whole block in one persistent launch (ctas 0: one an SM).
+    auto stream_ffn = [&](int chunks, int lag, int k_boxes, int last, int count, int ctas) {
+      return [&, chunks, lag, k_boxes, last, count, ctas]() -> absl::Status {
+        const __half* wc = weights();
+        return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f, .w_down = wc + gu_elems,
+                                .act = act_out, .chunks = chunks, .lag = lag,
+                                .partials = static_cast<float*>(partials->get()), .partial_stride = int64_t(rows) * h,
+                                .workspace = counters->get(), .ctas = ctas, .k_boxes = k_boxes, .last_chunk = last,
+                                .last_chunks = count},
+                               sa.get());
+      };
+    };
+    for (auto [chunks, lag, k_boxes, last, count] : kStreamFfnShapes) {
       if (rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, chunks, last, count)) continue;
       variants.push_back({absl::StrCat("StreamFfn, down in ", chunks, " k chunks, lag ", lag,
                                        StreamFfnShapeSuffix(k_boxes, last, count)),
-                          [&, chunks, lag, k_boxes, last, count]() -> absl::Status {
-                            const __half* wc = weights();
-                            return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
-                                                    .w_down = wc + gu_elems, .act = act_out, .chunks = chunks,
-                                                    .lag = lag, .partials = static_cast<float*>(partials->get()),
-                                                    .partial_stride = int64_t(rows) * h, .workspace = counters->get(),
-                                                    .k_boxes = k_boxes, .last_chunk = last, .last_chunks = count},
-                                                   sa.get());
-                          }});
+                          stream_ffn(chunks, lag, k_boxes, last, count, 0)});
     }
     // On an eighth of the SMs, without the timeline: what one SM's pipeline streams (bytes ÷ µs ÷ CTAs).
     for (int k_boxes : {1, 2, 4}) {
       if (rows > cuda::kStreamGemmMaxRows || !cuda::StreamFfnSplits(f, 4)) continue;
       variants.push_back({absl::StrCat("StreamFfn, down in 4 k chunks, lag 3", StreamFfnShapeSuffix(k_boxes, 0, 1), ", ",
                                        sms / 8, " CTAs"),
-                          [&, k_boxes]() -> absl::Status {
-                            const __half* wc = weights();
-                            return cuda::StreamFfn({.x = x, .rows = rows, .hidden = h, .w_gate_up = wc, .ffn = f,
-                                                    .w_down = wc + gu_elems, .act = act_out, .chunks = 4, .lag = 3,
-                                                    .partials = static_cast<float*>(partials->get()),
-                                                    .partial_stride = int64_t(rows) * h, .workspace = counters->get(),
-                                                    .ctas = sms / 8, .k_boxes = k_boxes},
-                                                   sa.get());
-                          }});
+                          stream_ffn(4, 3, k_boxes, 0, 1, sms / 8)});
     }
     // One stream of StreamGemm launches: gate/up in 2 k chunks, SwiGLU adding them, down in
     // `down_chunks`; programmatic, each one's W copies run while its predecessor finishes (the
@@ -1063,9 +1059,9 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
       if (absl::Status e = timeline(chunks, lag, k_boxes, last, count, 0, 0); !e.ok()) return e;
     }
     if (!cuda::StreamFfnSplits(f, 4)) continue;
-    // On half the SMs the DRAM leaves each CTA more than it takes (an H100's 3.2 TB/s over 66 SMs:
-    // 48 GB/s an SM), so an item's rate shows what one SM's pipeline does, on any machine.
-    // On an eighth the DRAM leaves each SM far more (a bare ring: 88-158 GB/s an SM, --ring-probe).
+    // On an eighth of the SMs the DRAM leaves each SM far more than it takes (a bare ring: 88-158
+    // GB/s an SM, --ring-probe), so an item's rate shows what one SM's pipeline does; on half an
+    // H100's, the DRAM's ~45 GB/s an SM caps a fast pipeline (bench/CUDA_NOTES.md 12-06 (50)).
     for (int ctas : {sms / 8, sms / 2}) {
       for (int k_boxes : {1, 2, 4}) {
         if (absl::Status e = timeline(4, 3, k_boxes, 0, 1, ctas, 0); !e.ok()) return e;
@@ -1770,7 +1766,7 @@ int main(int argc, char** argv) {
   app.add_flag("--ceilings", ceilings,
                "only: this GPU's copy bandwidth and a pure DRAM read of each decode op's bytes");
   bool ring_probe = false;
-  app.add_flag("--ring-probe", ring_probe, "only: what a bare TMA ring (StreamFfn's, without its work) streams an SM");
+  app.add_flag("--ring-probe", ring_probe, "only: what StreamFfn's TMA ring streams an SM bare, then with each of its pieces added");
   bool overlap = false;
   app.add_flag("--overlap", overlap,
                "only: the batch-16 attention beside a DRAM read of o's bytes and beside cuBLASLt's o");

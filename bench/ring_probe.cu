@@ -16,6 +16,7 @@ using cuda::tma::BarrierExpect;
 using cuda::tma::BarrierInit;
 using cuda::tma::BarrierWait;
 using cuda::tma::LdMatrix4;
+using cuda::tma::Mma;
 using cuda::tma::Smem;
 using cuda::tma::Swizzled;
 using cuda::tma::TmaLoad;
@@ -35,13 +36,6 @@ struct Layout {
   static constexpr int kSmem = kStages * kStageBytes + 1024;
 };
 constexpr int kMaxStages = (kSmemLimit - 1024) / (kWBoxBytes + kXBoxBytes);
-
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Warps 0-3 consume, warp 4's lane 0 produces (its other lanes exit). Below kClaim each CTA
 // streams tiles blockIdx, + gridDim, ...; from kClaim on the producer claims tiles from

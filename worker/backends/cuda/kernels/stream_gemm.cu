@@ -22,6 +22,7 @@ using tma::BarrierInit;
 using tma::BarrierWait;
 using tma::LdMatrix4;
 using tma::LoadAcquire;
+using tma::Mma;
 using tma::MapBoxes;
 using tma::Smem;
 using tma::Swizzled;
@@ -117,13 +118,6 @@ __device__ __forceinline__ uint32_t SmId() {
   return id;
 }
 
-// D += A · B for one m16n8k16 tile: fp16 in, fp32 accumulate.
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 template <int TN, int KB>
 __global__ void __launch_bounds__(kThreads, 1)
     StreamGemmKernel(const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap x_map,

@@ -1,7 +1,8 @@
 #pragma once
 // The Hopper copy machinery the persistent GEMM kernels share (stream_gemm.cu, attention_block.cu):
-// mbarriers, 2D TMA tile loads with an L2 cache hint, ldmatrix over the TMA's 128-byte swizzle, an
-// acquire load for cross-CTA counters, and the host side's tensor-map encoding.
+// mbarriers, 2D and boxes-along-k TMA tile loads with an L2 cache hint, ldmatrix over the TMA's
+// 128-byte swizzle and the m16n8k16 MMA it feeds, an acquire load for cross-CTA counters, and the
+// host side's tensor-map encoding.
 #include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -65,6 +66,13 @@ __device__ __forceinline__ void LdMatrix4(uint32_t addr, uint32_t (&r)[4]) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+// D += A · B for one m16n8k16 tile: fp16 in, fp32 accumulate.
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of 128-byte rows under the TMA's
 // 128-byte swizzle (chunk index XOR row mod 8, rows counted from a 1024-byte-aligned base).
 __device__ __forceinline__ uint32_t Swizzled(int row, int chunk) {
@@ -86,36 +94,37 @@ inline PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
   return fn;
 }
 
+// The encoding both maps share: fp16, 128-byte swizzle, no L2 promotion, zeros past the edges.
+template <int kRank>
+absl::Status Encode(CUtensorMap* map, const __half* base, const cuuint64_t (&dims)[kRank],
+                    const cuuint64_t (&strides)[kRank - 1], const cuuint32_t (&box)[kRank]) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
+  if (encode == nullptr) return absl::InternalError("the driver has no cuTensorMapEncodeTiled");
+  cuuint32_t unit[kRank];
+  for (cuuint32_t& u : unit) u = 1;
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, kRank, const_cast<__half*>(base), dims, strides, box,
+                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled (", kRank, "D) failed: CUresult ", r));
+  }
+  return absl::OkStatus();
+}
+
 // A [rows, k] fp16 matrix (k a multiple of kBoxK) for TmaLoadBoxes: viewed as [k / kBoxK, rows,
 // kBoxK], a copy takes `boxes` kBoxK × box_rows tiles along k, each laid out as Map's.
 inline absl::Status MapBoxes(CUtensorMap* map, const __half* base, int k, int rows, int box_rows, int boxes) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
-  if (encode == nullptr) return absl::InternalError("the driver has no cuTensorMapEncodeTiled");
   if (k % kBoxK != 0) return absl::InvalidArgumentError("MapBoxes: k a multiple of 64");
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kBoxK), static_cast<cuuint64_t>(rows),
-                              static_cast<cuuint64_t>(k / kBoxK)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(k) * 2, kBoxK * 2};
-  const cuuint32_t box[3] = {kBoxK, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(boxes)},
-                   unit[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<__half*>(base), dims, strides, box,
-                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled (3D) failed: CUresult ", r));
-  return absl::OkStatus();
+  return Encode<3>(map, base,
+                   {static_cast<cuuint64_t>(kBoxK), static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(k / kBoxK)},
+                   {static_cast<cuuint64_t>(k) * 2, kBoxK * 2},
+                   {kBoxK, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(boxes)});
 }
 
 // A [rows, k] fp16 matrix as kBoxK × box_rows tiles, 128-byte swizzled, zeros past its edges.
 inline absl::Status Map(CUtensorMap* map, const __half* base, int k, int rows, int box_rows) {
-  PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
-  if (encode == nullptr) return absl::InternalError("the driver has no cuTensorMapEncodeTiled");
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
-  const cuuint32_t box[2] = {kBoxK, static_cast<cuuint32_t>(box_rows)}, unit[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<__half*>(base), dims, strides, box,
-                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return absl::InternalError(absl::StrCat("cuTensorMapEncodeTiled failed: CUresult ", r));
-  return absl::OkStatus();
+  return Encode<2>(map, base, {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)},
+                   {static_cast<cuuint64_t>(k) * 2}, {kBoxK, static_cast<cuuint32_t>(box_rows)});
 }
 
 }  // namespace tailserve::cuda::tma
