@@ -102,7 +102,8 @@ int Main(int argc, char** argv) {
       stream_ffn_last_chunk = CudaEngineOptions{}.stream_ffn_last_chunk,
       stream_ffn_last_chunks = CudaEngineOptions{}.stream_ffn_last_chunks,
       stream_ffn_ctas_per_sm = CudaEngineOptions{}.stream_ffn_ctas_per_sm,
-      stream_ffn_min_rows = CudaEngineOptions{}.stream_ffn_min_rows;
+      stream_ffn_min_rows = CudaEngineOptions{}.stream_ffn_min_rows,
+      stream_qkv_chunks = CudaEngineOptions{}.stream_qkv_chunks;
   int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
   int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
   bool block_late_o = CudaEngineOptions{}.attention_block_late_o_stages;
@@ -128,7 +129,8 @@ int Main(int argc, char** argv) {
                  "chunks (0: cuBLASLt's halves)")
       ->check(CLI::Range(0, 4))
       ->capture_default_str();
-  app.add_option("--stream-ffn-min-rows", stream_ffn_min_rows, "with --stream-ffn-chunks: the fewest rows it takes")
+  app.add_option("--stream-ffn-min-rows", stream_ffn_min_rows,
+                 "with --stream-ffn-chunks or --stream-qkv-chunks: the fewest rows they take")
       ->check(CLI::Range(2, 16))
       ->capture_default_str();
   app.add_option("--stream-ffn-lag", stream_ffn_lag, "with --stream-ffn-chunks: gate/up groups a down chunk trails")
@@ -149,6 +151,10 @@ int Main(int argc, char** argv) {
   app.add_option("--stream-ffn-ctas-per-sm", stream_ffn_ctas_per_sm,
                  "with --stream-ffn-chunks: StreamFfn CTAs an SM (2: each with half a ring)")
       ->check(CLI::Range(1, 2))
+      ->capture_default_str();
+  app.add_option("--stream-qkv-chunks", stream_qkv_chunks,
+                 "at --stream-ffn-min-rows-16 rows: q/k/v by StreamGemm in this many k chunks (0: cuBLASLt)")
+      ->check(CLI::Range(0, 4))
       ->capture_default_str();
   app.add_option("--in-situ-candidates", in_situ_candidates,
                  "cuBLASLt candidates a shape tries inside the captured step (1: the pick timed alone)")
@@ -190,6 +196,7 @@ int Main(int argc, char** argv) {
                                          .stream_ffn_last_chunk = stream_ffn_last_chunk,
                                          .stream_ffn_last_chunks = stream_ffn_last_chunks,
                                          .stream_ffn_ctas_per_sm = stream_ffn_ctas_per_sm,
+                                         .stream_qkv_chunks = stream_qkv_chunks,
                                          .in_situ_candidates = in_situ_candidates,
                                          .attention_block =
                                              static_cast<CudaEngineOptions::AttentionBlockUse>(attention_block),

@@ -1738,8 +1738,11 @@ INSTANTIATE_TEST_SUITE_P(
 // ring growing into the key buffers after the merge.
 // kStreamFfn: the FFN as one StreamFfn launch, on qwen2-bias-tied (llama-gqa's ffn 688 is not a
 // multiple of 64), its q/k/v bias through the attention block; kStreamFfnLast: in 4 chunks, the
-// last two of 64 features (ffn 512 = 2 · 192 + 2 · 64), two CTAs an SM.
-enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn, kStreamFfnLast };
+// last two of 64 features (ffn 512 = 2 · 192 + 2 · 64), two CTAs an SM; both with q/k/v by
+// StreamGemm (hidden 192: one chunk). kStreamQkv: BlockAfterQkv with q/k/v by StreamGemm in 4
+// chunks (hidden 256: one k box a stage), the block adding the 4 partials; kHalves takes them too,
+// RoPE adding them (an FP16 cache).
+enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn, kStreamFfnLast, kStreamQkv };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
@@ -1756,6 +1759,7 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
                                   .stream_ffn_last_chunk = mode == kStreamFfnLast ? 64 : 0,
                                   .stream_ffn_last_chunks = 2,
                                   .stream_ffn_ctas_per_sm = mode == kStreamFfnLast ? 2 : 1,
+                                  .stream_qkv_chunks = stream_ffn || mode == kStreamQkv || mode == kHalves ? 4 : 0,
                                   .attention_block = mode == kFusedBlock ? CudaEngineOptions::AttentionBlockUse::kWhole
                                                      : mode >= kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
                                                                               : CudaEngineOptions::AttentionBlockUse::kOff,
@@ -1863,16 +1867,20 @@ TEST(CudaEngineOptionsTest, StreamFfnFromTwoRowsAndALastChunkOfTheRuleOrMore) {
                                    {.stream_ffn_min_rows = min_rows, .stream_ffn_last_chunk = last});
     EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << min_rows << " rows, last " << last;
   }
+  for (int qkv_chunks : {-1, 5}) {
+    auto engine = CudaEngine::Load(testing::ReferenceDir("qwen2-bias-tied"), {.stream_qkv_chunks = qkv_chunks});
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << qkv_chunks << " q/k/v chunks";
+  }
 }
 
 std::string BatchCaseName(const ::testing::TestParamInfo<BatchCase>& info) {
   static const char* kNames[] = {"OneStream",  "Halves",    "FusedBlock",    "BlockAfterQkv",
-                                 "BlockLateO", "StreamFfn", "StreamFfnLast"};
+                                 "BlockLateO", "StreamFfn", "StreamFfnLast", "StreamQkv"};
   return kNames[info.param];
 }
 INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
                          ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn,
-                                           kStreamFfnLast),
+                                           kStreamFfnLast, kStreamQkv),
                          BatchCaseName);
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current

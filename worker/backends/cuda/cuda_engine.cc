@@ -77,10 +77,12 @@ struct CudaEngine::Buffers {
   float* logits = nullptr;          // [logit_rows, vocab]
   // Decode above batch 1: the split-K projections' chunk outputs (kDecodeKSplits), which the
   // attention (RoPE with an FP16 cache) and the norms add.
-  float* qkv_partials = nullptr;       // [kDecodeKSplits][max_bucket, q + 2 kv]
+  float* qkv_partials = nullptr;       // [kMaxPartials][max_bucket, q + 2 kv]
   void* attention_block_workspace = nullptr;  // AttentionBlock's counters (zeroed once; each launch leaves them so)
   float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN halves' (StreamFfn's) down
-  char* stream_counters = nullptr;     // StreamFfn's workspace
+  // StreamFfn's workspace, then StreamGemm's q/k/v's two (even and odd layers: a programmatic
+  // launch claims items before its wait, so no launch shares the counter of one that may still run).
+  char* stream_counters = nullptr;
   void* cublas_workspace = nullptr;
   void* side_cublas_workspace = nullptr;  // side_gemm_'s, as large
   size_t cublas_workspace_bytes = 32 << 20;
@@ -115,6 +117,9 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   }
   if (options_.stream_ffn_last_chunk < -1 || options_.stream_ffn_min_rows < 2) {
     return absl::InvalidArgumentError("cuda: a StreamFfn last chunk of -1 (the rule) or more, from 2 rows or more");
+  }
+  if (options_.stream_qkv_chunks < 0 || options_.stream_qkv_chunks > cuda::kMaxPartials) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda: 0-", cuda::kMaxPartials, " StreamGemm q/k/v chunks"));
   }
   std::sort(options_.buckets.begin(), options_.buckets.end());
   max_bucket_ = options_.buckets.back();
@@ -323,8 +328,9 @@ absl::Status CudaEngine::AllocateWorkspaces() {
                             R * f * 2 + cuda::AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
                             (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
                             (2 * static_cast<size_t>(c.num_layers) + 1) * 4 +
-                            kDecodeKSplits * max_bucket_ * (qd + 2 * kvd + 2 * h) * 4 + 2 * (32 << 20) +
-                            cuda::kStreamGemmWorkspaceBytes + cuda::kAttentionBlockWorkspaceBytes + 64 * 256;
+                            (cuda::kMaxPartials * max_bucket_ * (qd + 2 * kvd) + 2 * kDecodeKSplits * max_bucket_ * h) * 4 +
+                            2 * (32 << 20) + 3 * cuda::kStreamGemmWorkspaceBytes + cuda::kAttentionBlockWorkspaceBytes +
+                            64 * 256;
   absl::StatusOr<DeviceMemory> mem = DeviceAlloc(work_bytes);
   if (!mem.ok()) return mem.status();
   work_memory_ = *std::move(mem);
@@ -391,10 +397,10 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   b.sumsq = a.Take<float>(2 * static_cast<size_t>(c.num_layers) + 1);
   b.final_xn = a.Take<__half>(L * h);
   b.logits = a.Take<float>(L * c.vocab_size);
-  b.qkv_partials = a.Take<float>(kDecodeKSplits * max_bucket_ * (qd + 2 * kvd));
+  b.qkv_partials = a.Take<float>(cuda::kMaxPartials * max_bucket_ * (qd + 2 * kvd));
   b.attention_block_workspace = a.Take<char>(cuda::kAttentionBlockWorkspaceBytes);
   b.residual_partials = a.Take<float>(2 * kDecodeKSplits * max_bucket_ * h);
-  b.stream_counters = a.Take<char>(cuda::kStreamGemmWorkspaceBytes);
+  b.stream_counters = a.Take<char>(3 * cuda::kStreamGemmWorkspaceBytes);
   b.cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   b.side_cublas_workspace = a.Take<char>(b.cublas_workspace_bytes);
   if (!b.side_cublas_workspace) return absl::InternalError("cuda: workspace arena too small (a sizing bug)");
@@ -406,7 +412,7 @@ absl::Status CudaEngine::AllocateWorkspaces() {
   if (!gemm.ok()) return gemm.status();
   side_gemm_ = *std::move(gemm);
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.clamps, 0, 8));
-  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.stream_counters, 0, cuda::kStreamGemmWorkspaceBytes));
+  TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.stream_counters, 0, 3 * cuda::kStreamGemmWorkspaceBytes));
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemset(b.attention_block_workspace, 0, cuda::kAttentionBlockWorkspaceBytes));
   // Inputs start valid (token 0 at position 0 of the trash row) so padded graph rows are harmless.
   std::memset(b.host_inputs.get(), 0, inputs_bytes);
@@ -538,6 +544,23 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       }
     }
   }
+  // q/k/v by StreamGemm at the rows StreamFfn takes (options_.stream_qkv_chunks): k in that many
+  // chunks or fewer where k does not split, at the most 64-wide k boxes a stage that divide a
+  // chunk (variants 4, 1, 0: 4, 2, 1 boxes); launched programmatically after the norm, which
+  // triggers at once, so its W streams during the norm.
+  int stream_qkv_chunks = 0, stream_qkv_variant = 0;
+  if (options_.stream_qkv_chunks > 0 && split_k && !block_qkv && rows >= options_.stream_ffn_min_rows &&
+      rows <= cuda::kStreamGemmMaxRows) {
+    for (int chunks = std::min(options_.stream_qkv_chunks, cuda::kMaxPartials); chunks >= 1 && !stream_qkv_chunks;
+         chunks /= 2) {
+      for (int variant : {4, 1, 0}) {
+        if (h % (cuda::StreamGemmKStep(variant) * chunks) == 0) {
+          stream_qkv_chunks = chunks, stream_qkv_variant = variant;
+          break;
+        }
+      }
+    }
+  }
   const bool ffn_halves = split_k && stream_ffn_chunks == 0 && c.num_experts == 0 && f % 16 == 0 &&
                           profile_ == nullptr && 3 * int64_t{h} * f * 2 >= options_.ffn_halves_min_bytes;
   auto gemm_split_k = [&](cuda::GemmRunner& gemm, const __half* x, int k, const __half* w, int n, float* out,
@@ -573,6 +596,14 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       pending = {};
       if (block_qkv) {
         // q/k/v inside the block below.
+      } else if (stream_qkv_chunks > 0) {
+        TRY("gemm_qkv", cuda::StreamGemm({.x = b.xn, .rows = rows, .k = h, .w = L.w_qkv, .n = qkvw,
+                                          .chunks = stream_qkv_chunks, .partials = b.qkv_partials,
+                                          .partial_stride = qkv_stride,
+                                          .workspace = b.stream_counters + (1 + l % 2) * cuda::kStreamGemmWorkspaceBytes,
+                                          .overlap_previous = shape.overlap_previous, .variant = stream_qkv_variant},
+                                         s));
+        qkv_in = {b.qkv_partials, stream_qkv_chunks, qkv_stride};
       } else if (split_k) {
         TRY("gemm_qkv", gemm_split_k(*gemm_, b.xn, h, L.w_qkv, qkvw, b.qkv_partials, qkv_stride, &qkv_in));
       } else {

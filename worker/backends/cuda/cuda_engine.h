@@ -42,10 +42,12 @@ struct CudaEngineOptions {
   // (kernels/stream_gemm.h: gate/up, SwiGLU and down in one persistent grid) instead of cuBLASLt's
   // halves, down in this many k chunks (fewer where ffn does not divide; at most kMaxPartials),
   // taken `stream_ffn_lag` gate/up groups behind, up to `stream_ffn_k_boxes` k boxes a ring stage
-  // (0 chunks: off). On from 9 rows (the 16-row bucket): with the producer's issue trimmed it beat
-  // the halves at b16 on every H100 (bench/CUDA_NOTES.md 12-06 (50): 5.939 → 5.841 ms).
+  // (0 chunks: off). On from 3 rows (the 4-row bucket up), with q/k/v by StreamGemm below and the
+  // norm before each triggering at once, so each streams its W during the norm (bench/CUDA_NOTES.md
+  // 12-06 (51), H100 8B against the halves and cuBLASLt's q/k/v: b4 5.872 → 5.686, b8 5.912 →
+  // 5.692, b16 5.956 → 5.852 ms; at b2 the 1B lost, 1.261 → 1.302).
   int stream_ffn_chunks = 4;
-  int stream_ffn_min_rows = 9;
+  int stream_ffn_min_rows = 3;
   int stream_ffn_lag = 3;
   int stream_ffn_k_boxes = 4;
   // StreamFfnArgs::last_chunk / last_chunks where ffn splits that way, else equal chunks. -1: the
@@ -56,6 +58,10 @@ struct CudaEngineOptions {
   // 2: two StreamFfn CTAs an SM, each with half a ring (StreamFfnArgs::max_ring_bytes): two
   // pipelines an SM where one stage's fixed cost caps a CTA (bench/CUDA_NOTES.md 12-06 (49)).
   int stream_ffn_ctas_per_sm = 1;
+  // At the same rows, q/k/v by StreamGemm in this many k chunks, 0-kMaxPartials (0: cuBLASLt's
+  // split-K). 2 measured 0.01 ms faster than 4 on the H100 (8B and 1B b16), but leaves 60 of 132
+  // CTAs an item in the 8B's last wave, short of the H200's DRAM rate.
+  int stream_qkv_chunks = 4;
   // After timing each cuBLASLt shape alone, time up to this many of its candidates inside the
   // captured step and keep the fastest (CudaEngine::TuneInSitu; 1: the pick timed alone). 12 took
   // longer to load and gave the 8B step nothing more than 6 (b16 4.607 / 4.620 against 4.600 /

@@ -26,6 +26,7 @@
 #include "worker/backends/cuda/kernels/common.cuh"
 #include "worker/backends/cuda/kernels/kv_cache.h"
 #include "worker/backends/cuda/kernels/kv_codec.cuh"
+#include "worker/backends/cuda/kernels/tma.cuh"
 
 namespace tailserve::cuda {
 namespace mma_attention {
@@ -51,14 +52,8 @@ __device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// D = A · B + D for one m16n8k16 tile (row-major A, column-major B).
-__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// D = A · B + D for one m16n8k16 tile (row-major A, column-major B): the GEMMs' own.
+using tma::Mma;
 
 // CTAs an SM must hold (registers capped to fit): a decode CTA is mostly latency (the block
 // table, the first tile, the merge), so more of them in flight hide more of it. Wider CTAs keep

@@ -70,6 +70,8 @@ template <bool kVec, int kMax = 1>
 __global__ void __launch_bounds__(1024)
     RmsNormKernel(float* x, Partials add, const int32_t* src, int hidden, const float* w, float eps, __half* out) {
   GridDependencyWait();  // everything it reads may be the previous kernel's
+  // A programmatic follower (StreamFfn, StreamGemm) then streams its constant W during the norm.
+  TriggerDependents();
   __shared__ float shared[32];
   const int r = blockIdx.x;
   const int64_t row = static_cast<int64_t>(src ? src[r] : r) * hidden;

@@ -3,13 +3,11 @@
 // K_c, partials + c · partial_stride receives fp32 [rows, n] = X[:, K_c] · W[:, K_c]ᵀ (X fp16
 // [rows, k], W fp16 [n, k], the HF nn.Linear layout). The consumer that reads the projection
 // anyway adds the chunks (RoPE, the next RMSNorm: kernels/partials.h), as it does for
-// GemmRunner::RunSplitK. Measured in the engine at 2-16 rows (and for the LM head) it tied or lost
-// to cuBLASLt (bench/CUDA_NOTES.md, 12-03 (22) and (24)), and so did the FFN as one grid
-// (StreamFfn below, 12-03 (23)); launched programmatically after another StreamGemm it hides its
-// ramp (the four projections in a row: 111.4 against cuBLASLt's 115.5 µs, 12-03 (24)), but the
-// FFN as such a chain lost to the cuBLASLt halves in the engine (12-03 (25)). Kept, with its tests and
-// `tailserve-bench-kernels --stream-gemm / --lm-head / --mlp-branches` (which prints StreamFfn's
-// per-item timeline), as the measured record of the persistent-grid designs there.
+// GemmRunner::RunSplitK. The engine's q/k/v at 3-16 rows (CudaEngineOptions::stream_qkv_chunks),
+// launched programmatically after the norm so that its W streams during the norm: once the
+// producer's per-stage issue was trimmed (bench/CUDA_NOTES.md 12-06 (50)) it beat cuBLASLt there
+// (12-06 (51)); before, it tied or lost (12-03 (22), (24)), as it still does for o and the LM head.
+// `tailserve-bench-kernels --stream-gemm / --lm-head / --mlp-branches` measure it and StreamFfn.
 //
 // One persistent CTA an SM: a producer warp issuing TMA copies (W: 64 or 128 columns × 64 k, X:
 // 16 rows × 64 k, 128-byte swizzle; 1, 2 or 4 such boxes a stage) into a ring of shared-memory stages on mbarriers, four consumer warps
@@ -78,9 +76,8 @@ inline constexpr int kStreamFfnHalfRingBytes = 110 * 1024;
 // item of chunk g streams its W and waits for group g's count before its TMA reads act. Items run
 // in one order from one counter (at lag 2: gate/up of groups 0, 1, 2, then down 0, gate/up 3,
 // down 1, ...), so a down item's features were taken `lag` groups earlier, and no boundary, SwiGLU
-// kernel or ramp sits between gate/up and down. Measured at the 8B shape, 16 rows, it ties
-// cuBLASLt's two halves alone (91.1 against 91.4 µs at 8 chunks) and loses ~5 µs a layer in the
-// replayed step (92-93 against 87): not on the engine's path (bench/CUDA_NOTES.md, 12-03 (23)).
+// kernel or ramp sits between gate/up and down. The engine's FFN at 3-16 rows
+// (CudaEngineOptions::stream_ffn_chunks; bench/CUDA_NOTES.md 12-06 (50), (51)).
 // No deadlock whatever the CTAs resident at once (one CTA, or fewer SMs than CTAs): an item is
 // only ever held by a running CTA, which copies all of an item's stages before it takes the next,
 // and a down item waits only on gate/up items taken before it.
