@@ -75,8 +75,8 @@ struct CudaEngine::Buffers {
   float* sumsq = nullptr;            // [2 layers + 1]: Σ x² of the residual before each norm (batch 1)
   __half* final_xn = nullptr;  // [logit_rows, h]
   float* logits = nullptr;          // [logit_rows, vocab]
-  // Decode above batch 1: the split-K projections' chunk outputs (kDecodeKSplits), which the
-  // attention (RoPE with an FP16 cache) and the norms add.
+  // Decode above batch 1: the split-K projections' chunk outputs (kDecodeKSplits, or StreamGemm's
+  // q/k/v and StreamFfn's down chunks), which the attention (RoPE with an FP16 cache) and the norms add.
   float* qkv_partials = nullptr;       // [kMaxPartials][max_bucket, q + 2 kv]
   void* attention_block_workspace = nullptr;  // AttentionBlock's counters (zeroed once; each launch leaves them so)
   float* residual_partials = nullptr;  // [2 kDecodeKSplits][max_bucket, h]: o's, or the FFN halves' (StreamFfn's) down
@@ -551,8 +551,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   int stream_qkv_chunks = 0, stream_qkv_variant = 0;
   if (options_.stream_qkv_chunks > 0 && split_k && !block_qkv && rows >= options_.stream_ffn_min_rows &&
       rows <= cuda::kStreamGemmMaxRows) {
-    for (int chunks = std::min(options_.stream_qkv_chunks, cuda::kMaxPartials); chunks >= 1 && !stream_qkv_chunks;
-         chunks /= 2) {
+    for (int chunks = options_.stream_qkv_chunks; chunks >= 1 && !stream_qkv_chunks; chunks /= 2) {  // Init bounds it
       for (int variant : {4, 1, 0}) {
         if (h % (cuda::StreamGemmKStep(variant) * chunks) == 0) {
           stream_qkv_chunks = chunks, stream_qkv_variant = variant;
