@@ -73,8 +73,9 @@ struct CudaEngineOptions {
   int in_situ_candidates = 6;
   // Decode at attention_block_min_rows-16 rows on an FP8 cache, where the shape allows (kernels/attention_block.h):
   // kWhole runs q/k/v, the attention and o as one persistent launch instead of cuBLASLt,
-  // PagedAttention and cuBLASLt; kAfterQkv keeps cuBLASLt's q/k/v and runs the attention and o as
-  // one launch, W_o streaming once the key tiles are asked for. kWhole measured slower on the H200
+  // PagedAttention and cuBLASLt; kAfterQkv takes q/k/v computed before it (cuBLASLt's split-K, or
+  // StreamGemm's chunks where stream_qkv_chunks applies) and runs the attention and o as one
+  // launch, W_o streaming once the key tiles are asked for. kWhole measured slower on the H200
   // (8B batch 16 4.612 → 4.879 ms, its q/k/v phase streaming at ~2 TB/s; bench/CUDA_NOTES.md,
   // 12-04 (35)). kAfterQkv against kOff (bench/CUDA_NOTES.md, 12-05 (40), H100, 512 tokens): 8B
   // b4 −0.07, b8 −0.17, b16 −0.06 ms; 1B b8 −0.015, b16 −0.056; but b2 +0.013 (8B) and +0.052
