@@ -104,7 +104,6 @@ int Main(int argc, char** argv) {
       stream_ffn_ctas_per_sm = CudaEngineOptions{}.stream_ffn_ctas_per_sm,
       stream_ffn_min_rows = CudaEngineOptions{}.stream_ffn_min_rows,
       stream_qkv_chunks = CudaEngineOptions{}.stream_qkv_chunks;
-  bool stream_ffn_adds = CudaEngineOptions{}.stream_ffn_adds;
   int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
   int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
   bool block_late_o = CudaEngineOptions{}.attention_block_late_o_stages;
@@ -127,15 +126,15 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--stream-ffn-chunks", stream_ffn_chunks,
                  "decode at --stream-ffn-min-rows to 16 rows: the FFN as one StreamFfn launch, down in this many k "
-                 "chunks (0: cuBLASLt's halves; above 4 only with --stream-ffn-adds)")
-      ->check(CLI::Range(0, 16))
+                 "chunks (0: cuBLASLt's halves)")
+      ->check(CLI::Range(0, 4))
       ->capture_default_str();
   app.add_option("--stream-ffn-min-rows", stream_ffn_min_rows,
                  "with --stream-ffn-chunks or --stream-qkv-chunks: the fewest rows they take")
       ->check(CLI::Range(2, 16))
       ->capture_default_str();
   app.add_option("--stream-ffn-lag", stream_ffn_lag, "with --stream-ffn-chunks: gate/up groups a down chunk trails")
-      ->check(CLI::Range(1, 16))
+      ->check(CLI::Range(1, 4))
       ->capture_default_str();
   app.add_option("--stream-ffn-k-boxes", stream_ffn_k_boxes, "with --stream-ffn-chunks: most 64-wide k boxes a ring stage")
       ->check(CLI::IsMember({1, 2, 4}))
@@ -147,14 +146,12 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--stream-ffn-last-chunks", stream_ffn_last_chunks,
                  "with --stream-ffn-last-chunk: how many down chunks at the end take its features")
-      ->check(CLI::Range(1, 15))
+      ->check(CLI::Range(1, 3))
       ->capture_default_str();
   app.add_option("--stream-ffn-ctas-per-sm", stream_ffn_ctas_per_sm,
                  "with --stream-ffn-chunks: StreamFfn CTAs an SM (2: each with half a ring)")
       ->check(CLI::Range(1, 2))
       ->capture_default_str();
-  app.add_flag("--stream-ffn-adds", stream_ffn_adds,
-               "with --stream-ffn-chunks: down adds into the residual (atomics) instead of partials for the norm");
   app.add_option("--stream-qkv-chunks", stream_qkv_chunks,
                  "at --stream-ffn-min-rows-16 rows: q/k/v by StreamGemm in this many k chunks (0: cuBLASLt)")
       ->check(CLI::Range(0, 4))
@@ -199,7 +196,6 @@ int Main(int argc, char** argv) {
                                          .stream_ffn_last_chunk = stream_ffn_last_chunk,
                                          .stream_ffn_last_chunks = stream_ffn_last_chunks,
                                          .stream_ffn_ctas_per_sm = stream_ffn_ctas_per_sm,
-                                         .stream_ffn_adds = stream_ffn_adds,
                                          .stream_qkv_chunks = stream_qkv_chunks,
                                          .in_situ_candidates = in_situ_candidates,
                                          .attention_block =

@@ -464,26 +464,6 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
         EXPECT_LE(RelL2(cc.mine, cc.want), 1e-5) << where << " chunk " << c;
       }
     }
-    // Down added into a residual instead (StreamFfnArgs::residual, fp32 atomics in any order):
-    // what it held plus the whole product of the kernel's own act; no partials.
-    for (bool overlap : {false, true}) {
-      const std::vector<float> x0 = Random(size_t(rows) * h, rng);
-      Dev<float> dres(x0);
-      Dev<__half> dact(std::vector<__half>(size_t(rows) * f, __float2half(std::nanf(""))));
-      ASSERT_TRUE(cuda::StreamFfn({.x = dx.p, .rows = rows, .hidden = h, .w_gate_up = dgu.p, .ffn = f, .w_down = dd.p,
-                                   .act = dact.p, .chunks = chunks, .lag = lag, .residual = dres.p,
-                                   .workspace = work.p, .overlap_previous = overlap, .k_boxes = 4,
-                                   .last_chunk = last, .last_chunks = count},
-                                  nullptr)
-                      .ok());
-      const std::vector<float> act = ToFloats(dact.Get()), got = dres.Get();
-      const ChunkCheck cc = ChunkOfProduct(act, dh, rows, h, f, 0, f, got.data());
-      std::vector<float> added(got.size());
-      for (size_t i = 0; i < got.size(); ++i) added[i] = got[i] - x0[i];
-      EXPECT_LE(RelL2(added, cc.want), 1e-5) << "residual: rows " << rows << " hidden " << h << " ffn " << f
-                                             << " chunks " << chunks << " lag " << lag << " last chunks " << count
-                                             << " of " << last << (overlap ? " overlapped" : "") << " seed " << seed;
-    }
   }
   Dev<__half> dx(std::vector<__half>(16 * 64)), dw(std::vector<__half>(2 * 96 * 64)), dact(std::vector<__half>(96));
   Dev<float> dp(std::vector<float>(64 * 2));
@@ -498,11 +478,6 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
                             nullptr)
                 .code(),
             absl::StatusCode::kInvalidArgument);  // a last chunk needs another chunk beside it
-  EXPECT_EQ(cuda::StreamFfn({.x = dx.p, .rows = 1, .hidden = 64, .w_gate_up = dw.p, .ffn = 64, .w_down = dw.p,
-                             .act = dact.p, .workspace = work.p},
-                            nullptr)
-                .code(),
-            absl::StatusCode::kInvalidArgument);  // neither partials nor a residual
 }
 
 // A Gemv launched programmatically starts while its predecessor runs and must still read that
@@ -1766,28 +1741,24 @@ INSTANTIATE_TEST_SUITE_P(
 // last two of 64 features (ffn 512 = 2 · 192 + 2 · 64), two CTAs an SM; both with q/k/v by
 // StreamGemm (hidden 192: one chunk). kStreamQkv: BlockAfterQkv with q/k/v by StreamGemm in 4
 // chunks (hidden 256: one k box a stage), the block adding the 4 partials; kHalves takes them too,
-// RoPE adding them (an FP16 cache). kStreamFfnAdds: StreamFfn in 8 chunks (ffn 512: 64 features
-// each), down adding into the residual (stream_ffn_adds), the next norm reading it alone.
-enum BatchCase {
-  kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn, kStreamFfnLast, kStreamQkv, kStreamFfnAdds
-};
+// RoPE adding them (an FP16 cache).
+enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn, kStreamFfnLast, kStreamQkv };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   REQUIRE_GPU();
   TAILSERVE_REQUIRE_SHARED();
   const BatchCase mode = GetParam();
-  const bool stream_ffn = mode == kStreamFfn || mode == kStreamFfnLast || mode == kStreamFfnAdds;
+  const bool stream_ffn = mode == kStreamFfn || mode == kStreamFfnLast;
   auto engine = CudaEngine::Load(testing::ReferenceDir(stream_ffn ? "qwen2-bias-tied" : "llama-gqa"),
                                  {.kv_dtype = mode >= kFusedBlock ? KvDtype::kFp8E4M3 : KvDtype::kFp16,
                                   .kv_memory_fraction = 0.05,
                                   .ffn_halves_min_bytes = mode == kHalves ? 0 : std::numeric_limits<int64_t>::max(),
-                                  .stream_ffn_chunks = mode == kStreamFfnAdds ? 8 : stream_ffn ? 4 : 0,
+                                  .stream_ffn_chunks = stream_ffn ? 4 : 0,
                                   .stream_ffn_min_rows = 2,
                                   .stream_ffn_last_chunk = mode == kStreamFfnLast ? 64 : 0,
                                   .stream_ffn_last_chunks = 2,
                                   .stream_ffn_ctas_per_sm = mode == kStreamFfnLast ? 2 : 1,
-                                  .stream_ffn_adds = mode == kStreamFfnAdds,
                                   .stream_qkv_chunks = stream_ffn || mode == kStreamQkv || mode == kHalves ? 4 : 0,
                                   .attention_block = mode == kFusedBlock ? CudaEngineOptions::AttentionBlockUse::kWhole
                                                      : mode >= kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
@@ -1904,12 +1875,12 @@ TEST(CudaEngineOptionsTest, StreamFfnFromTwoRowsAndALastChunkOfTheRuleOrMore) {
 
 std::string BatchCaseName(const ::testing::TestParamInfo<BatchCase>& info) {
   static const char* kNames[] = {"OneStream",  "Halves",    "FusedBlock",    "BlockAfterQkv",
-                                 "BlockLateO", "StreamFfn", "StreamFfnLast", "StreamQkv", "StreamFfnAdds"};
+                                 "BlockLateO", "StreamFfn", "StreamFfnLast", "StreamQkv"};
   return kNames[info.param];
 }
 INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
                          ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn,
-                                           kStreamFfnLast, kStreamQkv, kStreamFfnAdds),
+                                           kStreamFfnLast, kStreamQkv),
                          BatchCaseName);
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current

@@ -535,10 +535,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   if (options_.stream_ffn_chunks > 0 && split_k && rows >= options_.stream_ffn_min_rows &&
       rows <= cuda::kStreamGemmMaxRows && c.num_experts == 0 && h % 64 == 0) {
     const int last = options_.stream_ffn_last_chunk >= 0 ? options_.stream_ffn_last_chunk : f * 5 / 28 / 256 * 256;
-    // Added into the residual, down's chunks are bound only by the kernel; as partials, by what
-    // the next norm reads.
-    const int most = options_.stream_ffn_adds ? cuda::kStreamFfnMaxChunks : cuda::kMaxPartials;
-    for (int chunks = std::min(options_.stream_ffn_chunks, most); chunks >= 1 && !stream_ffn_chunks;
+    for (int chunks = std::min(options_.stream_ffn_chunks, cuda::kMaxPartials); chunks >= 1 && !stream_ffn_chunks;
          chunks /= 2) {
       if (cuda::StreamFfnSplits(f, chunks, last, options_.stream_ffn_last_chunks)) {
         stream_ffn_chunks = chunks, stream_ffn_last = last;
@@ -659,18 +656,15 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     if (stream_ffn_chunks > 0) {
       TRY("ffn", cuda::StreamFfn({.x = b.xn, .rows = rows, .hidden = h, .w_gate_up = L.w_gate_up, .ffn = f,
                                   .w_down = L.w_down, .act = b.act, .chunks = stream_ffn_chunks,
-                                  .lag = options_.stream_ffn_lag,
-                                  .partials = options_.stream_ffn_adds ? nullptr : b.residual_partials,
-                                  .partial_stride = residual_stride,
-                                  .residual = options_.stream_ffn_adds ? b.x : nullptr,
-                                  .workspace = b.stream_counters,
+                                  .lag = options_.stream_ffn_lag, .partials = b.residual_partials,
+                                  .partial_stride = residual_stride, .workspace = b.stream_counters,
                                   .ctas = sm_count_ * options_.stream_ffn_ctas_per_sm,
                                   .overlap_previous = shape.overlap_previous,
                                   .k_boxes = options_.stream_ffn_k_boxes, .last_chunk = stream_ffn_last,
                                   .last_chunks = options_.stream_ffn_last_chunks,
                                   .max_ring_bytes = options_.stream_ffn_ctas_per_sm > 1 ? cuda::kStreamFfnHalfRingBytes : 0},
                                  s));
-      if (!options_.stream_ffn_adds) pending = {b.residual_partials, stream_ffn_chunks, residual_stride};
+      pending = {b.residual_partials, stream_ffn_chunks, residual_stride};
     } else if (ffn_halves) {
       // Gate and up interleave, so the first f rows of w_gate_up are the first f / 2 features'.
       cudaStream_t side = side_stream_.get();

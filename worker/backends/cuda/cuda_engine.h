@@ -58,10 +58,6 @@ struct CudaEngineOptions {
   // 2: two StreamFfn CTAs an SM, each with half a ring (StreamFfnArgs::max_ring_bytes): two
   // pipelines an SM where one stage's fixed cost caps a CTA (bench/CUDA_NOTES.md 12-06 (49)).
   int stream_ffn_ctas_per_sm = 1;
-  // Down's products added into the residual (StreamFfnArgs::residual, fp32 atomics) instead of
-  // written as k-chunk partials for the next norm: up to kStreamFfnMaxChunks chunks, so the items
-  // the launch ends on are smaller, and the norm reads the residual alone.
-  bool stream_ffn_adds = false;
   // At the same rows, q/k/v by StreamGemm in this many k chunks, 0-kMaxPartials (0: cuBLASLt's
   // split-K). 2 measured 0.01 ms faster than 4 on the H100 (8B and 1B b16), but leaves 60 of 132
   // CTAs an item in the 8B's last wave, short of the H200's DRAM rate.

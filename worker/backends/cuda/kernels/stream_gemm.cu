@@ -56,7 +56,6 @@ struct Params {
   int rows, n, chunks, chunk_k, k_blocks, items;
   float* partials;
   int64_t stride;
-  float* residual;  // StreamFfnArgs::residual: down's products added here instead of partials
   int* counters;  // [0]: the next item, [1]: CTAs finished, [2 + g]: the FFN's gate/up tiles of group g done
   bool overlap;   // launched programmatically: copy the first W before the wait
   int stages;     // of the ring: Config::kStages, or fewer (max_ring_bytes)
@@ -290,8 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // holds 2f + 1, its up; SwiGLU goes to act. Otherwise the sum goes to the item's partial.
       const bool swiglu = it.kind == kGateUp;  // the same for the whole warp: the shuffle is safe
       const int n = it.kind == kDown ? p.hidden : p.n;
-      const bool add = it.kind == kDown && p.residual != nullptr;
-      float* out = add ? p.residual : p.partials + it.group * p.stride;
+      float* out = p.partials + it.group * p.stride;
 #pragma unroll
       for (int mt = 0; mt < TN; ++mt) {
 #pragma unroll
@@ -307,11 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 p.act[static_cast<int64_t>(row) * p.ffn + col / 2] = __float2half(v / (1.0f + __expf(-v)) * up);
               }
             } else if (row < p.rows && col < n) {
-              if (add) {
-                atomicAdd(out + static_cast<int64_t>(row) * n + col, v);  // a reduction: the result is unused
-              } else {
-                out[static_cast<int64_t>(row) * n + col] = v;
-              }
+              out[static_cast<int64_t>(row) * n + col] = v;
             }
             acc[mt][j][i] = 0.0f;
           }
@@ -468,13 +462,13 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   const std::vector<int> features = GroupFeatures(a.ffn, c, a.last_chunk, a.last_chunks);
   if (a.rows < 1 || a.rows > kStreamGemmMaxRows || c < 1 || c > kStreamFfnMaxChunks || a.lag < 1 || a.hidden <= 0 ||
       a.hidden % kTileK != 0 || features.empty() || a.x == nullptr || a.w_gate_up == nullptr ||
-      a.w_down == nullptr || a.act == nullptr || a.workspace == nullptr || !aligned(a.x) ||
+      a.w_down == nullptr || a.act == nullptr || a.partials == nullptr || a.workspace == nullptr || !aligned(a.x) ||
       !aligned(a.w_gate_up) || !aligned(a.w_down) || !aligned(a.act) ||
-      (a.residual == nullptr && (a.partials == nullptr || a.partial_stride < static_cast<int64_t>(a.rows) * a.hidden))) {
+      a.partial_stride < static_cast<int64_t>(a.rows) * a.hidden) {
     return absl::InvalidArgumentError(
         "StreamFfn: 1..16 rows, 1..16 chunks, a lag of 1 or more, hidden a multiple of 64, ffn of 64 · chunks (with a "
-        "last chunk: it and the rest's equal shares multiples of 64), x, the weights and act 16-byte aligned, a "
-        "residual or partials at least rows · hidden apart, a workspace");
+        "last chunk: it and the rest's equal shares multiples of 64), x, the weights and act 16-byte aligned, partials "
+        "at least rows · hidden apart, a workspace");
   }
   absl::StatusOr<int> ctas = CtasOrSms(a.ctas);
   if (!ctas.ok()) return ctas.status();
@@ -492,8 +486,7 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   if (absl::Status s = MapBoxes(&maps[3], a.act, a.ffn, a.rows, 16, kb); !s.ok()) return s;
   Params p{};
   p.rows = a.rows, p.n = 2 * a.ffn, p.chunks = c;
-  p.partials = a.partials, p.stride = a.partial_stride, p.residual = a.residual;
-  p.counters = static_cast<int*>(a.workspace);
+  p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous;
   p.timeline = a.timeline;
   p.ffn = a.ffn, p.hidden = a.hidden, p.act = a.act;

@@ -93,10 +93,6 @@ struct StreamFfnArgs {
   int lag = 2;                        // down chunk g is taken after gate/up group g + lag (StreamFfnOrder)
   float* partials = nullptr;          // chunk g at partials + g · partial_stride, each [rows, hidden]
   int64_t partial_stride = 0;
-  // [rows, hidden] or null: down's products are added into it (fp32 atomics, in no fixed order)
-  // instead of written as partials, so the chunk count is not bound by what the next norm reads
-  // (kMaxPartials) and the norm reads only the residual. partials is then unused.
-  float* residual = nullptr;
   void* workspace = nullptr;  // as StreamGemmArgs::workspace
   int ctas = 0;               // 0: one an SM
   bool overlap_previous = false;
