@@ -1741,15 +1741,18 @@ INSTANTIATE_TEST_SUITE_P(
 // last two of 64 features (ffn 512 = 2 · 192 + 2 · 64), two CTAs an SM; both with q/k/v by
 // StreamGemm (hidden 192: one chunk). kStreamQkv: BlockAfterQkv with q/k/v by StreamGemm in 4
 // chunks (hidden 256: one k box a stage), the block adding the 4 partials; kHalves takes them too,
-// RoPE adding them (an FP16 cache).
-enum BatchCase { kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn, kStreamFfnLast, kStreamQkv };
+// RoPE adding them (an FP16 cache). kNormTriggerFirst: kStreamFfn with the norms before StreamGemm
+// and StreamFfn letting them launch before their wait.
+enum BatchCase {
+  kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn, kStreamFfnLast, kStreamQkv, kNormTriggerFirst
+};
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   REQUIRE_GPU();
   TAILSERVE_REQUIRE_SHARED();
   const BatchCase mode = GetParam();
-  const bool stream_ffn = mode == kStreamFfn || mode == kStreamFfnLast;
+  const bool stream_ffn = mode == kStreamFfn || mode == kStreamFfnLast || mode == kNormTriggerFirst;
   auto engine = CudaEngine::Load(testing::ReferenceDir(stream_ffn ? "qwen2-bias-tied" : "llama-gqa"),
                                  {.kv_dtype = mode >= kFusedBlock ? KvDtype::kFp8E4M3 : KvDtype::kFp16,
                                   .kv_memory_fraction = 0.05,
@@ -1760,6 +1763,7 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
                                   .stream_ffn_last_chunks = 2,
                                   .stream_ffn_ctas_per_sm = mode == kStreamFfnLast ? 2 : 1,
                                   .stream_qkv_chunks = stream_ffn || mode == kStreamQkv || mode == kHalves ? 4 : 0,
+                                  .norm_trigger_first = mode == kNormTriggerFirst,
                                   .attention_block = mode == kFusedBlock ? CudaEngineOptions::AttentionBlockUse::kWhole
                                                      : mode >= kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
                                                                               : CudaEngineOptions::AttentionBlockUse::kOff,
@@ -1875,12 +1879,12 @@ TEST(CudaEngineOptionsTest, StreamFfnFromTwoRowsAndALastChunkOfTheRuleOrMore) {
 
 std::string BatchCaseName(const ::testing::TestParamInfo<BatchCase>& info) {
   static const char* kNames[] = {"OneStream",  "Halves",    "FusedBlock",    "BlockAfterQkv",
-                                 "BlockLateO", "StreamFfn", "StreamFfnLast", "StreamQkv"};
+                                 "BlockLateO", "StreamFfn", "StreamFfnLast", "StreamQkv", "NormTriggerFirst"};
   return kNames[info.param];
 }
 INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
                          ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn,
-                                           kStreamFfnLast, kStreamQkv),
+                                           kStreamFfnLast, kStreamQkv, kNormTriggerFirst),
                          BatchCaseName);
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current

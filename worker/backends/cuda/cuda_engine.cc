@@ -591,7 +591,9 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       TRY("gemm_qkv", cuda::Gemv(qkv, s));
     } else {
       // The weight folded into w_qkv.
-      TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
+      // Its follower below is StreamGemm only where stream_qkv_chunks > 0 (block_qkv excludes it).
+      TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous,
+                                       options_.norm_trigger_first && stream_qkv_chunks > 0));
       pending = {};
       if (block_qkv) {
         // q/k/v inside the block below.
@@ -651,7 +653,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     }
     if (L.b_o) TRY("bias", cuda::AddBias(b.x, rows, h, L.b_o, s));
     // The weight folded into gate/up.
-    TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous));
+    TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous,
+                                     options_.norm_trigger_first && stream_ffn_chunks > 0));
     pending = {};
     if (stream_ffn_chunks > 0) {
       TRY("ffn", cuda::StreamFfn({.x = b.xn, .rows = rows, .hidden = h, .w_gate_up = L.w_gate_up, .ffn = f,

@@ -62,6 +62,9 @@ struct CudaEngineOptions {
   // split-K). 2 measured 0.01 ms faster than 4 on the H100 (8B and 1B b16), but leaves 60 of 132
   // CTAs an item in the 8B's last wave, short of the H200's DRAM rate.
   int stream_qkv_chunks = 4;
+  // The RMSNorm before StreamGemm's q/k/v and before StreamFfn lets them launch before its wait,
+  // so their W streams during the previous kernel's last CTAs too, not only during the norm.
+  bool norm_trigger_first = false;
   // After timing each cuBLASLt shape alone, time up to this many of its candidates inside the
   // captured step and keep the fastest (CudaEngine::TuneInSitu; 1: the pick timed alone). 12 took
   // longer to load and gave the 8B step nothing more than 6 (b16 4.607 / 4.620 against 4.600 /

@@ -68,10 +68,13 @@ __global__ void EmbedKernel(const __half* table, const int32_t* tokens, int hidd
 // 4 (hidden above 8192) spills some.
 template <bool kVec, int kMax = 1>
 __global__ void __launch_bounds__(1024)
-    RmsNormKernel(float* x, Partials add, const int32_t* src, int hidden, const float* w, float eps, __half* out) {
+    RmsNormKernel(float* x, Partials add, const int32_t* src, int hidden, const float* w, float eps, __half* out,
+                  bool trigger_first) {
+  // A programmatic follower (StreamFfn, StreamGemm) streams its constant W during the norm; with
+  // trigger_first also during the previous kernel's last CTAs (RmsNormRows says when that is safe).
+  if (trigger_first) TriggerDependents();
   GridDependencyWait();  // everything it reads may be the previous kernel's
-  // A programmatic follower (StreamFfn, StreamGemm) then streams its constant W during the norm.
-  TriggerDependents();
+  if (!trigger_first) TriggerDependents();
   __shared__ float shared[32];
   const int r = blockIdx.x;
   const int64_t row = static_cast<int64_t>(src ? src[r] : r) * hidden;
@@ -236,7 +239,7 @@ absl::Status EmbedRows(const EmbedArgs& a, cudaStream_t stream) {
 }
 
 absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int rows, int hidden, const float* weight,
-                         float eps, __half* out, cudaStream_t stream, bool overlap_previous) {
+                         float eps, __half* out, cudaStream_t stream, bool overlap_previous, bool trigger_first) {
   if (rows == 0) return absl::OkStatus();
   // Enough threads that each handles a few elements: a short dependency chain per row, since at
   // decode there are only a few rows (blocks). Two float4 a thread where the row is whole float4s.
@@ -250,11 +253,12 @@ absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int 
     TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(rows), dim3(threads), 0, stream,
                                                          n4_per_thread <= 2 ? RmsNormKernel<true, 2>
                                                                             : RmsNormKernel<true, 4>,
-                                                         x, a, src, hidden, weight, eps, out));
+                                                         x, a, src, hidden, weight, eps, out, trigger_first));
   } else {
     const int threads = std::clamp((hidden / 4 + 31) / 32 * 32, 32, 1024);
     TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(overlap_previous, dim3(rows), dim3(threads), 0, stream,
-                                                         RmsNormKernel<false>, x, a, src, hidden, weight, eps, out));
+                                                         RmsNormKernel<false>, x, a, src, hidden, weight, eps, out,
+                                                         trigger_first));
   }
   TAILSERVE_CUDA_RETURN_IF_LAUNCH_ERROR();
   return absl::OkStatus();

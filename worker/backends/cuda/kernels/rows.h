@@ -33,8 +33,13 @@ absl::Status EmbedRows(const EmbedArgs& args, cudaStream_t stream);
 // CudaEngine::Forward). With `add`, the src rows must be distinct (a repeated row would be added
 // twice); the engine's are the identity. overlap_previous (also SwiGlu's): launched
 // programmatically (common.cuh), it waits for the previous kernel before it reads anything.
+// trigger_first: it lets its programmatic follower launch before its own wait, not after, so the
+// follower's work before its wait overlaps the kernel before this one too; only for a follower
+// whose work before its wait touches nothing that kernel reads or writes (StreamGemm and
+// StreamFfn: constant W, and counters no launch before them still uses).
 absl::Status RmsNormRows(float* x, const Partials& add, const int32_t* src, int rows, int hidden, const float* weight,
-                         float eps, __half* out, cudaStream_t stream, bool overlap_previous = false);
+                         float eps, __half* out, cudaStream_t stream, bool overlap_previous = false,
+                         bool trigger_first = false);
 
 // out[r, f] = fp16(silu(gate_up[r, 2f]) * gate_up[r, 2f + 1]): gate and up interleaved, as the
 // engine lays out its fused gate/up matrix (so a Gemv warp computes both halves of one output).
