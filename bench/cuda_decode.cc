@@ -104,7 +104,7 @@ int Main(int argc, char** argv) {
       stream_ffn_ctas_per_sm = CudaEngineOptions{}.stream_ffn_ctas_per_sm,
       stream_ffn_min_rows = CudaEngineOptions{}.stream_ffn_min_rows,
       stream_qkv_chunks = CudaEngineOptions{}.stream_qkv_chunks;
-  bool norm_trigger_first = CudaEngineOptions{}.norm_trigger_first;
+  int norm_trigger_first = CudaEngineOptions{}.norm_trigger_first;
   int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
   int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
   bool block_late_o = CudaEngineOptions{}.attention_block_late_o_stages;
@@ -157,8 +157,11 @@ int Main(int argc, char** argv) {
                  "at --stream-ffn-min-rows-16 rows: q/k/v by StreamGemm in this many k chunks (0: cuBLASLt)")
       ->check(CLI::Range(0, 4))
       ->capture_default_str();
-  app.add_flag("--norm-trigger-first,!--no-norm-trigger-first", norm_trigger_first,
-               "the RMSNorm before StreamGemm / StreamFfn lets them launch before its wait");
+  app.add_option("--norm-trigger-first", norm_trigger_first,
+                 "RMSNorms that let their StreamGemm / StreamFfn follower launch before their wait: bit 0 the one "
+                 "before q/k/v, bit 1 the one before the FFN")
+      ->check(CLI::Range(0, 3))
+      ->capture_default_str();
   app.add_option("--in-situ-candidates", in_situ_candidates,
                  "cuBLASLt candidates a shape tries inside the captured step (1: the pick timed alone)")
       ->check(CLI::Range(1, 16))

@@ -1741,8 +1741,8 @@ INSTANTIATE_TEST_SUITE_P(
 // last two of 64 features (ffn 512 = 2 · 192 + 2 · 64), two CTAs an SM; both with q/k/v by
 // StreamGemm (hidden 192: one chunk). kStreamQkv: BlockAfterQkv with q/k/v by StreamGemm in 4
 // chunks (hidden 256: one k box a stage), the block adding the 4 partials; kHalves takes them too,
-// RoPE adding them (an FP16 cache). kNormTriggerFirst: kStreamFfn with the norms before StreamGemm
-// and StreamFfn letting them launch before their wait.
+// RoPE adding them (an FP16 cache). The norms let StreamGemm and StreamFfn launch before their wait
+// only in kNormTriggerFirst (kStreamFfn otherwise), the engine's default.
 enum BatchCase {
   kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn, kStreamFfnLast, kStreamQkv, kNormTriggerFirst
 };
@@ -1763,7 +1763,7 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
                                   .stream_ffn_last_chunks = 2,
                                   .stream_ffn_ctas_per_sm = mode == kStreamFfnLast ? 2 : 1,
                                   .stream_qkv_chunks = stream_ffn || mode == kStreamQkv || mode == kHalves ? 4 : 0,
-                                  .norm_trigger_first = mode == kNormTriggerFirst,
+                                  .norm_trigger_first = mode == kNormTriggerFirst ? 3 : 0,
                                   .attention_block = mode == kFusedBlock ? CudaEngineOptions::AttentionBlockUse::kWhole
                                                      : mode >= kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
                                                                               : CudaEngineOptions::AttentionBlockUse::kOff,

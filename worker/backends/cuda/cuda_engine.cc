@@ -121,6 +121,9 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   if (options_.stream_qkv_chunks < 0 || options_.stream_qkv_chunks > cuda::kMaxPartials) {
     return absl::InvalidArgumentError(absl::StrCat("cuda: 0-", cuda::kMaxPartials, " StreamGemm q/k/v chunks"));
   }
+  if (options_.norm_trigger_first < 0 || options_.norm_trigger_first > 3) {
+    return absl::InvalidArgumentError("cuda: norm_trigger_first is a mask of bits 0 and 1");
+  }
   std::sort(options_.buckets.begin(), options_.buckets.end());
   max_bucket_ = options_.buckets.back();
   max_rows_ = std::max(options_.prefill_chunk, max_bucket_);
@@ -593,7 +596,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
       // The weight folded into w_qkv.
       // Its follower below is StreamGemm only where stream_qkv_chunks > 0 (block_qkv excludes it).
       TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous,
-                                       options_.norm_trigger_first && stream_qkv_chunks > 0));
+                                       (options_.norm_trigger_first & 1) && stream_qkv_chunks > 0));
       pending = {};
       if (block_qkv) {
         // q/k/v inside the block below.
@@ -654,7 +657,7 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
     if (L.b_o) TRY("bias", cuda::AddBias(b.x, rows, h, L.b_o, s));
     // The weight folded into gate/up.
     TRY("rmsnorm", cuda::RmsNormRows(b.x, pending, nullptr, rows, h, nullptr, eps, b.xn, s, shape.overlap_previous,
-                                     options_.norm_trigger_first && stream_ffn_chunks > 0));
+                                     (options_.norm_trigger_first & 2) && stream_ffn_chunks > 0));
     pending = {};
     if (stream_ffn_chunks > 0) {
       TRY("ffn", cuda::StreamFfn({.x = b.xn, .rows = rows, .hidden = h, .w_gate_up = L.w_gate_up, .ffn = f,

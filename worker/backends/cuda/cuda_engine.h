@@ -62,9 +62,11 @@ struct CudaEngineOptions {
   // split-K). 2 measured 0.01 ms faster than 4 on the H100 (8B and 1B b16), but leaves 60 of 132
   // CTAs an item in the 8B's last wave, short of the H200's DRAM rate.
   int stream_qkv_chunks = 4;
-  // The RMSNorm before StreamGemm's q/k/v and before StreamFfn lets them launch before its wait,
-  // so their W streams during the previous kernel's last CTAs too, not only during the norm.
-  bool norm_trigger_first = false;
+  // Which RMSNorms let their StreamGemm / StreamFfn follower launch before the norm's wait, so its
+  // W streams during the previous kernel's last CTAs too, not only during the norm: bit 0 the norm
+  // before q/k/v (after StreamFfn), bit 1 the norm before the FFN (after the attention block).
+  // Both: 8B b16 5.870 → 5.768 ms on an H100 (bench/RESULTS.md, 53rd session).
+  int norm_trigger_first = 3;
   // After timing each cuBLASLt shape alone, time up to this many of its candidates inside the
   // captured step and keep the fastest (CudaEngine::TuneInSitu; 1: the pick timed alone). 12 took
   // longer to load and gave the 8B step nothing more than 6 (b16 4.607 / 4.620 against 4.600 /
