@@ -550,7 +550,8 @@ absl::Status CudaEngine::Forward(int rows, int logit_rows, bool decode, const Gr
   // q/k/v by StreamGemm at the rows StreamFfn takes (options_.stream_qkv_chunks): k in that many
   // chunks or fewer where k does not split, at the most 64-wide k boxes a stage that divide a
   // chunk (variants 4, 1, 0: 4, 2, 1 boxes); launched programmatically after the norm, which
-  // triggers at once, so its W streams during the norm.
+  // triggers before its wait (options_.norm_trigger_first), so its W streams during the norm and
+  // the FFN's last items.
   int stream_qkv_chunks = 0, stream_qkv_variant = 0;
   if (options_.stream_qkv_chunks > 0 && split_k && !block_qkv && rows >= options_.stream_ffn_min_rows &&
       rows <= cuda::kStreamGemmMaxRows) {
