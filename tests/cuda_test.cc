@@ -1741,8 +1741,8 @@ INSTANTIATE_TEST_SUITE_P(
 // last two of 64 features (ffn 512 = 2 · 192 + 2 · 64), two CTAs an SM; both with q/k/v by
 // StreamGemm (hidden 192: one chunk). kStreamQkv: BlockAfterQkv with q/k/v by StreamGemm in 4
 // chunks (hidden 256: one k box a stage), the block adding the 4 partials; kHalves takes them too,
-// RoPE adding them (an FP16 cache). The norms let StreamGemm and StreamFfn launch before their wait
-// only in kNormTriggerFirst (kStreamFfn otherwise), the engine's default.
+// RoPE adding them (an FP16 cache). kNormTriggerFirst: kStreamFfn with the engine's default norms,
+// which let StreamGemm and StreamFfn launch before their wait (every other case turns that off).
 enum BatchCase {
   kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn, kStreamFfnLast, kStreamQkv, kNormTriggerFirst
 };

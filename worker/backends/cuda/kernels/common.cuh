@@ -39,8 +39,8 @@ __device__ __forceinline__ float Silu(float g) { return g / (1.0f + expf(-g)); }
 // no-ops. A kernel that waits triggers only after its wait: a follower that starts early then
 // overlaps this kernel alone, never the one before it, so what a follower does before its own
 // wait (the attention's first tile and empty-split writes) can only race with its predecessor.
-// The split combine and a cluster-merged attention's empty splits are the exceptions (attention.cu
-// and attention_mma.cuh say why).
+// The split combine, a cluster-merged attention's empty splits and the RMSNorm before StreamGemm or
+// StreamFfn are the exceptions (attention.cu, attention_mma.cuh and rows.h say why).
 __device__ __forceinline__ void TriggerDependents() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
