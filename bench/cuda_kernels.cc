@@ -769,8 +769,9 @@ absl::Status SearchGemm(const Shape& m, const std::vector<int>& rows_list, int r
 // down's items, which the tail is made of (lag = chunks: every gate/up item first, then down's).
 // (chunks, lag, k boxes a stage, last chunk, last chunks): StreamFfnArgs::k_boxes 4 beside the
 // default 2, and smaller last chunks (the 8B's 14336 = 3 · 4096 + 2048, 2 · 5120 + 2 · 2048,
-// 2 · 4608 + 2 · 2560, 6656 + 3 · 2560, 8192 + 3 · 2048, 9728 + 3 · 1536), which shorten the tail (more than 4 chunks: more partials
-// than the next norm adds; 8 and 16 lost or tied, bench/RESULTS.md).
+// 2 · 4608 + 2 · 2560, 6656 + 3 · 2560, 8192 + 3 · 2048, 9728 + 3 · 1536), which shorten the
+// tail (more than 4 chunks: more partials than the next norm adds; 8 and 16 lost or tied,
+// bench/RESULTS.md).
 constexpr std::tuple<int, int, int, int, int> kStreamFfnShapes[] = {
     {4, 3, 2, 0, 1},    {8, 6, 2, 0, 1},    {4, 3, 4, 0, 1},    {4, 4, 4, 0, 1},    {4, 3, 4, 2048, 1},
     {4, 3, 4, 2048, 2}, {4, 2, 4, 2048, 2}, {4, 3, 4, 2560, 2}, {4, 3, 4, 2560, 3},

@@ -1744,7 +1744,8 @@ INSTANTIATE_TEST_SUITE_P(
 // RoPE adding them (an FP16 cache). kNormTriggerFirst: kStreamFfn with the engine's default norms,
 // which let StreamGemm and StreamFfn launch before their wait (every other case turns that off).
 enum BatchCase {
-  kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn, kStreamFfnLast, kStreamQkv, kNormTriggerFirst
+  kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO,
+  kStreamFfn, kStreamFfnLast, kStreamQkv, kNormTriggerFirst
 };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
