@@ -20,6 +20,12 @@ H200_READ_US = {'o': 10.1, 'q/k/v': 12.7, 'FFN (gate/up + down)': 78.7, 'LM head
 H200_FFN_TBS = 4.48
 TARGETS_MS = {1: 3.9, 16: 4.4, 64: 5.5}  # 8B shape, 512 tokens of context (issue 5)
 LAYERS = 32
+LAYER_OPS = ('o', 'q/k/v', 'FFN (gate/up + down)')
+
+
+def pure_read_ms(read_us, rest_gb, rest_tbs):
+    """A step's bytes read at a card's pure-read times, the bytes outside the weights at rest_tbs."""
+    return (LAYERS * sum(read_us[k] for k in LAYER_OPS) + read_us['LM head']) / 1e3 + rest_gb / rest_tbs
 
 
 def main(d):
@@ -32,7 +38,8 @@ def main(d):
     for m in re.finditer(r'^\| (\d+) \| 512 \| ([\d.]+) \| [\d.]+ \| \d+ \| ([\d.]+) \|', open(f'{d}/bench_8b.md').read(),
                          re.M):
         steps[int(m.group(1))] = (float(m.group(2)), float(m.group(3)))
-    layer_mb = sum(reads[k][0] for k in ('o', 'q/k/v', 'FFN (gate/up + down)'))
+    layer_mb = sum(reads[k][0] for k in LAYER_OPS)
+    read_us = {k: v[1] for k, v in reads.items()}
     print(f'copy {copy_tbs:.2f} TB/s (H200 {H200_COPY_TBS}); FFN read {reads["FFN (gate/up + down)"][2]:.2f} TB/s '
           f'(H200 {H200_FFN_TBS})\n')
     print('| batch | bytes GB | H200 target ms | pure read H200 / here ms | (A) ms | (B) ms | measured here ms |\n'
@@ -42,10 +49,8 @@ def main(d):
             continue
         p50, gb = steps[batch]
         rest_gb = max(0.0, gb - (LAYERS * layer_mb + reads['LM head'][0]) / 1e3)
-        pure_h200 = (LAYERS * sum(H200_READ_US[k] for k in ('o', 'q/k/v', 'FFN (gate/up + down)')) +
-                     H200_READ_US['LM head']) / 1e3 + rest_gb / H200_FFN_TBS
-        pure_here = (LAYERS * sum(reads[k][1] for k in ('o', 'q/k/v', 'FFN (gate/up + down)')) +
-                     reads['LM head'][1]) / 1e3 + rest_gb / reads['FFN (gate/up + down)'][2]
+        pure_h200 = pure_read_ms(H200_READ_US, rest_gb, H200_FFN_TBS)
+        pure_here = pure_read_ms(read_us, rest_gb, reads['FFN (gate/up + down)'][2])
         carry_a = target * H200_COPY_TBS / copy_tbs
         carry_b = target + pure_here - pure_h200
         ok = 'meets' if p50 <= carry_b else 'misses'
