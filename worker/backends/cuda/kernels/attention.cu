@@ -244,9 +244,7 @@ __global__ void AttentionCombineKernel(const float* partial, int heads, int spli
 constexpr int VectorBytes(KvDtype d, int group) { return d != KvDtype::kFp16 && group > 2 ? 8 : 16; }
 
 // FP8 caches at the common head sizes run on the tensor cores (attention_mma.cuh).
-bool UsesMma(const KvGeometry& g) {
-  return g.dtype != KvDtype::kFp16 && (g.head_dim == 32 || g.head_dim == 64 || g.head_dim == 128);
-}
+bool UsesMma(const KvGeometry& g) { return TensorCoreAttention(g.dtype, g.head_dim); }
 
 // Calls f with the tensor-core kernel instance for the shape (UsesMma(g), warps as CheckShape allows).
 template <typename F>
@@ -311,9 +309,7 @@ absl::Status CheckShape(const AttentionShape& shape, const KvGeometry& g) {
 bool AttentionTakesNewKv(const KvGeometry& g) { return UsesMma(g); }
 
 int AttentionRowTiles(const AttentionShape& s, const KvGeometry& g) {
-  const int group = s.heads / g.kv_heads;
-  const int tile = s.runs && UsesMma(g) ? 16 / group : 1;
-  return (s.rows + tile - 1) / tile;
+  return AttentionRowTiles(s.rows, s.heads, g.kv_heads, s.runs, UsesMma(g));
 }
 
 size_t AttentionWorkspaceFloats(const AttentionShape& s, int head_dim) {

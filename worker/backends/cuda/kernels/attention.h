@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "worker/backends/cuda/kernels/kv_cache.h"
 #include "worker/backends/cuda/kernels/partials.h"
+#include "worker/backends/cuda/plan/decode_plan.h"  // kMaxClusterSplits, TensorCoreAttention
 
 namespace tailserve::cuda {
 
@@ -66,8 +67,6 @@ struct AttentionShape {
   int warps = 4;
   AttentionRope rope = {};  // with new_kv only
 };
-
-inline constexpr int kMaxClusterSplits = 16;  // the largest (non-portable) cluster on sm_90
 
 // Whether PagedAttention takes new_kv for this cache (the tensor-core kernel: FP8, head_dim 32/64/128).
 bool AttentionTakesNewKv(const KvGeometry& geometry);

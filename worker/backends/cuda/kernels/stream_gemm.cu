@@ -29,6 +29,7 @@ using tma::Swizzled;
 using tma::TmaLoadBoxes;
 
 constexpr int kTileK = tma::kBoxK;  // k a box: one 128-byte swizzle row
+static_assert(kTileK == kStreamTileK);
 constexpr int kXBoxBytes = 16 * kTileK * 2;  // 2 KB: 16 rows, zero-filled past the real ones
 constexpr int kConsumerWarps = 4;
 constexpr int kThreads = (kConsumerWarps + 1) * 32;
@@ -89,22 +90,6 @@ __device__ __forceinline__ Item Decode(const Params& p, int item) {
     item -= count;
   }
   return {kGemm, 0, 0, 0, 0};  // unreachable for item < p.items
-}
-
-// StreamFfn's feature groups (down's k chunks): ffn / chunks features each, or with the last
-// `count` chunks of `last` features each, the others sharing the rest equally; empty where that
-// does not split into multiples of 64 (a k box).
-std::vector<int> GroupFeatures(int ffn, int chunks, int last, int count) {
-  if (last == 0) count = 0;
-  if (chunks < 1 || ffn <= 0 || last < 0 || (last > 0 && count < 1) || count >= chunks ||
-      int64_t{last} * count >= ffn) {
-    return {};
-  }
-  const int rest = ffn - last * count, equal = chunks - count;
-  if (rest % (kTileK * equal) != 0 || last % kTileK != 0) return {};
-  std::vector<int> features(equal, rest / equal);
-  features.insert(features.end(), count, last);
-  return features;
 }
 
 __device__ __forceinline__ uint64_t GlobalTimer() {
@@ -426,40 +411,10 @@ absl::Status StreamGemm(const StreamGemmArgs& a, cudaStream_t stream) {
   });
 }
 
-int StreamGemmKStep(int variant) {
-  return WithVariant(variant, [](auto, auto kb) { return kTileK * decltype(kb)::value; });
-}
-
-std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag) {
-  // Gate/up groups 0 .. lag - 1, then each further group followed by the down chunk `lag` groups
-  // back, then the rest of the down chunks.
-  std::vector<StreamFfnSegment> order;
-  for (int g = 0; g < chunks; ++g) {
-    order.push_back({false, g});
-    if (g >= lag) order.push_back({true, g - lag});
-  }
-  for (int g = std::max(0, chunks - lag); g < chunks; ++g) order.push_back({true, g});
-  return order;
-}
-
-bool StreamFfnSplits(int ffn, int chunks, int last_chunk, int last_chunks) {
-  return !GroupFeatures(ffn, chunks, last_chunk, last_chunks).empty();
-}
-
-std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag, int last_chunk, int last_chunks) {
-  const std::vector<int> features = GroupFeatures(ffn, chunks, last_chunk, last_chunks);
-  std::vector<bool> down;
-  if (features.empty()) return down;
-  for (const StreamFfnSegment& segment : StreamFfnOrder(chunks, lag)) {
-    down.insert(down.end(), segment.down ? (hidden + 63) / 64 : features[segment.group] / 32, segment.down);
-  }
-  return down;
-}
-
 absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const int c = a.chunks;
-  const std::vector<int> features = GroupFeatures(a.ffn, c, a.last_chunk, a.last_chunks);
+  const std::vector<int> features = StreamFfnGroupFeatures(a.ffn, c, a.last_chunk, a.last_chunks);
   if (a.rows < 1 || a.rows > kStreamGemmMaxRows || c < 1 || c > kStreamFfnMaxChunks || a.lag < 1 || a.hidden <= 0 ||
       a.hidden % kTileK != 0 || features.empty() || a.x == nullptr || a.w_gate_up == nullptr ||
       a.w_down == nullptr || a.act == nullptr || a.partials == nullptr || a.workspace == nullptr || !aligned(a.x) ||

@@ -25,10 +25,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "worker/backends/cuda/plan/stream_layout.h"
 
 namespace tailserve::cuda {
 
-inline constexpr int kStreamGemmMaxRows = 16;
 inline constexpr size_t kStreamGemmWorkspaceBytes = 256;
 
 struct StreamGemmArgs {
@@ -60,11 +60,6 @@ struct StreamGemmArgs {
 // inside a thread-local stream capture, as the kernel bench does).
 absl::Status StreamGemm(const StreamGemmArgs& args, cudaStream_t stream);
 
-// The k one stage of `variant` covers (64 · its k boxes): StreamGemm takes k in multiples of this
-// times the chunks.
-int StreamGemmKStep(int variant);
-
-inline constexpr int kStreamFfnMaxChunks = 16;
 // StreamFfnArgs::max_ring_bytes for two CTAs an SM: two rings, their slack and the barriers within
 // an SM's 228 KB.
 inline constexpr int kStreamFfnHalfRingBytes = 110 * 1024;
@@ -120,22 +115,6 @@ struct StreamFfnArgs {
 
 absl::Status StreamFfn(const StreamFfnArgs& args, cudaStream_t stream);
 
-// The order StreamFfn takes its items in, as segments of one kind and feature group. Every down
-// segment must come after its group's gate/up segment (a down item waits for that group), or the
-// grid would wait forever: a plain-C++ test checks it without a GPU.
-struct StreamFfnSegment {
-  bool down = false;
-  int group = 0;
-};
-std::vector<StreamFfnSegment> StreamFfnOrder(int chunks, int lag);
-
-// Whether ffn splits into `chunks` down chunks, the last `last_chunks` of `last_chunk` features
-// each (0: all equal), each a multiple of 64: the chunking StreamFfn takes.
-bool StreamFfnSplits(int ffn, int chunks, int last_chunk = 0, int last_chunks = 1);
-
-// StreamFfn's items in the order its grid takes them, true for a down item: what the timeline's
-// item records are (the kernel bench). Empty where ffn does not split (StreamFfnSplits).
-std::vector<bool> StreamFfnItemIsDown(int hidden, int ffn, int chunks, int lag, int last_chunk = 0,
-                                     int last_chunks = 1);
+// Its item order and feature groups: plan/stream_layout.h.
 
 }  // namespace tailserve::cuda

@@ -1,0 +1,83 @@
+#pragma once
+// The host side of the paged KV cache: which blocks are free, which are promised to admitted
+// sequences, and each sequence's row of the block table the attention kernels read. Plain C++ (no
+// CUDA), so it is tested on the CPU; the engine owns one and uploads the table rows it marks dirty.
+// Block 0 is never handed out: padded graph rows write their K/V there, through the trash row.
+// Not thread-safe: the scheduler's thread owns the engine and with it this allocator.
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tailserve::cuda {
+
+class KvBlockAllocator {
+ public:
+  struct Sequence {
+    int table_row = -1;
+    std::vector<int32_t> blocks;
+    int64_t cached = 0;    // positions whose K/V the engine has written (the allocator never reads it)
+    int64_t reserved = 0;  // blocks promised at admission (Reserve) and not yet taken
+  };
+
+  // `num_blocks` blocks of `block_size` positions (block 0 included), `max_sequences` table rows
+  // of `max_blocks_per_seq` entries plus the trash row after them. `table` holds those rows
+  // ((max_sequences + 1) · max_blocks_per_seq entries, zeroed here); the caller owns it (pinned
+  // memory in the engine, so the rows upload asynchronously). `max_context` only names the limit
+  // in errors.
+  KvBlockAllocator(int64_t num_blocks, int block_size, int max_blocks_per_seq, int max_sequences, int64_t max_context,
+                   std::span<int32_t> table);
+
+  // Promises the blocks `max_tokens` positions need to sequence `id` (creating its state):
+  // INVALID_ARGUMENT when the whole cache is too small, RESOURCE_EXHAUSTED when too few are free
+  // now or every table row is taken. Nothing changes on an error.
+  absl::Status Reserve(uint64_t id, int64_t max_tokens);
+  // The sequence's state, created with a table row on first use (RESOURCE_EXHAUSTED when every
+  // row is taken; nothing is left behind then).
+  absl::StatusOr<Sequence*> Acquire(uint64_t id);
+  // Null when the sequence holds nothing.
+  Sequence* Find(uint64_t id);
+  // Grows the sequence's blocks to hold `positions` positions, from its reservation first; growth
+  // beyond it takes only blocks nobody was promised (RESOURCE_EXHAUSTED otherwise; OUT_OF_RANGE
+  // past the table row's length). Blocks already taken stay taken on an error.
+  absl::Status EnsurePositions(Sequence& s, int64_t positions);
+  // Frees the sequence's blocks, reservation and table row; unknown ids are ignored.
+  void Release(uint64_t id);
+
+  // Calls f(row) for each table row changed since the last call, and forgets them.
+  template <typename F>
+  void TakeDirtyRows(F&& f) {
+    for (size_t r = 0; r < dirty_.size(); ++r) {
+      if (dirty_[r]) dirty_[r] = 0, f(static_cast<int>(r));
+    }
+  }
+
+  int trash_row() const { return max_sequences_; }
+  int max_blocks_per_seq() const { return max_blocks_per_seq_; }
+  int block_size() const { return block_size_; }
+  // Blocks that can ever be handed out (all but block 0).
+  int64_t usable_blocks() const { return num_blocks_ - 1; }
+  // Blocks neither taken nor promised.
+  int64_t unpromised_blocks() const { return static_cast<int64_t>(free_.size()) - reserved_; }
+  size_t sequences() const { return seqs_.size(); }
+
+ private:
+  int64_t BlocksFor(int64_t positions) const { return (positions + block_size_ - 1) / block_size_; }
+
+  int64_t num_blocks_;
+  int block_size_;
+  int max_blocks_per_seq_;
+  int max_sequences_;
+  int64_t max_context_;
+  std::span<int32_t> table_;
+  std::vector<int32_t> free_;  // taken from the back: low block ids first
+  int64_t reserved_ = 0;       // promised, not yet taken from free_
+  std::vector<int> free_rows_;
+  std::vector<char> dirty_;
+  std::unordered_map<uint64_t, Sequence> seqs_;
+};
+
+}  // namespace tailserve::cuda
