@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "common/byte_level.h"
+#include "common/status_macros.h"
 #include "common/tokenizer_json.h"
 
 namespace tailserve {
@@ -63,11 +64,10 @@ BpeTokenizer::~BpeTokenizer() = default;
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Load(const std::string& path) {
   std::unique_ptr<BpeTokenizer> tokenizer(new BpeTokenizer());
   try {
-    absl::StatusOr<std::string> contents = ReadFile(path);
-    if (!contents.ok()) return contents.status();
-    const json root = json::parse(*contents);
-    contents->clear();
-    contents->shrink_to_fit();
+    TAILSERVE_ASSIGN_OR_RETURN(std::string contents, ReadFile(path));
+    const json root = json::parse(contents);
+    contents.clear();
+    contents.shrink_to_fit();
     absl::Status status = tokenizer->ParseRoot(root);
     if (!status.ok()) {
       return absl::Status(status.code(), path + ": " + std::string(status.message()));
@@ -88,12 +88,11 @@ absl::Status BpeTokenizer::ParseRoot(const json& root) {
   if (!root.is_object())
     return FieldError("(root)", "expected an object, got " + JsonTypeName(root));
   // The normalizer comes first: normalized added tokens are stored in normalized form.
-  absl::Status status = ParseNormalizer(Field(root, "normalizer"));
-  if (status.ok()) status = ParsePreTokenizer(Field(root, "pre_tokenizer"));
-  if (status.ok()) status = ParseDecoder(Field(root, "decoder"));
-  if (status.ok()) status = ParseModel(Field(root, "model"));
-  if (status.ok()) status = ParseAddedTokens(Field(root, "added_tokens"));
-  return status;
+  TAILSERVE_RETURN_IF_ERROR(ParseNormalizer(Field(root, "normalizer")));
+  TAILSERVE_RETURN_IF_ERROR(ParsePreTokenizer(Field(root, "pre_tokenizer")));
+  TAILSERVE_RETURN_IF_ERROR(ParseDecoder(Field(root, "decoder")));
+  TAILSERVE_RETURN_IF_ERROR(ParseModel(Field(root, "model")));
+  return ParseAddedTokens(Field(root, "added_tokens"));
 }
 
 absl::Status BpeTokenizer::ParseNormalizer(const json& normalizer) {
@@ -127,9 +126,7 @@ absl::Status BpeTokenizer::ParseNormalizer(const json& normalizer) {
 }
 
 absl::Status BpeTokenizer::ParsePreTokenizer(const json& pre_tokenizer) {
-  absl::StatusOr<PreTokenizer> parsed = PreTokenizer::Parse(pre_tokenizer);
-  if (!parsed.ok()) return parsed.status();
-  pre_tokenizer_ = *std::move(parsed);
+  TAILSERVE_ASSIGN_OR_RETURN(pre_tokenizer_, PreTokenizer::Parse(pre_tokenizer));
   return absl::OkStatus();
 }
 
@@ -161,8 +158,7 @@ absl::Status BpeTokenizer::ParseModel(const json& model) {
   }
   ignore_merges_ = BoolField(model, "ignore_merges", false);
   fuse_unk_ = BoolField(model, "fuse_unk", false);
-  absl::Status status = ParseVocab(Field(model, "vocab"));
-  if (!status.ok()) return status;
+  TAILSERVE_RETURN_IF_ERROR(ParseVocab(Field(model, "vocab")));
   const json& unk = Field(model, "unk_token");
   if (unk.is_string()) unk_id_ = TokenId(unk.get<std::string>());
   return ParseMerges(Field(model, "merges"));

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace tailserve {
 namespace {
@@ -246,7 +247,7 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml_text,
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(source, ": top level must be a mapping"));
   for (const auto& o : overrides) {
-    if (absl::Status s = ApplyOverride(root, o); !s.ok()) return s;
+    TAILSERVE_RETURN_IF_ERROR(ApplyOverride(root, o));
   }
   Config config;
   std::vector<std::string> errors;

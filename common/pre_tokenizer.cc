@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
+#include "common/status_macros.h"
 #include "common/tokenizer_json.h"
 
 namespace tailserve::bpe_internal {
@@ -111,10 +112,7 @@ absl::StatusOr<PreTokenizerStep> ParseSplitStep(const json& j, const std::string
   }
   if (!regex.ok()) return FieldError(field + ".pattern", std::string(regex.status().message()));
   step.regex = *std::move(regex);
-  absl::StatusOr<SplitBehavior> behavior =
-      ParseSplitBehavior(Field(j, "behavior"), field + ".behavior");
-  if (!behavior.ok()) return behavior.status();
-  step.behavior = *behavior;
+  TAILSERVE_ASSIGN_OR_RETURN(step.behavior, ParseSplitBehavior(Field(j, "behavior"), field + ".behavior"));
   step.invert = BoolField(j, "invert", false);
   return step;
 }
@@ -159,9 +157,8 @@ absl::StatusOr<PreTokenizer> PreTokenizer::Parse(const json& pre_tokenizer) {
   PreTokenizer result;
   std::vector<PreTokenizerStep>& steps = result.steps_;
   for (const auto& [step_json, field] : step_jsons) {
-    absl::StatusOr<PreTokenizerStep> step = ParseStep(*step_json, field);
-    if (!step.ok()) return step.status();
-    steps.push_back(*std::move(step));
+    TAILSERVE_ASSIGN_OR_RETURN(PreTokenizerStep step, ParseStep(*step_json, field));
+    steps.push_back(std::move(step));
   }
   // Later steps would see byte-level characters, which this implementation does not model.
   if (steps.empty() || steps.back().kind != PreTokenizerStep::Kind::kByteLevel) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "common/subprocess.h"
 
 namespace tailserve {
@@ -98,11 +99,9 @@ absl::StatusOr<Servers> StartServers(const std::string& host, int grpc_port, int
   }
   out.SetServing(false);
   out.http = std::make_unique<ObservabilityServer>(registry, std::move(probes));
-  absl::StatusOr<int> bound = out.http->Start(host, http_port);
-  if (!bound.ok()) return bound.status();
-  out.http_port = *bound;
+  TAILSERVE_ASSIGN_OR_RETURN(out.http_port, out.http->Start(host, http_port));
   if (!ports_file.empty()) {
-    if (absl::Status s = WritePortsFile(ports_file, out.grpc_port, out.http_port); !s.ok()) return s;
+    TAILSERVE_RETURN_IF_ERROR(WritePortsFile(ports_file, out.grpc_port, out.http_port));
   }
   return out;
 }

@@ -17,6 +17,15 @@ uint64_t FirstSequenceKey() {
   return prefix << 32 | 1u;
 }
 
+const char* RequeueReasonLabel(RequeueReason reason) {
+  switch (reason) {
+    case RequeueReason::kBudgetExhausted: return "budget";
+    case RequeueReason::kWorkerFailure: return "worker_failure";
+    case RequeueReason::kRejected: return "rejected";
+  }
+  return "unknown";
+}
+
 RouterCore::RouterCore(const Config& config, std::vector<std::string> worker_addresses,
                        std::vector<std::unique_ptr<WorkerClient>> workers, std::unique_ptr<Batcher> batcher,
                        std::unique_ptr<LengthPredictor> predictor, const Tokenizer& tokenizer, RouterMetrics& metrics,
@@ -194,22 +203,22 @@ void RouterCore::Fail(uint64_t key, const grpc::Status& status, const std::strin
   requests_.erase(it);
 }
 
-void RouterCore::Requeue(uint64_t key, Request& r, const std::string& reason) {
+void RouterCore::Requeue(uint64_t key, Request& r, RequeueReason reason) {
   r.batch = 0;
-  if (reason == "rejected") --r.dispatches;  // nothing ran
+  if (reason == RequeueReason::kRejected) --r.dispatches;  // nothing ran
   // Budget overruns always make progress (the budget doubles); failures are bounded.
-  if (reason == "worker_failure" && ++r.failed_dispatches >= config_.router.max_failed_dispatches) {
+  if (reason == RequeueReason::kWorkerFailure && ++r.failed_dispatches >= config_.router.max_failed_dispatches) {
     Fail(key, grpc::Status(grpc::StatusCode::UNAVAILABLE,
                            absl::StrCat("gave up after ", r.failed_dispatches, " failed dispatches")),
          "unavailable");
     return;
   }
-  if (reason == "budget") {
+  if (reason == RequeueReason::kBudgetExhausted) {
     // Mispredicted long: at least another doubled budget to go, so it now groups with long work.
     r.step_budget = static_cast<int32_t>(std::min<int64_t>(int64_t{r.step_budget} * 2, 1'000'000'000));
     r.remaining_steps = std::min<double>(r.step_budget, r.req.max_tokens - static_cast<double>(r.generated.size()));
   }
-  metrics_.redispatches.Labels({reason}).Inc();
+  metrics_.redispatches.Labels({RequeueReasonLabel(reason)}).Inc();
   batcher_->Push({key, r.req.priority, r.remaining_steps, r.arrival}, true);
 }
 
@@ -247,10 +256,10 @@ void RouterCore::OnEvent(uint64_t batch_id, const v1::TokenEvent& ev) {
         Complete(id, v1::FINISH_REASON_LENGTH, "length");
         break;
       case v1::FINISH_STATE_BUDGET_EXHAUSTED:
-        Requeue(id, r, "budget");
+        Requeue(id, r, RequeueReason::kBudgetExhausted);
         break;
       case v1::FINISH_STATE_CANCELLED:  // the worker dropped it (e.g. shutting down): run it elsewhere
-        Requeue(id, r, "worker_failure");
+        Requeue(id, r, RequeueReason::kWorkerFailure);
         break;
       case v1::FINISH_STATE_INVALID:  // the worker refused it alone: no worker of this kind runs it
         r.batch = 0;  // never admitted there: nothing to cancel on the worker
@@ -275,11 +284,11 @@ void RouterCore::OnBatchDone(uint64_t batch_id, const grpc::Status& status) {
     auto it = requests_.find(id);
     if (it == requests_.end() || it->second.batch != batch_id) continue;
     if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      Requeue(id, it->second, "rejected");
+      Requeue(id, it->second, RequeueReason::kRejected);
     } else if (code == grpc::StatusCode::INVALID_ARGUMENT) {
       Fail(id, status, "invalid_argument");
     } else {
-      Requeue(id, it->second, "worker_failure");
+      Requeue(id, it->second, RequeueReason::kWorkerFailure);
     }
   }
   if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {

@@ -30,6 +30,16 @@ using ClientSink = MessageSink<v1::GenerateResponse>;
 // other's sequences.
 uint64_t FirstSequenceKey();
 
+// Why a dispatched sequence goes back to the queue.
+enum class RequeueReason {
+  kBudgetExhausted,  // the worker spent its step budget: the budget doubles
+  kWorkerFailure,    // the worker failed, was lost or dropped it: bounded by router.max_failed_dispatches
+  kRejected,         // the worker refused the batch (no free slot): nothing ran, so not a dispatch
+};
+// Its `reason` label on tailserve_router_redispatches_total: budget, worker_failure, rejected
+// (the README, tests and bench/ladb_table.py match these).
+const char* RequeueReasonLabel(RequeueReason reason);
+
 class RouterCore {
  public:
   RouterCore(const Config& config, std::vector<std::string> worker_addresses,
@@ -92,8 +102,7 @@ class RouterCore {
   bool Relay(Request& r, const v1::SequenceEvent& se);
   void Complete(uint64_t key, v1::FinishReason reason, const std::string& outcome);
   void Fail(uint64_t key, const grpc::Status& status, const std::string& outcome);
-  // reason: budget, worker_failure or rejected (no free slots; does not count as a dispatch).
-  void Requeue(uint64_t key, Request& r, const std::string& reason);
+  void Requeue(uint64_t key, Request& r, RequeueReason reason);
   v1::Timings TimingsOf(const Request& r, SteadyTime now) const;
   void UpdateGauges();
 

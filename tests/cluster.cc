@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace tailserve {
 
@@ -37,11 +38,11 @@ absl::Status Cluster::StartWorker(size_t i) {
   argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   argv.insert(argv.end(), worker_extra_args_[i].begin(), worker_extra_args_[i].end());
   workers_[i] = std::make_unique<Subprocess>();
-  if (absl::Status s = workers_[i]->Start(argv, absl::StrCat(dir_, "/worker", i, ".log")); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(workers_[i]->Start(argv, absl::StrCat(dir_, "/worker", i, ".log")));
   absl::StatusOr<int> g = WaitForPort(ports, "grpc_port", std::chrono::seconds(15));
   absl::StatusOr<int> h = WaitForPort(ports, "http_port", std::chrono::seconds(1));
-  if (!g.ok()) return g.status();
-  if (!h.ok()) return h.status();
+  TAILSERVE_RETURN_IF_ERROR(g.status());
+  TAILSERVE_RETURN_IF_ERROR(h.status());
   worker_grpc_[i] = *g;
   worker_http_[i] = *h;
   return absl::OkStatus();
@@ -50,7 +51,7 @@ absl::Status Cluster::StartWorker(size_t i) {
 absl::Status Cluster::Start() {
   std::string workers;
   for (size_t i = 0; i < workers_.size(); ++i) {
-    if (absl::Status s = StartWorker(i); !s.ok()) return s;
+    TAILSERVE_RETURN_IF_ERROR(StartWorker(i));
     absl::StrAppend(&workers, i ? "," : "", worker_target(i));
   }
   const std::string ports = dir_ + "/router.ports";
@@ -61,11 +62,11 @@ absl::Status Cluster::Start() {
                                    "--set", "router.health_check_interval_ms=100"};
   argv.insert(argv.end(), options_.router_args.begin(), options_.router_args.end());
   router_ = std::make_unique<Subprocess>();
-  if (absl::Status s = router_->Start(argv, dir_ + "/router.log"); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(router_->Start(argv, dir_ + "/router.log"));
   absl::StatusOr<int> g = WaitForPort(ports, "grpc_port", std::chrono::seconds(15));
   absl::StatusOr<int> h = WaitForPort(ports, "http_port", std::chrono::seconds(1));
-  if (!g.ok()) return g.status();
-  if (!h.ok()) return h.status();
+  TAILSERVE_RETURN_IF_ERROR(g.status());
+  TAILSERVE_RETURN_IF_ERROR(h.status());
   router_grpc_ = *g;
   router_http_ = *h;
   return WaitHealthyWorkers(options_.workers);

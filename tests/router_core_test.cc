@@ -290,6 +290,14 @@ TEST_F(RouterCoreTest, RejectedBatchIsRequeuedWithoutCountingAsADispatch) {
   c.on_done(grpc::Status::OK);
   ASSERT_TRUE(client->WaitFinish().ok());
   EXPECT_EQ(client->messages().back().timings().dispatches(), 1);
+  EXPECT_EQ(CounterValue("tailserve_router_redispatches_total{reason=\"rejected\"}"), 1);
+}
+
+// The label values are what the README, the cluster tests and bench/ladb_table.py match.
+TEST(RequeueReasonTest, MetricLabels) {
+  EXPECT_STREQ(RequeueReasonLabel(RequeueReason::kBudgetExhausted), "budget");
+  EXPECT_STREQ(RequeueReasonLabel(RequeueReason::kWorkerFailure), "worker_failure");
+  EXPECT_STREQ(RequeueReasonLabel(RequeueReason::kRejected), "rejected");
 }
 
 // A worker that refused a batch (say its KV cache is full: free slots do not show it) is not sent

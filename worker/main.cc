@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/process.h"
+#include "common/status_macros.h"
 #include "worker/backends/cpu/cpu_engine.h"
 #include "worker/backends/sim/sim_engine.h"
 #include "worker/scheduler.h"
@@ -73,10 +74,10 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const WorkerConfig& wc) {
     return absl::FailedPreconditionError("this build has no CUDA backend (configure with TAILSERVE_CUDA=ON)");
 #endif
   }
-  absl::StatusOr<std::unique_ptr<CpuEngine>> cpu = CpuEngine::Load(wc.model_path, {.threads = wc.threads, .kv_emulation = std::nullopt});
-  if (!cpu.ok()) return cpu.status();
-  LogLoaded((*cpu)->config(), wc.model_path, start);
-  return std::unique_ptr<Engine>(std::move(*cpu));
+  TAILSERVE_ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> cpu,
+                             CpuEngine::Load(wc.model_path, {.threads = wc.threads, .kv_emulation = std::nullopt}));
+  LogLoaded(cpu->config(), wc.model_path, start);
+  return std::unique_ptr<Engine>(std::move(cpu));
 }
 
 int Main(int argc, char** argv) {
@@ -116,7 +117,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Servers> servers = StartServers(
       wc.listen_host, wc.grpc_port, wc.http_port, {&service}, registry,
       {.ready = [&]() -> absl::Status {
-         if (absl::Status failed = scheduler.EngineHealth(); !failed.ok()) return failed;
+         TAILSERVE_RETURN_IF_ERROR(scheduler.EngineHealth());
          return ready ? absl::OkStatus() : absl::UnavailableError("engine warm-up generation has not completed");
        },
        // A failed engine step is a device fault (a sticky CUDA error stays until the process

@@ -1,6 +1,7 @@
 #include "common/model/checkpoint.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace tailserve {
 
@@ -49,15 +50,12 @@ std::vector<TensorSpec> ExpectedTensors(const ModelConfig& c) {
 }
 
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir) {
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(dir);
-  if (!config.ok()) return config.status();
-  absl::StatusOr<TensorStore> store = TensorStore::Open(dir);
-  if (!store.ok()) return store.status();
-  for (const TensorSpec& spec : ExpectedTensors(*config)) {
-    absl::StatusOr<const TensorInfo*> t = store->Get(spec.name, spec.shape);
-    if (!t.ok()) return t.status();
+  TAILSERVE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  TAILSERVE_ASSIGN_OR_RETURN(TensorStore store, TensorStore::Open(dir));
+  for (const TensorSpec& spec : ExpectedTensors(config)) {
+    TAILSERVE_RETURN_IF_ERROR(store.Get(spec.name, spec.shape).status());
   }
-  return Checkpoint{dir, *std::move(config), *std::move(store)};
+  return Checkpoint{dir, std::move(config), std::move(store)};
 }
 
 }  // namespace tailserve

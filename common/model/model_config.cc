@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace tailserve {
 namespace {
@@ -47,15 +48,9 @@ struct Reader {
   }
 };
 
-#define RETURN_IF_ERROR(expr)          \
-  do {                                 \
-    absl::Status _s = (expr);          \
-    if (!_s.ok()) return _s;           \
-  } while (0)
-
 absl::Status ParseRope(const json& params, const std::string& source, const std::string& prefix, RopeConfig* rope) {
   Reader r{params, source};
-  RETURN_IF_ERROR(r.Num("rope_theta", &rope->theta, false));
+  TAILSERVE_RETURN_IF_ERROR(r.Num("rope_theta", &rope->theta, false));
   std::string type = "default";
   for (const char* key : {"rope_type", "type"}) {  // transformers 4 wrote "type" in older checkpoints
     if (r.Has(key)) {
@@ -74,10 +69,10 @@ absl::Status ParseRope(const json& params, const std::string& source, const std:
   }
   if (type == "llama3") {
     rope->type = RopeConfig::Type::kLlama3;
-    RETURN_IF_ERROR(r.Num("factor", &rope->factor));
-    RETURN_IF_ERROR(r.Num("low_freq_factor", &rope->low_freq_factor));
-    RETURN_IF_ERROR(r.Num("high_freq_factor", &rope->high_freq_factor));
-    RETURN_IF_ERROR(r.Int("original_max_position_embeddings", &rope->original_max_position));
+    TAILSERVE_RETURN_IF_ERROR(r.Num("factor", &rope->factor));
+    TAILSERVE_RETURN_IF_ERROR(r.Num("low_freq_factor", &rope->low_freq_factor));
+    TAILSERVE_RETURN_IF_ERROR(r.Num("high_freq_factor", &rope->high_freq_factor));
+    TAILSERVE_RETURN_IF_ERROR(r.Int("original_max_position_embeddings", &rope->original_max_position));
     if (rope->high_freq_factor <= rope->low_freq_factor) {
       return r.Wrong(prefix + "high_freq_factor", "must be greater than low_freq_factor");
     }
@@ -127,9 +122,7 @@ const char* ArchitectureName(Architecture a) {
 }
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source) {
-  absl::StatusOr<json> parsed = ParseJson(json_text, source);
-  if (!parsed.ok()) return parsed.status();
-  const json& j = *parsed;
+  TAILSERVE_ASSIGN_OR_RETURN(const json j, ParseJson(json_text, source));
   Reader r{j, source};
   ModelConfig c;
 
@@ -153,70 +146,68 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
                                                   "MistralForCausalLM, MixtralForCausalLM)"));
   }
 
-  RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size));
-  RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size));
-  RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size));
-  RETURN_IF_ERROR(r.Int("num_hidden_layers", &c.num_layers));
-  RETURN_IF_ERROR(r.Int("num_attention_heads", &c.num_heads));
+  TAILSERVE_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size));
+  TAILSERVE_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size));
+  TAILSERVE_RETURN_IF_ERROR(r.Int("intermediate_size", &c.intermediate_size));
+  TAILSERVE_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c.num_layers));
+  TAILSERVE_RETURN_IF_ERROR(r.Int("num_attention_heads", &c.num_heads));
   c.num_kv_heads = c.num_heads;
-  RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_kv_heads, false));
+  TAILSERVE_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_kv_heads, false));
   if (c.num_heads % c.num_kv_heads != 0) {
     return r.Wrong("num_key_value_heads", absl::StrCat(c.num_kv_heads, " does not divide num_attention_heads ", c.num_heads));
   }
   c.head_dim = c.hidden_size / c.num_heads;
-  RETURN_IF_ERROR(r.Int("head_dim", &c.head_dim, false));
+  TAILSERVE_RETURN_IF_ERROR(r.Int("head_dim", &c.head_dim, false));
   if (c.head_dim % 2 != 0) return r.Wrong("head_dim", "must be even for RoPE");
   c.max_position = 2048;
-  RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_position, false));
-  RETURN_IF_ERROR(r.Num("rms_norm_eps", &c.rms_norm_eps, false));
-  RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings));
+  TAILSERVE_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_position, false));
+  TAILSERVE_RETURN_IF_ERROR(r.Num("rms_norm_eps", &c.rms_norm_eps, false));
+  TAILSERVE_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings));
 
   if (r.Has("hidden_act") && j["hidden_act"] != "silu") return r.Wrong("hidden_act", "must be \"silu\"");
   bool mlp_bias = false;
-  RETURN_IF_ERROR(r.Bool("mlp_bias", &mlp_bias));
+  TAILSERVE_RETURN_IF_ERROR(r.Bool("mlp_bias", &mlp_bias));
   if (mlp_bias) return r.Wrong("mlp_bias", "true is not supported");
   if (c.arch == Architecture::kQwen2) {
     c.qkv_bias = true;
   } else if (c.arch == Architecture::kLlama) {
     bool attention_bias = false;
-    RETURN_IF_ERROR(r.Bool("attention_bias", &attention_bias));
+    TAILSERVE_RETURN_IF_ERROR(r.Bool("attention_bias", &attention_bias));
     c.qkv_bias = c.o_bias = attention_bias;
   }
 
   // RoPE: transformers 5 nests it in rope_parameters; transformers 4 has rope_theta + rope_scaling.
   if (r.Has("rope_parameters")) {
     if (!j["rope_parameters"].is_object()) return r.Wrong("rope_parameters", "must be an object");
-    RETURN_IF_ERROR(ParseRope(j["rope_parameters"], source, "rope_parameters.", &c.rope));
+    TAILSERVE_RETURN_IF_ERROR(ParseRope(j["rope_parameters"], source, "rope_parameters.", &c.rope));
   } else {
-    RETURN_IF_ERROR(r.Num("rope_theta", &c.rope.theta, false));
+    TAILSERVE_RETURN_IF_ERROR(r.Num("rope_theta", &c.rope.theta, false));
     if (r.Has("rope_scaling")) {
       if (!j["rope_scaling"].is_object()) return r.Wrong("rope_scaling", "must be an object or null");
       const double theta = c.rope.theta;
-      RETURN_IF_ERROR(ParseRope(j["rope_scaling"], source, "rope_scaling.", &c.rope));
+      TAILSERVE_RETURN_IF_ERROR(ParseRope(j["rope_scaling"], source, "rope_scaling.", &c.rope));
       c.rope.theta = theta;
     }
   }
 
   if (c.arch == Architecture::kMixtral) {
-    RETURN_IF_ERROR(r.Int("num_local_experts", &c.num_experts));
-    RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c.experts_per_token));
+    TAILSERVE_RETURN_IF_ERROR(r.Int("num_local_experts", &c.num_experts));
+    TAILSERVE_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c.experts_per_token));
     if (c.experts_per_token > c.num_experts) {
       return r.Wrong("num_experts_per_tok", absl::StrCat("exceeds num_local_experts ", c.num_experts));
     }
   }
   // Sliding-window attention: Mistral/Mixtral when set; Qwen2 only with use_sliding_window.
   if (c.arch == Architecture::kMistral || c.arch == Architecture::kMixtral) {
-    RETURN_IF_ERROR(r.Int("sliding_window", &c.sliding_window, false));
+    TAILSERVE_RETURN_IF_ERROR(r.Int("sliding_window", &c.sliding_window, false));
   } else if (c.arch == Architecture::kQwen2) {
     bool use = false;
-    RETURN_IF_ERROR(r.Bool("use_sliding_window", &use));
+    TAILSERVE_RETURN_IF_ERROR(r.Bool("use_sliding_window", &use));
     if (use) return r.Wrong("use_sliding_window", "true is not supported");
   }
 
   if (r.Has("eos_token_id")) {
-    absl::StatusOr<std::vector<int32_t>> eos = IdList(j["eos_token_id"], source, "eos_token_id");
-    if (!eos.ok()) return eos.status();
-    c.eos_token_ids = *eos;
+    TAILSERVE_ASSIGN_OR_RETURN(c.eos_token_ids, IdList(j["eos_token_id"], source, "eos_token_id"));
   }
   if (r.Has("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int32_t>();
   for (const char* key : {"dtype", "torch_dtype"}) {
@@ -232,13 +223,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
 }
 
 absl::Status ApplyGenerationConfig(const std::string& json_text, ModelConfig* config, const std::string& source) {
-  absl::StatusOr<json> parsed = ParseJson(json_text, source);
-  if (!parsed.ok()) return parsed.status();
-  const json& j = *parsed;
+  TAILSERVE_ASSIGN_OR_RETURN(const json j, ParseJson(json_text, source));
   if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
-    absl::StatusOr<std::vector<int32_t>> eos = IdList(j["eos_token_id"], source, "eos_token_id");
-    if (!eos.ok()) return eos.status();
-    config->eos_token_ids = *eos;
+    TAILSERVE_ASSIGN_OR_RETURN(config->eos_token_ids, IdList(j["eos_token_id"], source, "eos_token_id"));
   }
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) config->bos_token_id = j["bos_token_id"].get<int32_t>();
   return absl::OkStatus();
@@ -246,20 +233,17 @@ absl::Status ApplyGenerationConfig(const std::string& json_text, ModelConfig* co
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
   namespace fs = std::filesystem;
-  absl::StatusOr<std::string> text = ReadFile((fs::path(dir) / "config.json").string());
-  if (!text.ok()) return text.status();
-  absl::StatusOr<ModelConfig> config = ParseModelConfig(*text, "config.json");
-  if (!config.ok()) return config.status();
+  TAILSERVE_ASSIGN_OR_RETURN(const std::string text, ReadFile((fs::path(dir) / "config.json").string()));
+  TAILSERVE_ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(text, "config.json"));
   const fs::path gen = fs::path(dir) / "generation_config.json";
   if (fs::exists(gen)) {
-    absl::StatusOr<std::string> g = ReadFile(gen.string());
-    if (!g.ok()) return g.status();
-    RETURN_IF_ERROR(ApplyGenerationConfig(*g, &*config));
+    TAILSERVE_ASSIGN_OR_RETURN(const std::string g, ReadFile(gen.string()));
+    TAILSERVE_RETURN_IF_ERROR(ApplyGenerationConfig(g, &config));
   }
-  for (int32_t id : config->eos_token_ids) {
-    if (id < 0 || id >= config->vocab_size) {
+  for (int32_t id : config.eos_token_ids) {
+    if (id < 0 || id >= config.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(dir, ": eos_token_id ", id, " is outside the vocabulary of ",
-                                                     config->vocab_size));
+                                                     config.vocab_size));
     }
   }
   return config;

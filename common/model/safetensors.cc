@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace tailserve {
 namespace {
@@ -220,9 +221,9 @@ absl::StatusOr<TensorStore> TensorStore::Open(const std::string& dir) {
       if (shard.find('/') != std::string::npos) {
         return absl::InvalidArgumentError("model.safetensors.index.json: shard name " + shard + " has a directory part");
       }
-      absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open((fs::path(dir) / shard).string());
-      if (!f.ok()) return f.status();
-      store.files_.push_back(std::move(*f));
+      TAILSERVE_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> f,
+                                 SafetensorsFile::Open((fs::path(dir) / shard).string()));
+      store.files_.push_back(std::move(f));
       for (auto& [name, info] : store.files_.back()->tensors()) store.index_[name] = &info;
     }
     for (auto& [tensor, shard] : weight_map) {
@@ -237,9 +238,8 @@ absl::StatusOr<TensorStore> TensorStore::Open(const std::string& dir) {
   if (!fs::exists(single)) {
     return absl::NotFoundError(absl::StrCat(dir, ": neither model.safetensors nor model.safetensors.index.json"));
   }
-  absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(single.string());
-  if (!f.ok()) return f.status();
-  store.files_.push_back(std::move(*f));
+  TAILSERVE_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> f, SafetensorsFile::Open(single.string()));
+  store.files_.push_back(std::move(f));
   for (auto& [name, info] : store.files_.back()->tensors()) store.index_[name] = &info;
   return store;
 }
@@ -263,10 +263,9 @@ absl::StatusOr<const TensorInfo*> TensorStore::Get(const std::string& name, std:
 }
 
 absl::Status TensorStore::ReadFloat(const std::string& name, std::span<const int64_t> shape, std::vector<float>* out) const {
-  absl::StatusOr<const TensorInfo*> t = Get(name, shape);
-  if (!t.ok()) return t.status();
-  out->resize(static_cast<size_t>((*t)->numel()));
-  ToFloat((*t)->dtype, (*t)->data, out->size(), out->data());
+  TAILSERVE_ASSIGN_OR_RETURN(const TensorInfo* t, Get(name, shape));
+  out->resize(static_cast<size_t>(t->numel()));
+  ToFloat(t->dtype, t->data, out->size(), out->data());
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "router/predictor/onnx_ops.h"
 
 namespace tailserve {
@@ -135,7 +136,7 @@ absl::StatusOr<std::vector<Tensor>> OnnxModel::Run(const std::map<std::string, T
       in.push_back(&it->second);
     }
     std::vector<Tensor> out;
-    if (absl::Status s = SupportedOps().at(OpKey(node))(node, in, &out); !s.ok()) return s;
+    TAILSERVE_RETURN_IF_ERROR(SupportedOps().at(OpKey(node))(node, in, &out));
     if (out.size() < static_cast<size_t>(node.output_size())) {
       return absl::InvalidArgumentError(absl::StrCat("node '", node.name(), "': produced too few outputs"));
     }
@@ -155,10 +156,10 @@ absl::StatusOr<float> OnnxModel::Predict(std::span<const float> features) const 
     return absl::InvalidArgumentError(absl::StrCat("expected ", n_features_, " features, got ", features.size()));
   }
   std::vector<int64_t> dims = input_is_vector_ ? std::vector<int64_t>{n_features_} : std::vector<int64_t>{1, n_features_};
-  absl::StatusOr<std::vector<Tensor>> out =
-      Run({{input_name_, Tensor::Float(dims, std::vector<float>(features.begin(), features.end()))}});
-  if (!out.ok()) return out.status();
-  const Tensor& y = (*out)[0];
+  TAILSERVE_ASSIGN_OR_RETURN(
+      const std::vector<Tensor> out,
+      Run({{input_name_, Tensor::Float(dims, std::vector<float>(features.begin(), features.end()))}}));
+  const Tensor& y = out[0];
   if (y.type != Tensor::Type::kFloat || y.f.empty()) return absl::InvalidArgumentError("the output must be a non-empty float tensor");
   return y.f[0];
 }

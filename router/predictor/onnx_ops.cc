@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace tailserve {
 
@@ -72,7 +73,7 @@ std::vector<int64_t> Strides(const std::vector<int64_t>& dims) {
 
 absl::Status Binary(const onnx::NodeProto& node, const Inputs& in, std::vector<Tensor>* out,
                     float (*op)(float, float)) {
-  if (absl::Status s = NeedFloats(node, in, 2); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(NeedFloats(node, in, 2));
   const Tensor& a = *in[0];
   const Tensor& b = *in[1];
   std::vector<int64_t> dims;
@@ -106,7 +107,7 @@ absl::Status Binary(const onnx::NodeProto& node, const Inputs& in, std::vector<T
 }
 
 absl::Status Unary(const onnx::NodeProto& node, const Inputs& in, std::vector<Tensor>* out, float (*op)(float)) {
-  if (absl::Status s = NeedFloats(node, in, 1); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(NeedFloats(node, in, 1));
   Tensor r = *in[0];
   for (float& v : r.f) v = op(v);
   out->push_back(std::move(r));
@@ -130,7 +131,7 @@ std::vector<float> Multiply(const std::vector<float>& a, const std::vector<float
 }
 
 absl::Status MatMul(const onnx::NodeProto& node, const Inputs& in, std::vector<Tensor>* out) {
-  if (absl::Status s = NeedFloats(node, in, 2); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(NeedFloats(node, in, 2));
   const Tensor& a = *in[0];
   const Tensor& b = *in[1];
   if (a.dims.empty() || b.dims.empty() || a.dims.size() > 2 || b.dims.size() > 2) {
@@ -147,7 +148,7 @@ absl::Status MatMul(const onnx::NodeProto& node, const Inputs& in, std::vector<T
 }
 
 absl::Status Gemm(const onnx::NodeProto& node, const Inputs& in, std::vector<Tensor>* out) {
-  if (absl::Status s = NeedFloats(node, in, 2); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(NeedFloats(node, in, 2));
   const Tensor& a = *in[0];
   const Tensor& b = *in[1];
   if (a.dims.size() != 2 || b.dims.size() != 2) {
@@ -165,7 +166,7 @@ absl::Status Gemm(const onnx::NodeProto& node, const Inputs& in, std::vector<Ten
     for (float& v : scaled.f) v *= beta;
     std::vector<Tensor> sum;
     const Inputs pair = {&r, &scaled};
-    if (absl::Status s = Binary(node, pair, &sum, [](float x, float y) { return x + y; }); !s.ok()) return s;
+    TAILSERVE_RETURN_IF_ERROR(Binary(node, pair, &sum, [](float x, float y) { return x + y; }));
     if (sum[0].dims != r.dims) return Bad(node, "C does not broadcast to [M, N]");
     r = std::move(sum[0]);
   }
@@ -174,7 +175,7 @@ absl::Status Gemm(const onnx::NodeProto& node, const Inputs& in, std::vector<Ten
 }
 
 absl::Status Clip(const onnx::NodeProto& node, const Inputs& in, std::vector<Tensor>* out) {
-  if (absl::Status s = NeedFloats(node, in, 1); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(NeedFloats(node, in, 1));
   // Opset >= 11 takes min/max as optional scalar inputs; older opsets as attributes.
   float lo = AttrFloat(node, "min", -std::numeric_limits<float>::infinity());
   float hi = AttrFloat(node, "max", std::numeric_limits<float>::infinity());
@@ -308,7 +309,7 @@ absl::Status Cast(const onnx::NodeProto& node, const Inputs& in, std::vector<Ten
 // ai.onnx.ml TreeEnsembleRegressor: the export format of gradient-boosted trees (XGBoost, LightGBM,
 // scikit-learn through their ONNX converters).
 absl::Status TreeEnsembleRegressor(const onnx::NodeProto& node, const Inputs& in, std::vector<Tensor>* out) {
-  if (absl::Status s = NeedFloats(node, in, 1); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(NeedFloats(node, in, 1));
   const Tensor& x = *in[0];
   if (x.dims.empty() || x.dims.size() > 2) return Bad(node, "X must be 1-D or 2-D");
   const int64_t rows = x.dims.size() == 2 ? x.dims[0] : 1, cols = x.dims.back();

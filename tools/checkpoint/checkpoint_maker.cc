@@ -10,6 +10,7 @@
 #include "common/model/checkpoint.h"
 #include "common/model/safetensors.h"
 #include "common/splitmix.h"
+#include "common/status_macros.h"
 
 namespace tailserve {
 namespace {
@@ -45,8 +46,7 @@ absl::Status WriteTensor(SafetensorsWriter& w, const TensorSpec& t, uint64_t see
         chunk[i] = FloatToBf16(static_cast<float>(centred) * scale);
       }
     }
-    absl::Status s = w.Write({reinterpret_cast<const std::byte*>(chunk.data()), chunk.size() * 2});
-    if (!s.ok()) return s;
+    TAILSERVE_RETURN_IF_ERROR(w.Write({reinterpret_cast<const std::byte*>(chunk.data()), chunk.size() * 2}));
     done += m;
   }
   return absl::OkStatus();
@@ -174,24 +174,23 @@ absl::Status WriteCheckpoint(const CheckpointSpec& spec, const std::string& out_
       entries.push_back({t.name, DType::kBF16, t.shape});
       weight_map[t.name] = name;
     }
-    absl::StatusOr<std::unique_ptr<SafetensorsWriter>> w =
-        SafetensorsWriter::Create((dir / name).string(), entries, {{"format", "pt"}});
-    if (!w.ok()) return w.status();
+    TAILSERVE_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> w,
+                               SafetensorsWriter::Create((dir / name).string(), entries, {{"format", "pt"}}));
     for (const TensorSpec& t : shards[s]) {
-      if (absl::Status st = WriteTensor(**w, t, spec.seed, spec.init_std); !st.ok()) return st;
+      TAILSERVE_RETURN_IF_ERROR(WriteTensor(*w, t, spec.seed, spec.init_std));
     }
-    if (absl::Status st = (*w)->Close(); !st.ok()) return st;
+    TAILSERVE_RETURN_IF_ERROR(w->Close());
   }
   if (shards.size() > 1) {
     json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    if (absl::Status s = WriteText(dir / "model.safetensors.index.json", index.dump(2) + "\n"); !s.ok()) return s;
+    TAILSERVE_RETURN_IF_ERROR(WriteText(dir / "model.safetensors.index.json", index.dump(2) + "\n"));
   }
 
-  if (absl::Status s = WriteText(dir / "config.json", ConfigJson(c, spec.config_format)); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(WriteText(dir / "config.json", ConfigJson(c, spec.config_format)));
   json gen = {{"_from_model_config", true}};
   if (c.bos_token_id >= 0) gen["bos_token_id"] = c.bos_token_id;
   if (!c.eos_token_ids.empty()) gen["eos_token_id"] = c.eos_token_ids;
-  if (absl::Status s = WriteText(dir / "generation_config.json", gen.dump(2) + "\n"); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(WriteText(dir / "generation_config.json", gen.dump(2) + "\n"));
 
   if (!spec.tokenizer_dir.empty()) {
     for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {

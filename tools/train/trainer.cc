@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "router/predictor/onnx_writer.h"
 #include "tools/load/load_generator.h"
 
@@ -85,10 +86,10 @@ absl::StatusOr<std::vector<Sample>> ReadFeedbackLog(const std::string& path) {
 }
 
 absl::StatusOr<std::vector<Sample>> ReadTrace(const std::string& path, const FeatureInput& defaults, size_t limit) {
-  absl::StatusOr<std::vector<PlannedRequest>> plan = LoadTrace(path, 1.0, TraceWindow{0, 0, limit}, 1 << 30);
-  if (!plan.ok()) return plan.status();
+  TAILSERVE_ASSIGN_OR_RETURN(const std::vector<PlannedRequest> plan,
+                             LoadTrace(path, 1.0, TraceWindow{0, 0, limit}, 1 << 30));
   std::vector<Sample> out;
-  for (const PlannedRequest& r : *plan) {
+  for (const PlannedRequest& r : plan) {
     FeatureInput f = defaults;
     f.prompt_tokens = r.prompt_tokens;
     out.push_back({MakeFeatures(f), static_cast<double>(r.max_tokens)});

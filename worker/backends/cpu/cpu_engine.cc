@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/engine/sampling.h"
 
 namespace tailserve {
@@ -57,14 +58,13 @@ float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Load(const std::string& dir, const CpuEngineOptions& options) {
   if (options.threads > 0) openblas_set_num_threads(options.threads);
-  absl::StatusOr<Checkpoint> ckpt = LoadCheckpoint(dir);
-  if (!ckpt.ok()) return ckpt.status();
+  TAILSERVE_ASSIGN_OR_RETURN(const Checkpoint ckpt, LoadCheckpoint(dir));
   std::unique_ptr<CpuEngine> e(new CpuEngine());
-  e->config_ = ckpt->config;
+  e->config_ = ckpt.config;
   e->options_ = options;
   e->model_id_ = std::filesystem::path(dir).lexically_normal().filename().string();
   if (e->model_id_.empty()) e->model_id_ = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
-  if (absl::Status s = e->LoadWeights(*ckpt); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(e->LoadWeights(ckpt));
   e->rope_inv_freq_ = RopeInverseFrequencies(e->config_);
   return e;
 }
@@ -76,10 +76,7 @@ absl::Status CpuEngine::LoadWeights(const Checkpoint& ckpt) {
   auto read = [&](const std::string& name, std::vector<int64_t> shape, std::vector<float>* out) {
     return t.ReadFloat(name, shape, out);
   };
-#define READ(name, shape, out)                                  \
-  do {                                                          \
-    if (absl::Status s = read(name, shape, out); !s.ok()) return s; \
-  } while (0)
+#define READ(name, shape, out) TAILSERVE_RETURN_IF_ERROR(read(name, shape, out))
   READ("model.embed_tokens.weight", (std::vector<int64_t>{c.vocab_size, h}), &embed_);
   READ("model.norm.weight", (std::vector<int64_t>{h}), &final_norm_);
   if (!c.tie_word_embeddings) READ("lm_head.weight", (std::vector<int64_t>{c.vocab_size, h}), &lm_head_);
@@ -308,7 +305,7 @@ absl::Status CpuEngine::Forward(std::span<const StepSequence> batch, bool all_po
 
 absl::Status CpuEngine::Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) {
   std::vector<float> logits;
-  if (absl::Status s = Forward(batch, /*all_positions=*/false, &logits); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(Forward(batch, /*all_positions=*/false, &logits));
   next->resize(batch.size());
   const int64_t vocab = config_.vocab_size;
   for (size_t i = 0; i < batch.size(); ++i) {
