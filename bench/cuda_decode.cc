@@ -94,21 +94,7 @@ int Main(int argc, char** argv) {
   int steps = 50;
   double soak_s = 0;
   int soak_batch = 64;
-  int max_splits = CudaEngineOptions{}.attention_splits;
-  int64_t ffn_halves_min_bytes = CudaEngineOptions{}.ffn_halves_min_bytes;
-  int in_situ_candidates = CudaEngineOptions{}.in_situ_candidates;
-  int stream_ffn_chunks = CudaEngineOptions{}.stream_ffn_chunks, stream_ffn_lag = CudaEngineOptions{}.stream_ffn_lag,
-      stream_ffn_k_boxes = CudaEngineOptions{}.stream_ffn_k_boxes,
-      stream_ffn_last_chunk = CudaEngineOptions{}.stream_ffn_last_chunk,
-      stream_ffn_last_chunks = CudaEngineOptions{}.stream_ffn_last_chunks,
-      stream_ffn_ctas_per_sm = CudaEngineOptions{}.stream_ffn_ctas_per_sm,
-      stream_ffn_min_rows = CudaEngineOptions{}.stream_ffn_min_rows,
-      stream_qkv_chunks = CudaEngineOptions{}.stream_qkv_chunks;
-  int norm_trigger_first = CudaEngineOptions{}.norm_trigger_first;
-  int attention_block = static_cast<int>(CudaEngineOptions{}.attention_block);
-  int block_key_stages = CudaEngineOptions{}.attention_block_key_stages;
-  bool block_late_o = CudaEngineOptions{}.attention_block_late_o_stages;
-  int block_min_rows = CudaEngineOptions{}.attention_block_min_rows;
+  cuda::DecodeTuning tuning;  // its defaults: the worker's path
   app.add_option("--model", model, "checkpoint directory")->required();
   app.add_option("--kv", kv, "KV cache dtype")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->capture_default_str();
@@ -118,67 +104,36 @@ int Main(int argc, char** argv) {
   app.add_option("--prefills", prefills, "prompt lengths to time prefill for")->capture_default_str();
   app.add_option("--soak-seconds", soak_s, "run a soak of this length after the table")->capture_default_str();
   app.add_option("--soak-batch", soak_batch, "batch of the soak")->capture_default_str();
-  app.add_option("--attention-splits", max_splits, "most splits of a row's keys the engine may choose (its split model picks)")
+  app.add_option("--attention-splits", tuning.attention_splits,
+                 "most splits of a row's keys the engine may choose (its split model picks)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  app.add_option("--ffn-halves-min-bytes", ffn_halves_min_bytes,
-                 "smallest FFN (bytes) run as two halves on two graph branches above batch 1")
+  app.add_option("--ffn-halves-min-bytes", tuning.ffn_halves_min_bytes,
+                 "smallest FFN (bytes) run as two halves on two graph branches above batch 1 on cuBLASLt")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--stream-ffn-chunks", stream_ffn_chunks,
-                 "decode at --stream-ffn-min-rows to 16 rows: the FFN as one StreamFfn launch, down in this many k "
-                 "chunks (0: cuBLASLt's halves)")
-      ->check(CLI::Range(0, 4))
-      ->capture_default_str();
-  app.add_option("--stream-ffn-min-rows", stream_ffn_min_rows,
-                 "with --stream-ffn-chunks or --stream-qkv-chunks: the fewest rows they take")
+  app.add_option("--stream-min-rows", tuning.stream_min_rows,
+                 "the fewest decode rows that take StreamGemm's q/k/v and StreamFfn")
       ->check(CLI::Range(2, 16))
       ->capture_default_str();
-  app.add_option("--stream-ffn-lag", stream_ffn_lag, "with --stream-ffn-chunks: gate/up groups a down chunk trails")
-      ->check(CLI::Range(1, 4))
-      ->capture_default_str();
-  app.add_option("--stream-ffn-k-boxes", stream_ffn_k_boxes, "with --stream-ffn-chunks: most 64-wide k boxes a ring stage")
-      ->check(CLI::IsMember({1, 2, 4}))
-      ->capture_default_str();
-  app.add_option("--stream-ffn-last-chunk", stream_ffn_last_chunk,
-                 "with --stream-ffn-chunks: features of the last down chunk where ffn splits so (0: equal chunks, "
-                 "-1: ffn · 5 / 28 rounded down to 256)")
-      ->check(CLI::Range(-1, 1 << 20))
-      ->capture_default_str();
-  app.add_option("--stream-ffn-last-chunks", stream_ffn_last_chunks,
-                 "with --stream-ffn-last-chunk: how many down chunks at the end take its features")
-      ->check(CLI::Range(1, 3))
-      ->capture_default_str();
-  app.add_option("--stream-ffn-ctas-per-sm", stream_ffn_ctas_per_sm,
-                 "with --stream-ffn-chunks: StreamFfn CTAs an SM (2: each with half a ring)")
-      ->check(CLI::Range(1, 2))
-      ->capture_default_str();
-  app.add_option("--stream-qkv-chunks", stream_qkv_chunks,
-                 "at --stream-ffn-min-rows-16 rows: q/k/v by StreamGemm in this many k chunks (0: cuBLASLt)")
+  app.add_option("--stream-ffn-chunks", tuning.stream_ffn_chunks,
+                 "StreamFfn's down k chunks (0: cuBLASLt's FFN instead)")
       ->check(CLI::Range(0, 4))
       ->capture_default_str();
-  app.add_option("--norm-trigger-first", norm_trigger_first,
-                 "RMSNorms that let their StreamGemm / StreamFfn follower launch before their wait: bit 0 the one "
-                 "before q/k/v, bit 1 the one before the FFN")
-      ->check(CLI::Range(0, 3))
+  app.add_option("--stream-qkv-chunks", tuning.stream_qkv_chunks,
+                 "StreamGemm's q/k/v k chunks (0: cuBLASLt's split-K instead)")
+      ->check(CLI::Range(0, 4))
       ->capture_default_str();
-  app.add_option("--in-situ-candidates", in_situ_candidates,
+  app.add_option("--in-situ-candidates", tuning.in_situ_candidates,
                  "cuBLASLt candidates a shape tries inside the captured step (1: the pick timed alone)")
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
-  app.add_option("--fused-attention-block", attention_block,
-                 "decode at --attention-block-min-rows to 16 rows (kernels/attention_block.h): 1 q/k/v, the attention "
-                 "and o in one persistent "
-                 "launch; 2 cuBLASLt's q/k/v, then the attention and o in one launch; 0 neither")
-      ->check(CLI::Range(0, 2))
+  app.add_option("--attention-block", tuning.attention_block,
+                 "decode at --attention-block-min-rows to 16 rows: the attention and o in one AttentionBlock launch "
+                 "(0: PagedAttention, then cuBLASLt's o)")
       ->capture_default_str();
-  app.add_option("--attention-block-key-stages", block_key_stages,
-                 "with --fused-attention-block 2: key tiles a warp keeps in flight (more take W_o's ring stages)")
-      ->check(CLI::Range(2, 4))
-      ->capture_default_str();
-  app.add_flag("--attention-block-late-o", block_late_o,
-               "with --fused-attention-block 2: W_o's ring grows into the key buffers once the attention is merged");
-  app.add_option("--attention-block-min-rows", block_min_rows, "the fewest decode rows (a bucket) that take the block")
+  app.add_option("--attention-block-min-rows", tuning.attention_block_min_rows,
+                 "the fewest decode rows (a bucket) that take the block")
       ->check(CLI::Range(2, 16))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -193,23 +148,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<KvDtype> dtype = ParseKvDtype(kv);
   if (!dtype.ok()) return std::fprintf(stderr, "%s\n", std::string(dtype.status().message()).c_str()), 2;
   const double t0 = Now();
-  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .attention_splits = max_splits,
-                                         .ffn_halves_min_bytes = ffn_halves_min_bytes,
-                                         .stream_ffn_chunks = stream_ffn_chunks,
-                                         .stream_ffn_min_rows = stream_ffn_min_rows,
-                                         .stream_ffn_lag = stream_ffn_lag,
-                                         .stream_ffn_k_boxes = stream_ffn_k_boxes,
-                                         .stream_ffn_last_chunk = stream_ffn_last_chunk,
-                                         .stream_ffn_last_chunks = stream_ffn_last_chunks,
-                                         .stream_ffn_ctas_per_sm = stream_ffn_ctas_per_sm,
-                                         .stream_qkv_chunks = stream_qkv_chunks,
-                                         .norm_trigger_first = norm_trigger_first,
-                                         .in_situ_candidates = in_situ_candidates,
-                                         .attention_block =
-                                             static_cast<CudaEngineOptions::AttentionBlockUse>(attention_block),
-                                         .attention_block_min_rows = block_min_rows,
-                                         .attention_block_key_stages = block_key_stages,
-                                         .attention_block_late_o_stages = block_late_o});
+  auto engine = CudaEngine::Load(model, {.kv_dtype = *dtype, .max_sequences = 256, .tuning = tuning});
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", std::string(engine.status().message()).c_str()), 1;
   const ModelConfig& c = (*engine)->config();
   const double wbytes = MatrixBytes(c), kv_tok = KvBytesPerToken(c, *dtype);
@@ -219,6 +158,9 @@ int Main(int argc, char** argv) {
               (long long)c.num_kv_heads, (long long)c.head_dim, (long long)c.intermediate_size, (long long)c.vocab_size,
               kv.c_str(), Now() - t0, wbytes / 1e9);
   for (const auto& [what, bytes] : (*engine)->memory()) std::printf("  device memory %s: %.2f GiB\n", what.c_str(), bytes / 1073741824.0);
+  for (const auto& b : absl::StrSplit(batches, ',')) {
+    std::printf("  %s\n", (*engine)->DescribeDecodePlan(std::stoi(std::string(b))).c_str());
+  }
   Sampling greedy;
   uint64_t next_id = 1;
 

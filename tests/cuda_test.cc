@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "common/model/safetensors.h"
+#include "tests/gpu_test_util.h"
 #include "tests/reference_cases.h"
 #include "tests/test_paths.h"
 #include "worker/backends/cpu/cpu_engine.h"
@@ -35,14 +36,7 @@
 namespace tailserve {
 namespace {
 
-#define REQUIRE_GPU()                                                                        \
-  do {                                                                                       \
-    auto devices = ListCudaDevices();                                                        \
-    if (!devices.ok() || devices->empty()) {                                                 \
-      GTEST_SKIP() << "no CUDA device: "                                                     \
-                   << (devices.ok() ? std::string("none visible") : std::string(devices.status().message())); \
-    }                                                                                        \
-  } while (0)
+using testing::Margin;
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
@@ -1547,16 +1541,6 @@ struct EngineCase {
 
 void PrintTo(const EngineCase& c, std::ostream* os) { *os << c.model << " " << KvDtypeName(c.dtype); }
 
-// Top-1 minus top-2 of a logits row.
-float Margin(const float* row, int64_t n) {
-  float a = -INFINITY, b = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) {
-    if (row[i] > a) b = a, a = row[i];
-    else if (row[i] > b) b = row[i];
-  }
-  return a - b;
-}
-
 class CudaEngineTest : public ::testing::TestWithParam<EngineCase> {};
 
 TEST_P(CudaEngineTest, LogitsAndGreedyMatchTransformers) {
@@ -1664,46 +1648,31 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The batch's FFN on one stream, and (halves: a size floor of 0) as two halves on two graph
 // branches. Together the 19 rows take the split-K projections (partials summed by the attention and
-// the norms); alone each row takes the batch-1 Gemv path. FusedBlock: an FP8 cache, and the first 7
-// rows (a bucket of 8) run q/k/v, the attention and o as one AttentionBlock launch; BlockAfterQkv:
-// likewise the attention and o after cuBLASLt's q/k/v, as the engine does by default;
-// BlockLateO: that with 4 key stages asked for (the engine's ring choice; these contexts, ≤ ~105
-// tokens, give a warp one tile, so the kernel test is what exercises the extra stages) and W_o's
-// ring growing into the key buffers after the merge.
-// kStreamFfn: the FFN as one StreamFfn launch, on qwen2-bias-tied (llama-gqa's ffn 688 is not a
-// multiple of 64), its q/k/v bias through the attention block; kStreamFfnLast: in 4 chunks, the
-// last two of 64 features (ffn 512 = 2 · 192 + 2 · 64), two CTAs an SM; both with q/k/v by
-// StreamGemm (hidden 192: one chunk). kStreamQkv: BlockAfterQkv with q/k/v by StreamGemm in 4
-// chunks (hidden 256: one k box a stage), the block adding the 4 partials; kHalves takes them too,
-// RoPE adding them (an FP16 cache). kNormTriggerFirst: kStreamFfn with the engine's default norms,
-// which let StreamGemm and StreamFfn launch before their wait (every other case turns that off).
-enum BatchCase {
-  kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO,
-  kStreamFfn, kStreamFfnLast, kStreamQkv, kNormTriggerFirst
-};
+// the norms); alone each row takes the batch-1 Gemv path. BlockAfterQkv: an FP8 cache, and the
+// first 7 rows (a bucket of 8) run the attention and o as one AttentionBlock launch after
+// cuBLASLt's q/k/v. StreamFfn: the FFN as one StreamFfn launch, on qwen2-bias-tied (llama-gqa's
+// ffn 688 is not a multiple of 64), its q/k/v bias through the attention block, q/k/v by StreamGemm
+// (hidden 192: one chunk), the norms before both letting them start before their wait, as the
+// engine's default does. StreamQkv: BlockAfterQkv with q/k/v by StreamGemm in 4 chunks (hidden
+// 256: one k box a stage), the block adding the 4 partials; Halves takes them too, the attention
+// adding them (an FP16 cache).
+enum BatchCase { kOneStream, kHalves, kBlockAfterQkv, kStreamFfn, kStreamQkv };
 class CudaEngineBatchTest : public ::testing::TestWithParam<BatchCase> {};
 
 TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   REQUIRE_GPU();
   TAILSERVE_REQUIRE_SHARED();
   const BatchCase mode = GetParam();
-  const bool stream_ffn = mode == kStreamFfn || mode == kStreamFfnLast || mode == kNormTriggerFirst;
-  auto engine = CudaEngine::Load(testing::ReferenceDir(stream_ffn ? "qwen2-bias-tied" : "llama-gqa"),
-                                 {.kv_dtype = mode >= kFusedBlock ? KvDtype::kFp8E4M3 : KvDtype::kFp16,
-                                  .kv_memory_fraction = 0.05,
-                                  .ffn_halves_min_bytes = mode == kHalves ? 0 : std::numeric_limits<int64_t>::max(),
-                                  .stream_ffn_chunks = stream_ffn ? 4 : 0,
-                                  .stream_ffn_min_rows = 2,
-                                  .stream_ffn_last_chunk = mode == kStreamFfnLast ? 64 : 0,
-                                  .stream_ffn_last_chunks = 2,
-                                  .stream_ffn_ctas_per_sm = mode == kStreamFfnLast ? 2 : 1,
-                                  .stream_qkv_chunks = stream_ffn || mode == kStreamQkv || mode == kHalves ? 4 : 0,
-                                  .norm_trigger_first = mode == kNormTriggerFirst ? 3 : 0,
-                                  .attention_block = mode == kFusedBlock ? CudaEngineOptions::AttentionBlockUse::kWhole
-                                                     : mode >= kBlockAfterQkv ? CudaEngineOptions::AttentionBlockUse::kAfterQkv
-                                                                              : CudaEngineOptions::AttentionBlockUse::kOff,
-                                  .attention_block_key_stages = mode == kBlockLateO ? 4 : 2,
-                                  .attention_block_late_o_stages = mode == kBlockLateO});
+  const bool stream_ffn = mode == kStreamFfn;
+  CudaEngineOptions options{.kv_dtype = mode >= kBlockAfterQkv ? KvDtype::kFp8E4M3 : KvDtype::kFp16,
+                            .kv_memory_fraction = 0.05};
+  cuda::DecodeTuning& t = options.tuning;
+  t.ffn_halves_min_bytes = mode == kHalves ? 0 : std::numeric_limits<int64_t>::max();
+  t.stream_min_rows = 2;
+  t.stream_ffn_chunks = stream_ffn ? 4 : 0;
+  t.stream_qkv_chunks = stream_ffn || mode == kStreamQkv || mode == kHalves ? 4 : 0;
+  t.attention_block = mode >= kBlockAfterQkv;
+  auto engine = CudaEngine::Load(testing::ReferenceDir(stream_ffn ? "qwen2-bias-tied" : "llama-gqa"), options);
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
   Sampling greedy;
@@ -1780,46 +1749,27 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   EXPECT_EQ((*engine)->stats()->kv_blocks_free, total);
 }
 
-// More key stages than 2 only for the block after q/k/v, and at most 4: refused at load, before
-// anything touches a GPU (so this runs without one).
-TEST(CudaEngineOptionsTest, AttentionBlockKeyStagesOnlyAfterQkv) {
+// Tuning out of range is refused at load, before anything touches a GPU (so this runs without one).
+TEST(CudaEngineOptionsTest, TuningOutOfRangeIsRefused) {
   TAILSERVE_REQUIRE_SHARED();
-  using Use = CudaEngineOptions::AttentionBlockUse;
-  for (const auto& [use, keys] : std::vector<std::pair<Use, int>>{{Use::kOff, 3}, {Use::kWhole, 4}, {Use::kAfterQkv, 5},
-                                                                 {Use::kAfterQkv, 1}}) {
-    auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
-                                   {.kv_dtype = KvDtype::kFp8E4M3, .attention_block = use,
-                                    .attention_block_key_stages = keys});
-    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << keys << " key stages";
-  }
-  // The control: 4 after q/k/v loads on a GPU, and without one fails for another reason.
-  auto engine = CudaEngine::Load(testing::ReferenceDir("llama-gqa"),
-                                 {.kv_dtype = KvDtype::kFp8E4M3, .kv_memory_fraction = 0.05,
-                                  .attention_block = Use::kAfterQkv, .attention_block_key_stages = 4});
-  EXPECT_NE(engine.status().code(), absl::StatusCode::kInvalidArgument) << engine.status();
-}
-
-TEST(CudaEngineOptionsTest, StreamFfnFromTwoRowsAndALastChunkOfTheRuleOrMore) {
-  TAILSERVE_REQUIRE_SHARED();
-  for (const auto& [min_rows, last] : std::vector<std::pair<int, int>>{{1, -1}, {0, 0}, {9, -2}}) {
-    auto engine = CudaEngine::Load(testing::ReferenceDir("qwen2-bias-tied"),
-                                   {.stream_ffn_min_rows = min_rows, .stream_ffn_last_chunk = last});
-    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << min_rows << " rows, last " << last;
-  }
-  for (int qkv_chunks : {-1, 5}) {
-    auto engine = CudaEngine::Load(testing::ReferenceDir("qwen2-bias-tied"), {.stream_qkv_chunks = qkv_chunks});
-    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << qkv_chunks << " q/k/v chunks";
+  std::vector<cuda::DecodeTuning> bad(5);
+  bad[0].stream_min_rows = 1;
+  bad[1].stream_qkv_chunks = -1;
+  bad[2].stream_ffn_chunks = -1;
+  bad[3].attention_splits = 0;
+  bad[4].in_situ_candidates = 0;
+  for (size_t i = 0; i < bad.size(); ++i) {
+    auto engine = CudaEngine::Load(testing::ReferenceDir("qwen2-bias-tied"), {.tuning = bad[i]});
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument) << "case " << i << ": " << engine.status();
   }
 }
 
 std::string BatchCaseName(const ::testing::TestParamInfo<BatchCase>& info) {
-  static const char* kNames[] = {"OneStream",  "Halves",    "FusedBlock",    "BlockAfterQkv",
-                                 "BlockLateO", "StreamFfn", "StreamFfnLast", "StreamQkv", "NormTriggerFirst"};
+  static const char* kNames[] = {"OneStream", "Halves", "BlockAfterQkv", "StreamFfn", "StreamQkv"};
   return kNames[info.param];
 }
 INSTANTIATE_TEST_SUITE_P(Ffn, CudaEngineBatchTest,
-                         ::testing::Values(kOneStream, kHalves, kFusedBlock, kBlockAfterQkv, kBlockLateO, kStreamFfn,
-                                           kStreamFfnLast, kStreamQkv, kNormTriggerFirst),
+                         ::testing::Values(kOneStream, kHalves, kBlockAfterQkv, kStreamFfn, kStreamQkv),
                          BatchCaseName);
 
 // The worker loads the engine on its main thread and steps it on the scheduler's, and the current
