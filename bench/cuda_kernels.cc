@@ -352,7 +352,7 @@ absl::Status BenchCeilings(const Shape& m, int vocab, int reps, cudaStream_t s) 
     if (!b->ok()) return b->status();
   }
   // Timed on the stream, not in a graph: captured, the same copy read 2.77 TB/s on the H200
-  // against ../shared/gpu/README.md's 4.26 (2026-12-06).
+  // against the H200's 4.26 that ../shared/gpu/README.md gives.
   const int copy_reps = std::max(2, reps / 10);
   absl::StatusOr<CudaEvent> start = MakeEvent(), stop = MakeEvent();
   if (!start.ok()) return start.status();
@@ -1002,7 +1002,7 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     }
     // One stream of StreamGemm launches: gate/up in 2 k chunks, SwiGLU adding them, down in
     // `down_chunks`; programmatic, each one's W copies run while its predecessor finishes (the
-    // four projections chained that way beat cuBLASLt's by 4 µs, bench/CUDA_NOTES.md 12-03 (24)).
+    // four projections chained that way beat cuBLASLt's by 4 µs, docs/cuda-decode.md).
     for (int variant : {1, 4}) {
       for (int down_chunks : {2, 4}) {
         for (bool overlap : {false, true}) {
@@ -1063,7 +1063,7 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
     if (!cuda::StreamFfnSplits(f, 4)) continue;
     // On an eighth of the SMs the DRAM leaves each SM far more than it takes (a bare ring: 88-158
     // GB/s an SM, --ring-probe), so an item's rate shows what one SM's pipeline does; on half an
-    // H100's, the DRAM's ~45 GB/s an SM caps a fast pipeline (bench/CUDA_NOTES.md 12-06 (50)).
+    // H100's, the DRAM's ~45 GB/s an SM caps a fast pipeline (docs/cuda-decode.md).
     for (int ctas : {sms / 8, sms / 2}) {
       for (int k_boxes : {1, 2, 4}) {
         if (absl::Status e = timeline(4, 3, k_boxes, 0, 1, ctas, 0); !e.ok()) return e;
@@ -1086,8 +1086,8 @@ absl::Status BenchMlpBranches(const Shape& m, const std::vector<int>& rows_list,
 // chunks, one launch: the in-situ pick uses 96 of 132 SMs on the H200) against the same W split
 // by output columns into two parts started together on two streams (the FFN halves' trick), each
 // part two k chunks into its own partials. Constant data: only time. Measured (H100, 16 rows):
-// the parts 20.9-23.0 µs against one launch's 19.9, and the engine's two-part q/k/v (an option of
-// the forty-sixth session, deleted) lost 0.03-0.04 ms at b16 (bench/CUDA_NOTES.md 12-06 (46)).
+// the parts 20.9-23.0 µs against one launch's 19.9, and the engine's two-part q/k/v (an engine
+// option, deleted) lost 0.03-0.04 ms at b16 (docs/cuda-decode.md).
 absl::Status BenchQkvBranches(const Shape& m, const std::vector<int>& rows_list, int reps) {
   const int h = m.hidden, n = (m.heads + 2 * m.kv_heads) * m.head_dim;
   // Both at the default priority, as the engine's main and side streams.
@@ -1172,7 +1172,7 @@ absl::Status BenchQkvBranches(const Shape& m, const std::vector<int>& rows_list,
 // the engine's path for the same partials: GemmRunner::RunSplitK's two chunks, tuned over the
 // weight copies as the engine tunes over its layers. Both over rotating copies of W (past L2).
 // Each variant runs with each ring size of rings_kb (0: the whole 227 KB): a smaller ring leaves
-// room on the SM for another kernel's CTA (bench/CUDA_NOTES.md, the attention beside q/k/v).
+// room on the SM for another kernel's CTA (docs/cuda-decode.md, the attention beside q/k/v).
 absl::Status BenchStreamGemm(const Shape& m, const std::vector<int>& rows_list, const std::vector<int>& rings_kb,
                              int reps, cudaStream_t s) {
   const std::vector<Projection> projections = Projections(m);

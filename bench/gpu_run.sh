@@ -28,7 +28,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 if [ "$MODE" = check ] || [ "$MODE" = tests ]; then
   echo "== GPU tests"
   # Bounded: a persistent kernel that waits on other CTAs (StreamFfn's test) would hang rather than fail.
-  timeout 240 $R tailserve_cuda_tests > "$OUT/cuda_tests.log" 2>&1
+  timeout "${TESTS_TIMEOUT:-360}" $R tailserve_cuda_tests > "$OUT/cuda_tests.log" 2>&1
   echo "exit code $? (124: timed out), ${SECONDS} s into the run"
   grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|worst rel|PASSED|FAILED TEST" "$OUT/cuda_tests.log" | head -60
   echo "== compute-sanitizer (memcheck) on the kernel tests"

@@ -1,5 +1,5 @@
-// How fast the decode attention's KV reads can go, by layout (bench/CUDA_NOTES.md, sixteenth
-// session): each warp streams 16-key tiles of one KV head through a two-stage cp.async ring, as
+// How fast the decode attention's KV reads can go, by layout (docs/cuda-decode.md):
+// each warp streams 16-key tiles of one KV head through a two-stage cp.async ring, as
 // the tensor-core attention does, and only touches the bytes. Layouts of a 16-slot block:
 //   slot-major [slot][kv_head][dim] (the engine's cache): a head's 16 keys are 128-byte pieces
 //     kv_heads · head_dim bytes apart;

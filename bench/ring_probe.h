@@ -1,7 +1,7 @@
 #pragma once
 // The kernel bench's --ring-probe: what one CTA's TMA ring streams an SM, from a bare ring up to
 // StreamFfn's gate/up items one piece at a time, to find what sets the fixed cost a stage that
-// caps StreamFfn's per-SM rate (bench/CUDA_NOTES.md 12-06 (49), (50)).
+// caps StreamFfn's per-SM rate (docs/cuda-decode.md).
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 

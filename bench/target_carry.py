@@ -7,7 +7,7 @@ and bench_8b.md from `bash bench/gpu_run.sh bench8b`, both run on the same card 
 Two carries, both printed: (A) the same fraction of the card's copy roofline (the target scaled by
 its copy bandwidth against the H200's 4.26 TB/s), and (B) the same µs over a pure read of the
 step's bytes (the H200 target plus the difference of the two cards' pure reads). (A) is lenient
-when the step's overhead is latency, the same µs on both cards, as the forty-eighth session's
+when the step's overhead is latency, the same µs on both cards, as the H100 and H200
 traces found; (B) keeps that overhead. A pure read is 32 layers of q/k/v + o + FFN and the LM head
 at the read times in ceilings.md, plus the rest of the step's bytes (mostly KV) at the FFN's rate.
 """
@@ -15,7 +15,7 @@ import re
 import sys
 
 H200_COPY_TBS = 4.26
-# The H200's read of each op's bytes (`kernels --ceilings`, bench/RESULTS.md, forty-eighth session).
+# The H200's read of each op's bytes (`kernels --ceilings`, bench/RESULTS.md).
 H200_READ_US = {'o': 10.1, 'q/k/v': 12.7, 'FFN (gate/up + down)': 78.7, 'LM head': 232.0}
 H200_FFN_TBS = 4.48
 TARGETS_MS = {1: 3.9, 16: 4.4, 64: 5.5}  # 8B shape, 512 tokens of context (issue 5)

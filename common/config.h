@@ -64,7 +64,7 @@ struct RouterConfig {
   std::string model_path;
 };
 
-// Defaults: fitted to the CUDA engine (v21) on an H200, Llama-3.1-8B shape, FP8 KV (bench/RESULTS.md).
+// Defaults: fitted to the CUDA engine on an H200, Llama-3.1-8B shape, FP8 KV (bench/RESULTS.md).
 struct SimBackendConfig {
   double step_base_ms = 3.83;            // a
   double step_per_sequence_ms = 0.018;   // b

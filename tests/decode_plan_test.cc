@@ -53,9 +53,13 @@ TEST(DecodePlanTest, SixteenRowsOfThe8BStreamTheirProjections) {
   EXPECT_TRUE(p.norm_triggers_qkv_early());
   EXPECT_TRUE(p.norm_triggers_ffn_early());
   EXPECT_EQ(p.Describe(k8B),
-            "decode 16 rows: rmsnorm (early trigger) > stream_gemm q/k/v (4 k chunks, variant 4) > attention_block "
-            "(attention + o) > rmsnorm (early trigger) > stream_ffn (4 down chunks, last 3 of 2560 features); "
-            "attention 1 split, 16 warps, writes new K/V; programmatic launches");
+            "decode 16 rows: embed | each layer: rmsnorm (early trigger) > stream_gemm q/k/v (4 k chunks, variant 4) "
+            "> attention_block (attention + o, writes new K/V) > rmsnorm (early trigger) > stream_ffn (4 down "
+            "chunks, the last 3 of 2560 features) | rmsnorm > cublaslt lm_head > sample; programmatic launches");
+  EXPECT_EQ(Decode(1).Describe(k8B),
+            "decode 1 row: embed | each layer: gemv q/k/v (+norm, rope) > paged_attention (16 splits, 4 warps, "
+            "cluster merge, writes new K/V) > gemv o > gemv gate/up (+norm, swiglu) > gemv down | gemv lm_head "
+            "(+norm) > sample; programmatic launches");
 }
 
 TEST(DecodePlanTest, EachBucketOfThe8BTakesItsRange) {
@@ -111,7 +115,7 @@ TEST(DecodePlanTest, MoeAndFp16CachesKeepTheirOwnPaths) {
   const StepPlan m16 = Decode(16, moe);
   EXPECT_EQ(m16.stream_ffn_chunks, 0);
   EXPECT_FALSE(m16.ffn_halves);
-  EXPECT_NE(m16.Describe(moe).find("moe (router, 8 experts"), std::string::npos) << m16.Describe(moe);
+  EXPECT_NE(m16.Describe(moe).find("moe (router, then each of 8 experts"), std::string::npos) << m16.Describe(moe);
   PlanModel fp16 = k8B;
   fp16.kv_dtype = KvDtype::kFp16;
   const StepPlan f = Decode(16, fp16);

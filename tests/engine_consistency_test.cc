@@ -1,50 +1,22 @@
-// The CPU engine's own consistency on synthetic MoE and dense checkpoints: a prompt prefilled in one
-// Forward and then decoded a token at a time gives the logits a teacher-forced Forward over the
-// same tokens gives, and a sequence batched with others gives what it gives alone, at prompt
-// lengths around every chunk and capacity boundary (powers of two, 128) and several expert counts.
+// The CPU engine's own consistency on synthetic MoE and dense checkpoints (the shape of issue 66's
+// MoE report, tests/synthetic_checkpoints.h): a prompt prefilled in one Forward and then decoded a
+// token at a time gives the logits a teacher-forced Forward over the same tokens gives, and a
+// sequence batched with others gives what it gives alone, at prompt lengths around every chunk and
+// capacity boundary and several expert counts.
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
-#include <map>
-#include <random>
 
-#include "tools/checkpoint/checkpoint_maker.h"
+#include "tests/synthetic_checkpoints.h"
 #include "worker/backends/cpu/cpu_engine.h"
 
 namespace tailserve {
 namespace {
 
-constexpr int kVocab = 1536;
-const int kPromptLengths[] = {1, 2, 3, 15, 16, 17, 63, 64, 65, 127, 128, 129, 130, 255, 256, 257, 400};
-
-// The issue's checkpoint shape: Mixtral-style, top-2, hidden 256, head_dim 32, 2 layers, vocab
-// 1536; `experts` 0 makes it dense. Written once per expert count for the whole test binary.
-const std::string& Checkpoint(int experts) {
-  static std::map<int, std::string> dirs;
-  auto it = dirs.find(experts);
-  if (it != dirs.end()) return it->second;
-  ModelConfig c;
-  c.arch = experts > 0 ? Architecture::kMixtral : Architecture::kLlama;
-  c.vocab_size = kVocab;
-  c.hidden_size = 256, c.intermediate_size = 512, c.num_layers = 2, c.num_heads = 8, c.num_kv_heads = 2;
-  c.head_dim = 32, c.max_position = 1024, c.rope.theta = 1e6;
-  if (experts > 0) c.num_experts = experts, c.experts_per_token = 2;
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("tailserve_consistency_" + std::to_string(::getpid()) + "_" + std::to_string(experts)))
-                              .string();
-  std::filesystem::remove_all(dir);
-  const absl::Status s = WriteCheckpoint({.config = c, .seed = 11}, dir);
-  EXPECT_TRUE(s.ok()) << s;
-  return dirs[experts] = dir;
-}
-
-std::vector<int32_t> Prompt(int length, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(length));
-  for (int32_t& x : t) x = static_cast<int32_t>(rng() % kVocab);
-  return t;
-}
+using testing::BoundaryPromptLengths;
+using testing::SyntheticCheckpoint;
+using testing::SyntheticPrompt;
+constexpr int kVocab = testing::kSyntheticVocab;
 
 double RelL2(const float* a, const float* b, size_t n) {
   double num = 0, den = 0;
@@ -62,12 +34,12 @@ class StepConsistencyTest : public ::testing::TestWithParam<int> {};
 // Prefill in one Forward, then 6 greedy tokens one at a time (as Engine::Step runs them), against
 // one teacher-forced Forward over prompt + the generated tokens.
 TEST_P(StepConsistencyTest, DecodeAfterPrefillEqualsFullForward) {
-  auto engine = CpuEngine::Load(Checkpoint(GetParam()));
+  auto engine = CpuEngine::Load(SyntheticCheckpoint(GetParam()));
   ASSERT_TRUE(engine.ok()) << engine.status();
   Sampling greedy;
   uint64_t id = 1;
-  for (int length : kPromptLengths) {
-    std::vector<int32_t> tokens = Prompt(length, 100 + length);
+  for (int length : BoundaryPromptLengths()) {
+    std::vector<int32_t> tokens = SyntheticPrompt(length, 100 + length);
     std::vector<std::vector<float>> step_logits;
     for (int step = 0; step < 6; ++step) {
       StepSequence s{id, &tokens, length, step == 0 ? 0 : static_cast<int32_t>(tokens.size()) - 1, &greedy};
@@ -92,7 +64,7 @@ TEST_P(StepConsistencyTest, DecodeAfterPrefillEqualsFullForward) {
 // Two sequences of different prompt lengths stepped together with Engine::Step give the tokens
 // each gives alone.
 TEST_P(StepConsistencyTest, BatchedStepsEqualAlone) {
-  auto engine = CpuEngine::Load(Checkpoint(GetParam()));
+  auto engine = CpuEngine::Load(SyntheticCheckpoint(GetParam()));
   ASSERT_TRUE(engine.ok()) << engine.status();
   Sampling greedy;
   auto generate = [&](std::vector<std::vector<int32_t>> prompts, uint64_t first_id) {
@@ -111,8 +83,8 @@ TEST_P(StepConsistencyTest, BatchedStepsEqualAlone) {
     return tokens;
   };
   uint64_t id = 1000;
-  for (int length : kPromptLengths) {
-    const std::vector<int32_t> a = Prompt(length, 7 + length), b = Prompt(length / 2 + 3, 9 + length);
+  for (int length : BoundaryPromptLengths()) {
+    const std::vector<int32_t> a = SyntheticPrompt(length, 7 + length), b = SyntheticPrompt(length / 2 + 3, 9 + length);
     const auto together = generate({a, b}, id);
     id += 2;
     const auto alone_a = generate({a}, id++);

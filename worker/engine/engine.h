@@ -1,7 +1,6 @@
 #pragma once
 // The backend interface the worker scheduler drives. The scheduler owns slots and sequences; the
-// backend owns its cache layout. Backends: sim (cost model), cpu (fp32 reference),
-// later cuda.
+// backend owns its cache layout. Backends: sim (cost model), cpu (fp32 reference), cuda.
 #include <cstdint>
 #include <limits>
 #include <optional>

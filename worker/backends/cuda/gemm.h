@@ -36,7 +36,7 @@ class GemmRunner {
   // vectors), one strided-batched GEMM writing each chunk's product, fp32 [rows, n], to
   // partials + s · partial_stride: a consumer that reads Y anyway sums them (kernels/partials.h).
   // cuBLASLt's own split-K adds a reduce kernel after the GEMM; at 16-64 rows two chunks also
-  // stream W faster than any configuration of the whole (bench/CUDA_NOTES.md). Returns the chunks
+  // stream W faster than any configuration of the whole (docs/cuda-decode.md). Returns the chunks
   // written.
   absl::StatusOr<int> RunSplitK(const __half* x, int rows, int k, const __half* w, int n, int splits, float* partials,
                                 int64_t partial_stride, int ldw = 0);

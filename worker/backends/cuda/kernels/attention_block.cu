@@ -169,8 +169,8 @@ constexpr int kNewKvBarrier = 2;  // the new K/V's encoding warp and the writer 
 // loads (two of 16 B at head_dim 128, against 16 loads of 2 B), conflict-free at the 8B row stride.
 // Each n-tile's products go into two accumulators (even and odd chunks): two mma chains of
 // HD/32 instead of one of HD/16, since a decode warp's tile compute is latency-bound. Measured
-// (H100, 16 rows, 512 tokens): a tile's compute 1700-1875 → 1535-1700 SM cycles (bench/CUDA_NOTES.md,
-// 12-05 (43)).
+// (H100, 16 rows, 512 tokens): a tile's compute 1700-1875 → 1535-1700 SM cycles
+// (docs/cuda-decode.md).
 template <KvDtype D, int HD>
 __device__ __forceinline__ void DecodeQkScores(const uint8_t* ks, const uint32_t (&qa)[HD / 16][2], float (&sc)[2][4]) {
   constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
@@ -378,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // (4 µs in flight on the slowest CTAs against 1.3). Those warps copy their last tile first,
     // into an aux stage of their own (aux is idle until o with q/k/v given and two key stages);
     // the loop's refill that would have copied it commits an empty group. With the new K/V encoded
-    // off the writer: keys computed max 18.7 → 14.6 µs on the H100 (bench/CUDA_NOTES.md, 12-05 (43)).
+    // off the writer: keys computed max 18.7 → 14.6 µs on the H100 (docs/cuda-decode.md).
     const int row_tiles = attends ? (end - begin + kKeys - 1) / kKeys : 0;
     const bool last_early = given && p.key_stages == 2 && row_tiles / kWarps >= 2 &&
                             row_tiles % kWarps > warp &&

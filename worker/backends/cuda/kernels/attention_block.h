@@ -4,7 +4,7 @@
 // into the cache, as PagedAttention with new_kv does), and x += attention · W_oᵀ.
 //
 // Why one launch: at batch 16 the three kernels cost the 8B step ~44 µs a layer for ~24 µs of
-// bytes (bench/CUDA_NOTES.md). cuBLASLt's q/k/v never lets a follower start early, so the
+// bytes (docs/cuda-decode.md). cuBLASLt's q/k/v never lets a follower start early, so the
 // attention's CTAs load their keys only after it, and o streams its weights only after the
 // attention. Here the work splits by KV-head group g: S CTAs of group g each compute a slice of
 // g's q/k/v columns (its query heads, its K and V head) over all rows; once all S have counted
@@ -14,12 +14,12 @@
 // warp streamed into the ring during the attention, and adds the result into x (fp32 atomics:
 // the groups' sums land in any order). Per-group counters in the workspace replace the two grid
 // boundaries; every CTA of the grid is resident at once (one an SM, kv_heads · S ≤ SMs), so the
-// waits always end. Measured on the H200 (bench/CUDA_NOTES.md, 12-04 (35)): slower than the three
+// waits always end. Measured on the H200 (docs/cuda-decode.md): slower than the three
 // kernels (8B, 16 rows, 512 tokens: 50-59 µs against 45), because its q/k/v phase streams W at
 // ~2 TB/s, while its attention and o phases took ~19.5 µs where PagedAttention and cuBLASLt's o
 // take ~29. Hence a second form: q/k/v given (AttentionBlockArgs::qkv_parts, cuBLASLt's split-K
-// outputs), the launch doing the attention and o only. The engine runs either only when asked
-// (CudaEngineOptions::attention_block).
+// outputs), the launch doing the attention and o only: the engine's path at 4-16 rows
+// (DecodeTuning::attention_block).
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
@@ -71,8 +71,8 @@ struct AttentionBlockArgs {
   // (its block-table entry loaded, the copies out), landed (the wait for it done), computed, and
   // then not a time: the compute's SM cycles (clock64; %globaltimer ticks too coarsely for ~1 µs).
   uint64_t* timeline = nullptr;
-  // Knobs the kernel bench sweeps to find what holds the q/k/v phase (bench/CUDA_NOTES.md, 12-04
-  // (36)); the defaults are the measured design. early_key_tiles: 0-2 key tiles a warp copied at
+  // Knobs the kernel bench sweeps to find what holds the q/k/v phase (docs/cuda-decode.md); the
+  // defaults are the measured design. early_key_tiles: 0-2 key tiles a warp copied at
   // the kernel's start (the rest of the first two after the q/k/v phase); ring_stages: q/k/v's
   // ring stages (24 KB of W each at the 8B shape), 2-4, or with no early key tiles up to 6 at
   // head_dim 128 (5 at 64), the key buffers holding the extra ones; wide_boxes: one 48-row TMA box
@@ -95,7 +95,7 @@ struct AttentionBlockArgs {
   // o_waits_for_keys (q/k/v given; ignored otherwise): W_o's stream starts only once every
   // consumer warp has issued its last key tile, so that a CTA asks the DRAM for its keys (and the
   // RoPE for q) before the 128 KB of W_o its ring takes, rather than beside them. Kernel bench
-  // (H100, 2026-12-05): q/k/v + block 16 rows 55.3 → 52.5 µs, 8 rows 51.8 → 49.2; its first key
+  // (H100): q/k/v + block 16 rows 55.3 → 52.5 µs, 8 rows 51.8 → 49.2; its first key
   // tile lands 4.4 µs after it is asked for instead of 11.
   bool o_waits_for_keys = true;
 };

@@ -2,7 +2,7 @@
 // A copy done by a kernel instead of the copy engine: for the decode graph's inputs and clamp
 // count, which live in mapped pinned host memory. Inside a graph a kernel copy costs about a
 // launch; the copy-engine nodes it replaces added ~10 µs each to a step's replay
-// (bench/CUDA_NOTES.md). The kernel lets a programmatically launched follower start at once.
+// (docs/cuda-decode.md). The kernel lets a programmatically launched follower start at once.
 #include <cuda_runtime_api.h>
 
 #include <cstddef>

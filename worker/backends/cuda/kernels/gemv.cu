@@ -117,7 +117,7 @@ __device__ __forceinline__ void GemvBody(const GemvArgs& a, int preload) {
   }
   // Launched programmatically (overlap_previous), the CTAs are resident when the previous kernel
   // ends: ~0.3 µs a kernel boundary at batch 1 (8B: 4.18 → 4.14 ms). Prefetching W into L2 before
-  // the wait did not help (bench/CUDA_NOTES.md); shared memory cannot be evicted.
+  // the wait did not help (docs/cuda-decode.md); shared memory cannot be evicted.
   GridDependencyWait();
   TriggerDependents();  // a programmatic follower fills SMs as CTAs finish
   float acc0 = 0.0f, acc1 = 0.0f;
@@ -291,7 +291,7 @@ absl::Status Gemv(const GemvArgs& a, cudaStream_t stream) {
   // the start, no tail wave), or where even no split overflows a wave, the finest (a short tail)
   // that still leaves each lane two steps of W loads. On the 8B shape that is 2 for q/k/v, o and
   // down, 8 for gate/up: 4.42 → 4.23 ms a step. The 1B's k = 2048 takes 4 for gate/up and the LM
-  // head, where 8 left a lane one step (bench/CUDA_NOTES.md). Every split forced on every 8B
+  // head, where 8 left a lane one step (docs/cuda-decode.md). Every split forced on every 8B
   // projection (`tailserve-bench-kernels --gemv-splits`, 12-03): this one is the fastest.
   absl::StatusOr<int> wave = GemvWave();
   if (!wave.ok()) return wave.status();

@@ -11,7 +11,7 @@
 // - SwiGLU, when W's rows interleave gate and up (row 2i gate i, row 2i + 1 up i);
 // - RoPE of the q and k heads (decode's q/k/v projection; the attention then writes the new K/V).
 // Two or more rows go to cuBLASLt: every extra row re-reads x per W vector from L1, and at 8 rows
-// the 8B step took 15.0 ms here against 4.9 through cuBLASLt (bench/CUDA_NOTES.md).
+// the 8B step took 15.0 ms here against 4.9 through cuBLASLt (docs/cuda-decode.md).
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 

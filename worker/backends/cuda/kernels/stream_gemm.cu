@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // consumer warps wait here; launched programmatically, the producer first copies the W of a
   // whole ring of stages (W is constant, the counter is this launch's own), then waits and copies
   // their X. The producer's whole warp skips this wait: with its idle lanes waiting here, lane 0's
-  // copies before the wait were held back (bench/CUDA_NOTES.md 12-03 (24): skipping it took the
+  // copies before the wait were held back (docs/cuda-decode.md: skipping it took the
   // programmatic chain of the four projections to 111.4 µs, plain 122.2, cuBLASLt 115.5).
   // Triggering at once lets a programmatic follower take each SM this grid leaves (the idle lanes
   // trigger without waiting: a follower waits for this whole grid before it reads anything).
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep_policy));
       uint64_t empty_wait = 0;  // cycles spent waiting for a free stage (the timeline's)
       // One copy a stage for W and one for X (maps from MapBoxes), and no division: the producer
-      // lane's issue is what sets a stage's fixed cost (bench/CUDA_NOTES.md 12-06 (50): a bare
+      // lane's issue is what sets a stage's fixed cost (docs/cuda-decode.md: a bare
       // ring streams 53-144 GB/s an SM, and each per-stage step added to it slows it).
       auto load_x = [&](int s, const Item& it, int kb) {
         TmaLoadBoxes(ring + s * kStageBytes + KB * C::kWBoxBytes, it.kind == kDown ? &x2_map : &x_map,

@@ -3,17 +3,17 @@
 // K_c, partials + c · partial_stride receives fp32 [rows, n] = X[:, K_c] · W[:, K_c]ᵀ (X fp16
 // [rows, k], W fp16 [n, k], the HF nn.Linear layout). The consumer that reads the projection
 // anyway adds the chunks (RoPE, the next RMSNorm: kernels/partials.h), as it does for
-// GemmRunner::RunSplitK. The engine's q/k/v at 3-16 rows (CudaEngineOptions::stream_qkv_chunks),
+// GemmRunner::RunSplitK. The engine's q/k/v at 3-16 rows (DecodeTuning::stream_qkv_chunks),
 // launched programmatically after the norm so that its W streams during the norm: once the
-// producer's per-stage issue was trimmed (bench/CUDA_NOTES.md 12-06 (50)) it beat cuBLASLt there
-// (12-06 (51)); before, it tied or lost (12-03 (22), (24)), as it still does for o and the LM head.
+// producer's per-stage issue was trimmed it beat cuBLASLt there; before, it tied or lost, as it
+// still does for o and the LM head (docs/cuda-decode.md).
 // `tailserve-bench-kernels --stream-gemm / --lm-head / --mlp-branches` measure it and StreamFfn.
 //
 // One persistent CTA an SM: a producer warp issuing TMA copies (W: 64 or 128 columns × 64 k, X:
 // 16 rows × 64 k, 128-byte swizzle; 1, 2 or 4 such boxes a stage) into a ring of shared-memory stages on mbarriers, four consumer warps
 // on the tensor cores (ldmatrix + mma.sync). Work items are (64-column tile, k chunk) pairs taken
 // from a counter in the workspace as a CTA's producer gets to them: an item writes its own
-// partial, so no CTA waits on another's (design G, bench/CUDA_NOTES.md, lost its short
+// partial, so no CTA waits on another's (design G, docs/cuda-decode.md, lost its short
 // projections to static stream-K spans and the split tiles' fixup), and an SM that streams slower
 // simply takes fewer items. The producer runs on into the next item while the consumers finish
 // one, so the ring does not drain between items.
@@ -72,7 +72,7 @@ inline constexpr int kStreamFfnHalfRingBytes = 110 * 1024;
 // in one order from one counter (at lag 2: gate/up of groups 0, 1, 2, then down 0, gate/up 3,
 // down 1, ...), so a down item's features were taken `lag` groups earlier, and no boundary, SwiGLU
 // kernel or ramp sits between gate/up and down. The engine's FFN at 3-16 rows
-// (CudaEngineOptions::stream_ffn_chunks; bench/CUDA_NOTES.md 12-06 (50), (51)).
+// (DecodeTuning::stream_ffn_chunks; docs/cuda-decode.md).
 // No deadlock whatever the CTAs resident at once (one CTA, or fewer SMs than CTAs): an item is
 // only ever held by a running CTA, which copies all of an item's stages before it takes the next,
 // and a down item waits only on gate/up items taken before it.
@@ -95,7 +95,7 @@ struct StreamFfnArgs {
   // every chunk's features is taken). A stage costs a fixed time beside its bytes: at 2 boxes an
   // item streams at ~26 GB/s an SM on the H100 and the H200 alike, short of the H200's ~34; on half
   // an H100's SMs (room in the DRAM for each) 1 / 2 / 4 boxes stream at 17 / 27 / 42 GB/s an SM
-  // (bench/CUDA_NOTES.md 12-06 (48)).
+  // (docs/cuda-decode.md).
   int k_boxes = 2;
   // Features of each of the last `last_chunks` chunks (0: ffn / chunks, as the others'); the other
   // chunks share the rest equally. Smaller last chunks shorten the launch's tail: the CTAs end

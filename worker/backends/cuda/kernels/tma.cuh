@@ -52,7 +52,7 @@ __device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int k
 }
 // `boxes` such tiles in a row along k in one copy (a map from MapBoxes), landing one after
 // another: a copy per stage instead of one per box, since the producer lane's issue is what caps
-// a ring's rate (bench/CUDA_NOTES.md 12-06 (50)). k_box: the first tile's k / kBoxK.
+// a ring's rate (docs/cuda-decode.md). k_box: the first tile's k / kBoxK.
 __device__ __forceinline__ void TmaLoadBoxes(void* dst, const CUtensorMap* map, int k_box, int row0, uint64_t* bar,
                                              uint64_t policy) {
   asm volatile(

@@ -105,49 +105,48 @@ StepPlan PlanStep(int rows, bool decode, const PlanModel& m, const DeviceLimits&
 }
 
 std::string StepPlan::Describe(const PlanModel& m) const {
-  std::string s = absl::StrCat(decode ? "decode " : "prefill ", rows, rows == 1 ? " row:" : " rows:");
+  std::string s = absl::StrCat(decode ? "decode " : "prefill ", rows, rows == 1 ? " row" : " rows",
+                               ": embed | each layer: ");
+  const std::string attention =
+      absl::StrCat("paged_attention (", attention_splits, attention_splits == 1 ? " split" : " splits", ", ",
+                   attention_warps, " warps", cluster_merge ? ", cluster merge" : "", new_kv ? ", writes new K/V" : "",
+                   ")");
   if (fused_gemv) {
-    absl::StrAppend(&s, " gemv q/k/v", new_kv ? " (+rope)" : "", new_kv ? "" : " > rope_kv_write");
+    absl::StrAppend(&s, "gemv q/k/v", new_kv ? " (+norm, rope) > " : " (+norm) > rope_kv_write > ", attention,
+                    " > gemv o > gemv gate/up (+norm, swiglu) > gemv down");
   } else {
-    absl::StrAppend(&s, " rmsnorm", norm_triggers_qkv_early() ? " (early trigger)" : "");
+    absl::StrAppend(&s, "rmsnorm", norm_triggers_qkv_early() ? " (early trigger)" : "");
     if (stream_qkv_chunks > 0) {
       absl::StrAppend(&s, " > stream_gemm q/k/v (", stream_qkv_chunks, " k chunks, variant ", stream_qkv_variant, ")");
     } else {
       absl::StrAppend(&s, " > cublaslt q/k/v", split_k ? " (split-k 2)" : "");
     }
-    if (!new_kv) absl::StrAppend(&s, " > rope_kv_write");
-  }
-  if (attention_block) {
-    absl::StrAppend(&s, " > attention_block (attention + o)");
-  } else {
-    absl::StrAppend(&s, " > paged_attention");
-    if (fused_gemv) {
-      absl::StrAppend(&s, " > gemv o");
+    if (attention_block) {
+      absl::StrAppend(&s, " > attention_block (attention + o, writes new K/V)");
     } else {
-      absl::StrAppend(&s, " > cublaslt o", split_k ? " (split-k 2)" : "");
+      absl::StrAppend(&s, new_kv ? "" : " > rope_kv_write", " > ", attention, " > cublaslt o",
+                      split_k ? " (split-k 2)" : "");
     }
-  }
-  if (fused_gemv) {
-    absl::StrAppend(&s, " > gemv gate/up+swiglu > gemv down");
-  } else {
     absl::StrAppend(&s, " > rmsnorm", norm_triggers_ffn_early() ? " (early trigger)" : "");
     if (stream_ffn_chunks > 0) {
       absl::StrAppend(&s, " > stream_ffn (", stream_ffn_chunks, " down chunks",
-                      stream_ffn_last_chunk > 0 ? absl::StrCat(", last ", kStreamFfnLastChunks, " of ",
+                      stream_ffn_last_chunk > 0 ? absl::StrCat(", the last ", kStreamFfnLastChunks, " of ",
                                                                stream_ffn_last_chunk, " features")
                                                 : "",
                       ")");
     } else if (m.experts > 0) {
-      absl::StrAppend(&s, " > moe (router, ", m.experts, " experts: cublaslt gate/up > swiglu > down > combine)");
+      absl::StrAppend(&s, " > moe (router, then each of ", m.experts,
+                      " experts: cublaslt gate/up > swiglu > cublaslt down > combine)");
     } else if (ffn_halves) {
-      absl::StrAppend(&s, " > ffn halves on two branches (cublaslt gate/up > swiglu > down, split-k 2)");
+      absl::StrAppend(&s, " > ffn halves on two graph branches (cublaslt gate/up > swiglu > cublaslt down, split-k 2)");
     } else {
       absl::StrAppend(&s, " > cublaslt gate/up > swiglu > cublaslt down", split_k ? " (split-k 2)" : "");
     }
   }
-  absl::StrAppend(&s, "; attention ", attention_splits, attention_splits == 1 ? " split" : " splits", ", ",
-                  attention_warps, " warps", cluster_merge ? ", cluster merge" : "",
-                  new_kv ? ", writes new K/V" : "", overlap_previous ? "; programmatic launches" : "");
+  if (decode) {
+    absl::StrAppend(&s, fused_gemv ? " | gemv lm_head (+norm)" : " | rmsnorm > cublaslt lm_head", " > sample");
+  }
+  if (overlap_previous) absl::StrAppend(&s, "; programmatic launches");
   return s;
 }
 
