@@ -13,18 +13,10 @@
 namespace tailserve {
 namespace {
 
+using testing::RelL2;
 using Case = testing::ReferenceCase;
 using testing::ExpectedLogits;
 using testing::LoadReferenceCases;
-
-double RelL2(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
 
 class ReferenceTest : public ::testing::TestWithParam<std::string> {};
 

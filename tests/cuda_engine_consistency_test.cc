@@ -108,31 +108,14 @@ TEST_P(CudaConsistencyTest, BatchedStepsEqualAlone) {
   REQUIRE_GPU();
   auto engine = Load(GetParam().prefill_chunk);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  Sampling greedy;
-  auto generate = [&](std::vector<std::vector<int32_t>> tokens, uint64_t first_id) {
-    std::vector<int32_t> prompt_lengths;
-    for (const auto& t : tokens) prompt_lengths.push_back(static_cast<int32_t>(t.size()));
-    for (int step = 0; step < kSteps; ++step) {
-      std::vector<StepSequence> batch;
-      for (size_t i = 0; i < tokens.size(); ++i) {
-        batch.push_back({first_id + i, &tokens[i], prompt_lengths[i],
-                         step == 0 ? 0 : static_cast<int32_t>(tokens[i].size()) - 1, &greedy});
-      }
-      std::vector<int32_t> next;
-      EXPECT_TRUE((*engine)->Step(batch, &next).ok());
-      for (size_t i = 0; i < tokens.size(); ++i) tokens[i].push_back(next[i]);
-    }
-    for (size_t i = 0; i < tokens.size(); ++i) (*engine)->Release(first_id + i);
-    return tokens;
-  };
   uint64_t id = 1000;
   int compared = 0, differing = 0;
   for (int length : BoundaryPromptLengths()) {
     const std::vector<int32_t> a = SyntheticPrompt(length, 7 + length), b = SyntheticPrompt(length / 2 + 3, 9 + length);
-    const auto together = generate({a, b}, id);
+    const auto together = testing::GenerateGreedy(**engine, {a, b}, id, kSteps);
     id += 2;
-    const auto alone_a = generate({a}, id++);
-    const auto alone_b = generate({b}, id++);
+    const auto alone_a = testing::GenerateGreedy(**engine, {a}, id++, kSteps);
+    const auto alone_b = testing::GenerateGreedy(**engine, {b}, id++, kSteps);
     compared += 2;
     for (const auto& [alone, batched] : {std::pair{&alone_a[0], &together[0]}, std::pair{&alone_b[0], &together[1]}}) {
       if (*alone == *batched) continue;

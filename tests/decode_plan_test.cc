@@ -152,5 +152,24 @@ TEST(DecodePlanTest, AttentionSplitsFillOneWaveAndNoMore) {
   EXPECT_EQ(cuda::AttentionRowTiles(33, 32, 8, /*runs=*/false, /*tensor_cores=*/true), 33);
 }
 
+TEST(DecodePlanTest, TuningOutOfRangeIsRefusedNamingTheField) {
+  EXPECT_TRUE(cuda::ValidateDecodeTuning({}).ok());
+  struct Bad {
+    DecodeTuning tuning;
+    const char* field;
+  };
+  for (const Bad& bad : {Bad{{.attention_splits = 0}, "attention_splits"},
+                         Bad{{.ffn_halves_min_bytes = -1}, "ffn_halves_min_bytes"},
+                         Bad{{.stream_min_rows = 1}, "stream_min_rows"},
+                         Bad{{.stream_qkv_chunks = -1}, "stream_qkv_chunks"},
+                         Bad{{.stream_ffn_chunks = -1}, "stream_ffn_chunks"},
+                         Bad{{.attention_block_min_rows = 0}, "attention_block_min_rows"},
+                         Bad{{.in_situ_candidates = 0}, "in_situ_candidates"}}) {
+    const absl::Status s = cuda::ValidateDecodeTuning(bad.tuning);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad.field;
+    EXPECT_NE(s.message().find(bad.field), std::string::npos) << s;
+  }
+}
+
 }  // namespace
 }  // namespace tailserve

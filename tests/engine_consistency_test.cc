@@ -7,25 +7,18 @@
 
 #include <cmath>
 
+#include "tests/reference_cases.h"
 #include "tests/synthetic_checkpoints.h"
 #include "worker/backends/cpu/cpu_engine.h"
 
 namespace tailserve {
 namespace {
 
+using testing::RelL2;
 using testing::BoundaryPromptLengths;
 using testing::SyntheticCheckpoint;
 using testing::SyntheticPrompt;
 constexpr int kVocab = testing::kSyntheticVocab;
-
-double RelL2(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
 
 int32_t Argmax(const float* row) { return static_cast<int32_t>(std::max_element(row, row + kVocab) - row); }
 
@@ -66,29 +59,13 @@ TEST_P(StepConsistencyTest, DecodeAfterPrefillEqualsFullForward) {
 TEST_P(StepConsistencyTest, BatchedStepsEqualAlone) {
   auto engine = CpuEngine::Load(SyntheticCheckpoint(GetParam()));
   ASSERT_TRUE(engine.ok()) << engine.status();
-  Sampling greedy;
-  auto generate = [&](std::vector<std::vector<int32_t>> prompts, uint64_t first_id) {
-    std::vector<std::vector<int32_t>> tokens = prompts;
-    for (int step = 0; step < 6; ++step) {
-      std::vector<StepSequence> batch;
-      for (size_t i = 0; i < tokens.size(); ++i) {
-        batch.push_back({first_id + i, &tokens[i], static_cast<int32_t>(prompts[i].size()),
-                         step == 0 ? 0 : static_cast<int32_t>(tokens[i].size()) - 1, &greedy});
-      }
-      std::vector<int32_t> next;
-      EXPECT_TRUE((*engine)->Step(batch, &next).ok());
-      for (size_t i = 0; i < tokens.size(); ++i) tokens[i].push_back(next[i]);
-    }
-    for (size_t i = 0; i < tokens.size(); ++i) (*engine)->Release(first_id + i);
-    return tokens;
-  };
   uint64_t id = 1000;
   for (int length : BoundaryPromptLengths()) {
     const std::vector<int32_t> a = SyntheticPrompt(length, 7 + length), b = SyntheticPrompt(length / 2 + 3, 9 + length);
-    const auto together = generate({a, b}, id);
+    const auto together = testing::GenerateGreedy(**engine, {a, b}, id, 6);
     id += 2;
-    const auto alone_a = generate({a}, id++);
-    const auto alone_b = generate({b}, id++);
+    const auto alone_a = testing::GenerateGreedy(**engine, {a}, id++, 6);
+    const auto alone_b = testing::GenerateGreedy(**engine, {b}, id++, 6);
     EXPECT_EQ(together[0], alone_a[0]) << GetParam() << " experts, prompt " << length;
     EXPECT_EQ(together[1], alone_b[0]) << GetParam() << " experts, prompt " << length;
   }

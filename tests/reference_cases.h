@@ -1,6 +1,7 @@
 #pragma once
 // The cases of a reference checkpoint (../shared/reference/<model>/expected.json) and the logits
 // transformers computed for them, as the CPU and CUDA backend tests read them.
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,16 @@
 #include "common/model/safetensors.h"
 
 namespace tailserve::testing {
+
+// ‖a − b‖ / ‖b‖ over n floats, in double.
+inline double RelL2(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
 
 struct ReferenceCase {
   std::vector<int32_t> prompt, greedy;

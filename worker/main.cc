@@ -58,18 +58,16 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const WorkerConfig& wc) {
   const SteadyTime start = SystemClock::Get().Now();
   if (wc.backend == "cuda") {
 #ifdef TAILSERVE_HAVE_CUDA
-    absl::StatusOr<KvDtype> kv = ParseKvDtype(wc.kv_cache_dtype);
-    if (!kv.ok()) return kv.status();
-    CudaEngineOptions o{.kv_dtype = *kv, .kv_memory_fraction = wc.kv_memory_fraction,
+    TAILSERVE_ASSIGN_OR_RETURN(const KvDtype kv, ParseKvDtype(wc.kv_cache_dtype));
+    CudaEngineOptions o{.kv_dtype = kv, .kv_memory_fraction = wc.kv_memory_fraction,
                         .max_sequences = std::max(256, wc.slots), .max_context = wc.max_context, .device = wc.cuda_device};
-    absl::StatusOr<std::unique_ptr<CudaEngine>> cuda = CudaEngine::Load(wc.model_path, o);
-    if (!cuda.ok()) return cuda.status();
-    LogLoaded((*cuda)->config(), wc.model_path, start);
-    for (const auto& [what, bytes] : (*cuda)->memory()) spdlog::info("device memory: {} {:.2f} GiB", what, bytes / double(1 << 30));
-    const EngineStats st = *(*cuda)->stats();
+    TAILSERVE_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> cuda, CudaEngine::Load(wc.model_path, o));
+    LogLoaded(cuda->config(), wc.model_path, start);
+    for (const auto& [what, bytes] : cuda->memory()) spdlog::info("device memory: {} {:.2f} GiB", what, bytes / double(1 << 30));
+    const EngineStats st = *cuda->stats();
     spdlog::info("KV cache: {} blocks of {} tokens ({}), graphs for batch buckets captured", st.kv_blocks_total,
-                 (*cuda)->options().block_size, wc.kv_cache_dtype);
-    return std::unique_ptr<Engine>(std::move(*cuda));
+                 cuda->options().block_size, wc.kv_cache_dtype);
+    return std::unique_ptr<Engine>(std::move(cuda));
 #else
     return absl::FailedPreconditionError("this build has no CUDA backend (configure with TAILSERVE_CUDA=ON)");
 #endif

@@ -35,28 +35,29 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   const ModelConfig& c = config_;
   const cuda::DecodeTuning& t = options_.tuning;
   if (options_.buckets.empty()) return absl::InvalidArgumentError("cuda: at least one batch bucket is needed");
-  if (t.attention_splits < 1 || t.stream_min_rows < 2 || t.stream_qkv_chunks < 0 || t.stream_ffn_chunks < 0 ||
-      t.attention_block_min_rows < 1 || t.in_situ_candidates < 1 || t.ffn_halves_min_bytes < 0) {
-    return absl::InvalidArgumentError(
-        "cuda: decode tuning out of range (attention splits and block rows from 1, stream rows from 2, chunks from 0, "
-        "in-situ candidates from 1)");
-  }
+  TAILSERVE_RETURN_IF_ERROR(cuda::ValidateDecodeTuning(t));
   std::sort(options_.buckets.begin(), options_.buckets.end());
   max_bucket_ = options_.buckets.back();
   max_rows_ = std::max(options_.prefill_chunk, max_bucket_);
   logit_rows_ = std::max(options_.logits_rows, max_bucket_);
   max_context_ = static_cast<int32_t>(options_.max_context > 0 ? std::min<int64_t>(options_.max_context, c.max_position)
                                                                : c.max_position);
-  kv_ = {.block_size = options_.block_size, .kv_heads = static_cast<int32_t>(c.num_kv_heads),
+  kv_ = {.block_size = options_.block_size,
+         .kv_heads = static_cast<int32_t>(c.num_kv_heads),
          .head_dim = static_cast<int32_t>(c.head_dim),
-         .max_blocks_per_seq = (max_context_ + options_.block_size - 1) / options_.block_size, .dtype = options_.kv_dtype};
+         .max_blocks_per_seq = (max_context_ + options_.block_size - 1) / options_.block_size,
+         .dtype = options_.kv_dtype};
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
 
   // What the plans need: the model, and what this device and the kernels allow.
-  plan_model_ = {.hidden = static_cast<int>(c.hidden_size), .ffn = static_cast<int>(c.intermediate_size),
-                 .heads = static_cast<int>(c.num_heads), .kv_heads = static_cast<int>(c.num_kv_heads),
-                 .head_dim = static_cast<int>(c.head_dim), .experts = static_cast<int>(c.num_experts),
-                 .sliding_window = static_cast<int>(c.sliding_window), .kv_dtype = options_.kv_dtype};
+  plan_model_ = {.hidden = static_cast<int>(c.hidden_size),
+                 .ffn = static_cast<int>(c.intermediate_size),
+                 .heads = static_cast<int>(c.num_heads),
+                 .kv_heads = static_cast<int>(c.num_kv_heads),
+                 .head_dim = static_cast<int>(c.head_dim),
+                 .experts = static_cast<int>(c.num_experts),
+                 .sliding_window = static_cast<int>(c.sliding_window),
+                 .kv_dtype = options_.kv_dtype};
   TAILSERVE_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&limits_.sm_count, cudaDevAttrMultiProcessorCount, options_.device));
   TAILSERVE_ASSIGN_OR_RETURN(const int per_sm, cuda::AttentionCtasPerSm({.heads = plan_model_.heads}, kv_));
@@ -77,13 +78,15 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   memory_["weights"] = weights_.bytes;
   const int table_rows = options_.max_sequences + 1;
   TAILSERVE_ASSIGN_OR_RETURN(buf_, cuda::AllocateWorkspaces(c, kv_,
-                                                            {.max_rows = max_rows_, .logit_rows = logit_rows_,
-                                                             .max_bucket = max_bucket_, .table_rows = table_rows,
+                                                            {.max_rows = max_rows_,
+                                                             .logit_rows = logit_rows_,
+                                                             .max_bucket = max_bucket_,
+                                                             .table_rows = table_rows,
                                                              .attention_splits = t.attention_splits},
                                                             /*trash_row=*/options_.max_sequences));
   memory_["workspaces"] = buf_->bytes;
-  TAILSERVE_ASSIGN_OR_RETURN(gemm_, cuda::GemmRunner::Create(streams_.main.get(), buf_->cublas_workspace,
-                                                             buf_->cublas_workspace_bytes));
+  TAILSERVE_ASSIGN_OR_RETURN(
+      gemm_, cuda::GemmRunner::Create(streams_.main.get(), buf_->cublas_workspace, buf_->cublas_workspace_bytes));
   TAILSERVE_ASSIGN_OR_RETURN(side_gemm_, cuda::GemmRunner::Create(streams_.side.get(), buf_->side_cublas_workspace,
                                                                   buf_->cublas_workspace_bytes));
   // The KV pool takes what is left, times the configured fraction.
@@ -94,15 +97,15 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
       std::span<int32_t>(static_cast<int32_t*>(buf_->host_table.get()),
                          static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq));
   forward_ = std::make_unique<cuda::ForwardPass>(c, kv_, weights_, pool_, *buf_, streams_, *gemm_, *side_gemm_);
-  graphs_ = std::make_unique<cuda::DecodeGraphs>(*forward_, *buf_, streams_.main.get(), *gemm_, *side_gemm_,
-                                                 decode_plans_);
+  graphs_ =
+      std::make_unique<cuda::DecodeGraphs>(*forward_, *buf_, streams_.main.get(), *gemm_, *side_gemm_, decode_plans_);
   if (options_.use_graphs) {
     // Padded rows: token 0 at position 0 of the trash row; logits row i reads row i.
     for (int i = 0; i < logit_rows_; ++i) buf_->h_logit_src[i] = i;
     TAILSERVE_RETURN_IF_ERROR(UploadInputs());
-    TAILSERVE_RETURN_IF_ERROR(graphs_->CaptureAll(t.in_situ_candidates, weights_.layers.empty() ? nullptr
-                                                                                                 : weights_.layers[0].w_qkv,
-                                                  weights_.LayerStrideBytes(), static_cast<int>(weights_.layers.size())));
+    TAILSERVE_RETURN_IF_ERROR(
+        graphs_->CaptureAll(t.in_situ_candidates, weights_.layers.empty() ? nullptr : weights_.layers[0].w_qkv,
+                            weights_.LayerStrideBytes(), static_cast<int>(weights_.layers.size())));
   }
   return absl::OkStatus();
 }
@@ -189,7 +192,7 @@ absl::Status CudaEngine::Prefill(std::span<const StepSequence> batch) {
     return absl::OkStatus();
   };
   for (const StepSequence& seq : batch) {
-    TAILSERVE_ASSIGN_OR_RETURN(cuda::KvBlockAllocator::Sequence* st, blocks_->Acquire(seq.id));
+    TAILSERVE_ASSIGN_OR_RETURN(cuda::KvBlockAllocator::Sequence * st, blocks_->Acquire(seq.id));
     const int64_t n = static_cast<int64_t>(seq.tokens->size());
     st->cached = std::min<int64_t>(st->cached, seq.computed);
     TAILSERVE_RETURN_IF_ERROR(blocks_->EnsurePositions(*st, n));
@@ -223,8 +226,12 @@ absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t
     b.h_pos[i] = static_cast<int32_t>(last);
     b.h_row_seq[i] = st->table_row;
     const Sampling& sp = *seq.sampling;
-    b.h_params[i] = {.temperature = sp.temperature, .top_p = sp.top_p, .top_k = sp.top_k, .unused = 0,
-                     .seed = sp.seed, .position = last + 1};
+    b.h_params[i] = {.temperature = sp.temperature,
+                     .top_p = sp.top_p,
+                     .top_k = sp.top_k,
+                     .unused = 0,
+                     .seed = sp.seed,
+                     .position = last + 1};
   }
   cudaStream_t s = streams_.main.get();
   if (cudaGraphExec_t graph = graphs_->Find(bucket)) {  // the graph uploads the inputs and downloads the outputs itself
@@ -275,7 +282,7 @@ absl::Status CudaEngine::ForwardAllLogits(std::span<const int32_t> tokens, std::
   }
   TAILSERVE_RETURN_IF_ERROR(UseDevice());
   const uint64_t id = ~0ull - 1;
-  TAILSERVE_ASSIGN_OR_RETURN(cuda::KvBlockAllocator::Sequence* st, blocks_->Acquire(id));
+  TAILSERVE_ASSIGN_OR_RETURN(cuda::KvBlockAllocator::Sequence * st, blocks_->Acquire(id));
   if (absl::Status s = blocks_->EnsurePositions(*st, n); !s.ok()) {
     Release(id);
     return s;
@@ -302,8 +309,10 @@ absl::Status CudaEngine::ForwardAllLogits(std::span<const int32_t> tokens, std::
 }
 
 std::optional<EngineStats> CudaEngine::stats() const {
-  return EngineStats{.kv_blocks_total = blocks_->usable_blocks(), .kv_blocks_free = blocks_->unpromised_blocks(),
-                     .kv_clamps = clamps_, .graph_replays = graph_replays_};
+  return EngineStats{.kv_blocks_total = blocks_->usable_blocks(),
+                     .kv_blocks_free = blocks_->unpromised_blocks(),
+                     .kv_clamps = clamps_,
+                     .graph_replays = graph_replays_};
 }
 
 }  // namespace tailserve

@@ -117,15 +117,15 @@ absl::StatusOr<CudaGraphExec> DecodeGraphs::Capture(const StepPlan& plan, OpProf
   return CudaGraphExec(exec);
 }
 
-absl::StatusOr<std::vector<std::pair<std::string, double>>> DecodeGraphs::Profile(const StepPlan& plan,
-                                                                                   size_t events) {
+absl::StatusOr<std::vector<std::pair<std::string, double>>> DecodeGraphs::Profile(const StepPlan& plan, size_t events) {
   OpProfile profile;
   for (size_t i = 0; i < events; ++i) {
     TAILSERVE_ASSIGN_OR_RETURN(CudaEvent e, MakeEvent());
     profile.events.push_back(std::move(e));
   }
   TAILSERVE_ASSIGN_OR_RETURN(CudaGraphExec graph, Capture(plan, &profile));
-  for (int rep = 0; rep < 2; ++rep) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph.get(), stream_));  // the second is timed
+  for (int rep = 0; rep < 2; ++rep)
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(graph.get(), stream_));  // the second is timed
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   std::vector<std::pair<std::string, double>> out;
   for (size_t i = 1; i < profile.names.size(); ++i) {

@@ -35,21 +35,26 @@ absl::Status ForwardPass::Run(const StepPlan& plan, int logit_rows, const GraphI
             qd = static_cast<int>(c.q_dim()), kvd = static_cast<int>(c.kv_dim()), qkvw = qd + 2 * kvd;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const RowMeta meta{b.row_seq, b.pos, b.block_table};
-  AttentionShape shape{.rows = rows, .heads = static_cast<int>(c.num_heads), .q_stride = qkvw,
+  AttentionShape shape{.rows = rows,
+                       .heads = static_cast<int>(c.num_heads),
+                       .q_stride = qkvw,
                        .sliding_window = static_cast<int>(c.sliding_window),
                        .splits = plan.attention_splits,
-                       .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)), .runs = !plan.decode,
-                       .new_kv = plan.new_kv, .overlap_previous = plan.overlap_previous,
-                       .cluster_merge = plan.cluster_merge, .warps = plan.attention_warps};
+                       .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                       .runs = !plan.decode,
+                       .new_kv = plan.new_kv,
+                       .overlap_previous = plan.overlap_previous,
+                       .cluster_merge = plan.cluster_merge,
+                       .warps = plan.attention_warps};
   // Each op, then (when profiling) an event named after it.
-#define TRY(what, expr)                                                                                  \
-  do {                                                                                                   \
-    TAILSERVE_RETURN_IF_ERROR(expr);                                                                     \
-    if (profile && profile->names.size() < profile->events.size()) {                                    \
-      TAILSERVE_CUDA_RETURN_IF_ERROR(                                                                    \
+#define TRY(what, expr)                                                                                        \
+  do {                                                                                                         \
+    TAILSERVE_RETURN_IF_ERROR(expr);                                                                           \
+    if (profile && profile->names.size() < profile->events.size()) {                                           \
+      TAILSERVE_CUDA_RETURN_IF_ERROR(                                                                          \
           cudaEventRecordWithFlags(profile->events[profile->names.size()].get(), s, cudaEventRecordExternal)); \
-      profile->names.push_back(what);                                                                    \
-    }                                                                                                    \
+      profile->names.push_back(what);                                                                          \
+    }                                                                                                          \
   } while (0)
   const bool fused = plan.fused_gemv;
   const int64_t qkv_stride = b.qkv_stride, residual_stride = b.residual_stride;
@@ -66,14 +71,26 @@ absl::Status ForwardPass::Run(const StepPlan& plan, int logit_rows, const GraphI
   // memset node in the graph). In a graph, after the kernel that copies the inputs.
   const size_t layers = w_.layers.size();
   const int sumsq_slots = fused ? static_cast<int>(2 * layers + 1) : 0;
-  TRY("embed", EmbedRows({.table = w_.embed, .tokens = b.tokens, .rows = rows, .hidden = h, .x = b.x,
-                          .sumsq = fused ? sumsq(0) : nullptr, .sumsq_slots = sumsq_slots}, s));
+  TRY("embed", EmbedRows({.table = w_.embed,
+                          .tokens = b.tokens,
+                          .rows = rows,
+                          .hidden = h,
+                          .x = b.x,
+                          .sumsq = fused ? sumsq(0) : nullptr,
+                          .sumsq_slots = sumsq_slots},
+                         s));
   for (size_t l = 0; l < layers; ++l) {
     const LayerWeights& L = w_.layers[l];
     const KvLayerView& kv_layer = pool_.layers[l];
     Partials qkv_in;  // none: the attention or RoPE reads b.qkv
     if (fused) {
-      GemvArgs qkv{.x_f32 = b.x, .k = h, .w = L.w_qkv, .n = qkvw, .y = b.qkv, .in_sumsq = sumsq(2 * l), .eps = eps,
+      GemvArgs qkv{.x_f32 = b.x,
+                   .k = h,
+                   .w = L.w_qkv,
+                   .n = qkvw,
+                   .y = b.qkv,
+                   .in_sumsq = sumsq(2 * l),
+                   .eps = eps,
                    .overlap_previous = plan.overlap_previous};
       if (plan.new_kv) {  // the bias and RoPE, which RopeWriteKv applies otherwise
         qkv.bias = L.b_qkv, qkv.rope_head_dim = kv_.head_dim, qkv.rope_cols = qd + kvd, qkv.rope_pos = b.pos;
@@ -87,11 +104,17 @@ absl::Status ForwardPass::Run(const StepPlan& plan, int logit_rows, const GraphI
                                  plan.norm_triggers_qkv_early()));
       pending = {};
       if (plan.stream_qkv_chunks > 0) {
-        TRY("gemm_qkv", StreamGemm({.x = b.xn, .rows = rows, .k = h, .w = L.w_qkv, .n = qkvw,
-                                    .chunks = plan.stream_qkv_chunks, .partials = b.qkv_partials,
+        TRY("gemm_qkv", StreamGemm({.x = b.xn,
+                                    .rows = rows,
+                                    .k = h,
+                                    .w = L.w_qkv,
+                                    .n = qkvw,
+                                    .chunks = plan.stream_qkv_chunks,
+                                    .partials = b.qkv_partials,
                                     .partial_stride = qkv_stride,
                                     .workspace = b.stream_counters + (1 + l % 2) * kStreamGemmWorkspaceBytes,
-                                    .overlap_previous = plan.overlap_previous, .variant = plan.stream_qkv_variant},
+                                    .overlap_previous = plan.overlap_previous,
+                                    .variant = plan.stream_qkv_variant},
                                    s));
         qkv_in = {b.qkv_partials, plan.stream_qkv_chunks, qkv_stride};
       } else if (plan.split_k) {
@@ -102,14 +125,24 @@ absl::Status ForwardPass::Run(const StepPlan& plan, int logit_rows, const GraphI
     }
     if (plan.attention_block) {
       // The attention and o in one launch, o added into x; W_o streams once the key tiles are asked for.
-      TRY("attention_block",
-          AttentionBlock({.xn = b.xn, .rows = rows, .hidden = h, .heads = static_cast<int>(c.num_heads),
-                          .w_qkv = L.w_qkv, .bias = L.b_qkv, .w_o = L.w_o, .inv_freq = w_.inv_freq,
-                          .scale = shape.scale, .sliding_window = shape.sliding_window, .meta = meta, .geometry = kv_,
-                          .layer = kv_layer, .qkv = b.qkv, .qkv_parts = qkv_in, .attn = b.attn, .x = b.x,
-                          .clamps = b.clamps, .workspace = b.attention_block_workspace,
-                          .overlap_previous = plan.overlap_previous},
-                         s));
+      TRY("attention_block", AttentionBlock({.rows = rows,
+                                             .hidden = h,
+                                             .heads = static_cast<int>(c.num_heads),
+                                             .bias = L.b_qkv,
+                                             .w_o = L.w_o,
+                                             .inv_freq = w_.inv_freq,
+                                             .scale = shape.scale,
+                                             .sliding_window = shape.sliding_window,
+                                             .meta = meta,
+                                             .geometry = kv_,
+                                             .layer = kv_layer,
+                                             .qkv_parts = qkv_in,
+                                             .attn = b.attn,
+                                             .x = b.x,
+                                             .clamps = b.clamps,
+                                             .workspace = b.attention_block_workspace,
+                                             .overlap_previous = plan.overlap_previous},
+                                            s));
     } else {
       if (!plan.new_kv) {
         TRY("rope_kv_write", RopeWriteKv(b.qkv, qkv_in, L.b_qkv, rows, static_cast<int>(c.num_heads), meta, kv_,
@@ -123,14 +156,35 @@ absl::Status ForwardPass::Run(const StepPlan& plan, int logit_rows, const GraphI
     if (fused) {
       // o's CTAs start while the attention runs (its CTAs, or its combine, trigger before the end)
       // and copy W meanwhile.
-      TRY("gemm_o", Gemv({.x = b.attn, .k = qd, .w = L.w_o, .n = h, .y = b.x, .beta = 1.0f, .bias = L.b_o,
-                          .out_sumsq = sumsq(2 * l + 1), .overlap_previous = plan.overlap_previous,
-                          .preload_w = plan.overlap_previous}, s));
-      TRY("gemm_gate_up", Gemv({.x_f32 = b.x, .k = h, .w = L.w_gate_up, .n = 2 * f, .swiglu_out = b.act,
-                                .in_sumsq = sumsq(2 * l + 1), .eps = eps, .overlap_previous = plan.overlap_previous},
+      TRY("gemm_o", Gemv({.x = b.attn,
+                          .k = qd,
+                          .w = L.w_o,
+                          .n = h,
+                          .y = b.x,
+                          .beta = 1.0f,
+                          .bias = L.b_o,
+                          .out_sumsq = sumsq(2 * l + 1),
+                          .overlap_previous = plan.overlap_previous,
+                          .preload_w = plan.overlap_previous},
+                         s));
+      TRY("gemm_gate_up", Gemv({.x_f32 = b.x,
+                                .k = h,
+                                .w = L.w_gate_up,
+                                .n = 2 * f,
+                                .swiglu_out = b.act,
+                                .in_sumsq = sumsq(2 * l + 1),
+                                .eps = eps,
+                                .overlap_previous = plan.overlap_previous},
                                s));
-      TRY("gemm_down", Gemv({.x = b.act, .k = f, .w = L.w_down, .n = h, .y = b.x, .beta = 1.0f,
-                             .out_sumsq = sumsq(2 * l + 2), .overlap_previous = plan.overlap_previous}, s));
+      TRY("gemm_down", Gemv({.x = b.act,
+                             .k = f,
+                             .w = L.w_down,
+                             .n = h,
+                             .y = b.x,
+                             .beta = 1.0f,
+                             .out_sumsq = sumsq(2 * l + 2),
+                             .overlap_previous = plan.overlap_previous},
+                            s));
       continue;
     }
     if (plan.attention_block) {
@@ -146,11 +200,21 @@ absl::Status ForwardPass::Run(const StepPlan& plan, int logit_rows, const GraphI
                                plan.norm_triggers_ffn_early()));
     pending = {};
     if (plan.stream_ffn_chunks > 0) {
-      TRY("ffn", StreamFfn({.x = b.xn, .rows = rows, .hidden = h, .w_gate_up = L.w_gate_up, .ffn = f,
-                            .w_down = L.w_down, .act = b.act, .chunks = plan.stream_ffn_chunks, .lag = kStreamFfnLag,
-                            .partials = b.residual_partials, .partial_stride = residual_stride,
-                            .workspace = b.stream_counters, .overlap_previous = plan.overlap_previous,
-                            .k_boxes = 4, .last_chunk = plan.stream_ffn_last_chunk,
+      TRY("ffn", StreamFfn({.x = b.xn,
+                            .rows = rows,
+                            .hidden = h,
+                            .w_gate_up = L.w_gate_up,
+                            .ffn = f,
+                            .w_down = L.w_down,
+                            .act = b.act,
+                            .chunks = plan.stream_ffn_chunks,
+                            .lag = kStreamFfnLag,
+                            .partials = b.residual_partials,
+                            .partial_stride = residual_stride,
+                            .workspace = b.stream_counters,
+                            .overlap_previous = plan.overlap_previous,
+                            .k_boxes = 4,
+                            .last_chunk = plan.stream_ffn_last_chunk,
                             .last_chunks = kStreamFfnLastChunks},
                            s));
       pending = {b.residual_partials, plan.stream_ffn_chunks, residual_stride};
@@ -169,8 +233,9 @@ absl::Status ForwardPass::Run(const StepPlan& plan, int logit_rows, const GraphI
         TRY("gemm_gate_up", gemm.Run(b.xn, rows, h, L.w_gate_up + static_cast<size_t>(half) * f * h, f, 0.0f, gate_up));
         TRY("swiglu", SwiGlu(gate_up, rows, f / 2, act, half ? side : s, plan.overlap_previous));
         float* out = b.residual_partials + (half ? downs[0].count * residual_stride : 0);
-        TRY("gemm_down", gemm_split_k(gemm, act, f / 2, L.w_down + half * (f / 2), h, out, residual_stride, &downs[half],
-                                      /*ldw=*/f));
+        TRY("gemm_down",
+            gemm_split_k(gemm, act, f / 2, L.w_down + half * (f / 2), h, out, residual_stride, &downs[half],
+                         /*ldw=*/f));
       }
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(streams_.ffn_join.get(), side));
       TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, streams_.ffn_join.get(), 0));
@@ -206,8 +271,14 @@ absl::Status ForwardPass::Run(const StepPlan& plan, int logit_rows, const GraphI
     TAILSERVE_CUDA_RETURN_IF_ERROR(cudaEventRecord(streams_.join.get(), streams_.side.get()));
   }
   if (logit_rows > 0 && fused) {  // the final norm in the LM head's epilogue (its weight folded into lm_head)
-    TRY("lm_head", Gemv({.x_f32 = b.x, .k = h, .w = w_.lm_head, .n = static_cast<int>(c.vocab_size), .y = b.logits,
-                         .in_sumsq = sumsq(2 * layers), .eps = eps, .overlap_previous = plan.overlap_previous},
+    TRY("lm_head", Gemv({.x_f32 = b.x,
+                         .k = h,
+                         .w = w_.lm_head,
+                         .n = static_cast<int>(c.vocab_size),
+                         .y = b.logits,
+                         .in_sumsq = sumsq(2 * layers),
+                         .eps = eps,
+                         .overlap_previous = plan.overlap_previous},
                         s));
   } else if (logit_rows > 0) {
     TRY("final_norm", RmsNormRows(b.x, pending, b.logit_src, logit_rows, h, nullptr, eps, b.final_xn, s));

@@ -79,7 +79,8 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& ckpt) {
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t dst_row = interleave ? 2 * r + static_cast<int64_t>(i) : first_row + r;
         for (int64_t j = 0; j < cols; ++j) {
-          const float v = hostf[static_cast<size_t>(r * cols + j)] * (col_scale ? (*col_scale)[static_cast<size_t>(j)] : 1.0f);
+          const float v =
+              hostf[static_cast<size_t>(r * cols + j)] * (col_scale ? (*col_scale)[static_cast<size_t>(j)] : 1.0f);
           if (std::fabs(v) > 65504.0f) {
             return absl::OutOfRangeError(absl::StrCat(names[i], " times its norm weight holds ", v,
                                                       ", outside the fp16 range the CUDA backend computes in"));
@@ -116,8 +117,8 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& ckpt) {
   // LM head Gemv normalises in its epilogue and the step has no norm kernel before it.
   std::vector<float> final_gamma;
   TAILSERVE_RETURN_IF_ERROR(t.ReadFloat("model.norm.weight", std::vector<int64_t>{h}, &final_gamma));
-  TAILSERVE_RETURN_IF_ERROR(matrix({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {{c.vocab_size, h}}, &w.lm_head,
-             &final_gamma));
+  TAILSERVE_RETURN_IF_ERROR(matrix({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"},
+                                   {{c.vocab_size, h}}, &w.lm_head, &final_gamma));
   w.layers.resize(static_cast<size_t>(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     LayerWeights& L = w.layers[l];
@@ -126,27 +127,32 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& ckpt) {
     std::vector<float> attn_gamma, mlp_gamma;
     TAILSERVE_RETURN_IF_ERROR(t.ReadFloat(n("input_layernorm.weight"), std::vector<int64_t>{h}, &attn_gamma));
     TAILSERVE_RETURN_IF_ERROR(t.ReadFloat(n("post_attention_layernorm.weight"), std::vector<int64_t>{h}, &mlp_gamma));
-    TAILSERVE_RETURN_IF_ERROR(matrix({n("self_attn.q_proj.weight"), n("self_attn.k_proj.weight"), n("self_attn.v_proj.weight")},
+    TAILSERVE_RETURN_IF_ERROR(
+        matrix({n("self_attn.q_proj.weight"), n("self_attn.k_proj.weight"), n("self_attn.v_proj.weight")},
                {{qd, h}, {kvd, h}, {kvd, h}}, &L.w_qkv, &attn_gamma));
     if (c.qkv_bias) {
-      TAILSERVE_RETURN_IF_ERROR(vector({n("self_attn.q_proj.bias"), n("self_attn.k_proj.bias"), n("self_attn.v_proj.bias")}, {qd, kvd, kvd},
+      TAILSERVE_RETURN_IF_ERROR(
+          vector({n("self_attn.q_proj.bias"), n("self_attn.k_proj.bias"), n("self_attn.v_proj.bias")}, {qd, kvd, kvd},
                  &L.b_qkv));
     }
     TAILSERVE_RETURN_IF_ERROR(matrix({n("self_attn.o_proj.weight")}, {{h, qd}}, &L.w_o));
     if (c.o_bias) TAILSERVE_RETURN_IF_ERROR(vector({n("self_attn.o_proj.bias")}, {h}, &L.b_o));
     if (c.num_experts > 0) {
-      TAILSERVE_RETURN_IF_ERROR(vector({n("post_attention_layernorm.weight")}, {h}, &L.mlp_norm));  // the router reads the normed rows in fp32
-      TAILSERVE_RETURN_IF_ERROR(vector({n("block_sparse_moe.gate.weight")}, {c.num_experts * h}, &L.w_router, {c.num_experts, h}));
+      TAILSERVE_RETURN_IF_ERROR(vector({n("post_attention_layernorm.weight")}, {h},
+                                       &L.mlp_norm));  // the router reads the normed rows in fp32
+      TAILSERVE_RETURN_IF_ERROR(
+          vector({n("block_sparse_moe.gate.weight")}, {c.num_experts * h}, &L.w_router, {c.num_experts, h}));
       L.expert_gate_up.resize(static_cast<size_t>(c.num_experts));
       L.expert_down.resize(static_cast<size_t>(c.num_experts));
       for (int64_t e = 0; e < c.num_experts; ++e) {
-        TAILSERVE_RETURN_IF_ERROR(matrix({ExpertTensorName(l, e, "w1"), ExpertTensorName(l, e, "w3")}, {{f, h}, {f, h}}, &L.expert_gate_up[e],
-                   &mlp_gamma, /*interleave=*/true));
+        TAILSERVE_RETURN_IF_ERROR(matrix({ExpertTensorName(l, e, "w1"), ExpertTensorName(l, e, "w3")}, {{f, h}, {f, h}},
+                                         &L.expert_gate_up[e], &mlp_gamma, /*interleave=*/true));
         TAILSERVE_RETURN_IF_ERROR(matrix({ExpertTensorName(l, e, "w2")}, {{h, f}}, &L.expert_down[e]));
       }
     } else {
-      TAILSERVE_RETURN_IF_ERROR(matrix({n("mlp.gate_proj.weight"), n("mlp.up_proj.weight")}, {{f, h}, {f, h}}, &L.w_gate_up, &mlp_gamma,
-                 /*interleave=*/true));
+      TAILSERVE_RETURN_IF_ERROR(matrix({n("mlp.gate_proj.weight"), n("mlp.up_proj.weight")}, {{f, h}, {f, h}},
+                                       &L.w_gate_up, &mlp_gamma,
+                                       /*interleave=*/true));
       TAILSERVE_RETURN_IF_ERROR(matrix({n("mlp.down_proj.weight")}, {{h, f}}, &L.w_down));
     }
   }

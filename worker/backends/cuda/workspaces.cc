@@ -18,20 +18,19 @@ absl::StatusOr<std::unique_ptr<Workspaces>> AllocateWorkspaces(const ModelConfig
   const int64_t h = c.hidden_size, f = c.intermediate_size, qd = c.q_dim(), kvd = c.kv_dim();
   const int64_t R = sizes.max_rows, L = sizes.logit_rows, E = std::max<int64_t>(c.num_experts, 1);
   const int64_t bucket = sizes.max_bucket;
-  const AttentionShape shape{.rows = static_cast<int>(R), .heads = static_cast<int>(c.num_heads),
-                             .splits = sizes.attention_splits};
+  const AttentionShape shape{
+      .rows = static_cast<int>(R), .heads = static_cast<int>(c.num_heads), .splits = sizes.attention_splits};
   const size_t table_entries = static_cast<size_t>(sizes.table_rows) * kv.max_blocks_per_seq;
   auto b = std::make_unique<Workspaces>();
   // Inputs region: tokens, pos, row_seq [R]; logit_src [L]; params [L].
   const size_t inputs_bytes = 3 * R * 4 + L * 4 + 64 + L * sizeof(SampleParams);
-  const size_t work_bytes = inputs_bytes + 256 + L * 4 + 8 + 512 + table_entries * 4 + 256 + R * h * 4 + R * h * 2 +
-                            R * (qd + 2 * kvd) * 4 + R * qd * 2 + R * 2 * f * 4 + R * f * 2 +
-                            AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
-                            (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
-                            (2 * static_cast<size_t>(c.num_layers) + 1) * 4 +
-                            (kMaxPartials * bucket * (qd + 2 * kvd) + 2 * kDecodeKSplits * bucket * h) * 4 +
-                            2 * b->cublas_workspace_bytes + 3 * kStreamGemmWorkspaceBytes +
-                            kAttentionBlockWorkspaceBytes + 64 * 256;
+  const size_t work_bytes =
+      inputs_bytes + 256 + L * 4 + 8 + 512 + table_entries * 4 + 256 + R * h * 4 + R * h * 2 + R * (qd + 2 * kvd) * 4 +
+      R * qd * 2 + R * 2 * f * 4 + R * f * 2 + AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
+      (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
+      (2 * static_cast<size_t>(c.num_layers) + 1) * 4 +
+      (kMaxPartials * bucket * (qd + 2 * kvd) + 2 * kDecodeKSplits * bucket * h) * 4 + 2 * b->cublas_workspace_bytes +
+      3 * kStreamGemmWorkspaceBytes + kAttentionBlockWorkspaceBytes + 64 * 256;
   TAILSERVE_ASSIGN_OR_RETURN(b->memory, DeviceAlloc(work_bytes));
   b->bytes = work_bytes;
   DeviceArena a(b->memory.get(), work_bytes);
@@ -108,8 +107,8 @@ absl::StatusOr<KvPool> AllocateKvPool(const ModelConfig& c, const KvGeometry& kv
   size_t free_bytes = 0, total_bytes = 0;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   const bool scaled = kv.dtype != KvDtype::kFp16;
-  const size_t per_block_layer =
-      static_cast<size_t>(kv.block_size) * kv.kv_heads * (kv.head_dim * KvElementBytes(kv.dtype) + (scaled ? 4 : 0)) * 2;
+  const size_t per_block_layer = static_cast<size_t>(kv.block_size) * kv.kv_heads *
+                                 (kv.head_dim * KvElementBytes(kv.dtype) + (scaled ? 4 : 0)) * 2;
   const size_t per_block = per_block_layer * static_cast<size_t>(c.num_layers);
   KvPool pool;
   pool.num_blocks = static_cast<int64_t>(free_bytes * fraction / per_block);

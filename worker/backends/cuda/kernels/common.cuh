@@ -3,6 +3,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace tailserve::cuda {
 
 __device__ __forceinline__ float WarpSum(float v) {
@@ -29,6 +31,20 @@ __device__ __forceinline__ float BlockReduce(float v, float* shared32, float ide
 __device__ __forceinline__ float BlockSum(float v, float* shared32) { return BlockReduce<WarpSum>(v, shared32, 0.0f); }
 __device__ __forceinline__ float BlockMax(float v, float* shared32) {
   return BlockReduce<WarpMax>(v, shared32, -INFINITY);
+}
+
+// Kernel timelines (the kernel bench's per-item and per-CTA stamps) are compiled in only where
+// TAILSERVE_KERNEL_TIMELINE is defined: the kernel bench's own copy of the kernels. The engine's
+// kernels carry no stamp code, and their launchers refuse a timeline.
+#ifdef TAILSERVE_KERNEL_TIMELINE
+inline constexpr bool kTimelineBuild = true;
+#else
+inline constexpr bool kTimelineBuild = false;
+#endif
+// Whether a launch records its timeline: a constant false outside a timeline build.
+template <typename T>
+__host__ __device__ __forceinline__ bool Timed(const T* timeline) {
+  return kTimelineBuild && timeline != nullptr;
 }
 
 __device__ __forceinline__ float Silu(float g) { return g / (1.0f + expf(-g)); }

@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (int s = 0; s < stages; ++s) BarrierInit(&full_s[s], 1), BarrierInit(&empty_s[s], kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    if (p.timeline) {
+    if (Timed(p.timeline)) {
       uint64_t* cta = p.timeline + 4 * p.items + 6 * blockIdx.x;  // StreamFfnArgs::timeline's CTA record
       cta[0] = GlobalTimer(), cta[2] = clock64();
     }
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int slot = 0;;) {
         const bool more = item < p.items;
         const Item it = more ? Decode(p, item) : Item{};
-        if (p.timeline && more) p.timeline[4 * item] = GlobalTimer(), p.timeline[4 * item + 3] = SmId();
+        if (Timed(p.timeline) && more) p.timeline[4 * item] = GlobalTimer(), p.timeline[4 * item + 3] = SmId();
         const CUtensorMap* w = it.kind == kDown ? &w2_map : &w_map;
         const int k_blocks = more ? it.k_blocks : 1, claim_at = k_blocks > kClaimAhead ? k_blocks - kClaimAhead : 0;
         int next = p.items;
@@ -190,9 +190,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (more && kb == claim_at) next = atomicAdd(p.counters, 1);
           if (slot >= early_stages) wait_once();
           if (slot >= stages) {
-            const uint64_t w0 = p.timeline ? clock64() : 0;
+            const uint64_t w0 = Timed(p.timeline) ? clock64() : 0;
             BarrierWait(&empty_s[s], parity ^ 1);
-            if (p.timeline) empty_wait += clock64() - w0;
+            if (Timed(p.timeline)) empty_wait += clock64() - w0;
           }
           // The consumers read an item's id at its first stage (the stages before the wait: each).
           if (kb == 0 || before_wait >= 0) item_s[s] = more ? item : -1;  // published by the arrive's release
@@ -205,10 +205,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             // act's features of this group: written by other CTAs' gate/up epilogues (generic
             // stores, released by their count), read here by the TMA (the async proxy).
             wait_once();
-            const uint64_t spin_start = p.timeline ? GlobalTimer() : 0;
+            const uint64_t spin_start = Timed(p.timeline) ? GlobalTimer() : 0;
             while (LoadAcquire(p.counters + 2 + it.group) < p.group_features[it.group] / 32) __nanosleep(32);
             asm volatile("fence.proxy.async.global;" ::: "memory");
-            if (p.timeline) p.timeline[4 * item + 1] = GlobalTimer() - spin_start;
+            if (Timed(p.timeline)) p.timeline[4 * item + 1] = GlobalTimer() - spin_start;
           }
           BarrierExpect(&full_s[s], kStageBytes);
           TmaLoadBoxes(ring + s * kStageBytes, w, it.k_first / kTileK + kb * KB, it.tile * kTileN, &full_s[s],
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (!more) break;
         item = next;
       }
-      if (p.timeline) p.timeline[4 * p.items + 6 * blockIdx.x + 5] = empty_wait;
+      if (Timed(p.timeline)) p.timeline[4 * p.items + 6 * blockIdx.x + 5] = empty_wait;
     }
     __syncwarp();
   } else {
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t ring_addr = Smem(ring);
     float acc[TN][2][4] = {};
     Item it{};
-    const bool timed = p.timeline != nullptr && warp == 0;
+    const bool timed = Timed(p.timeline) && warp == 0;
     uint64_t full_wait = 0;  // warp 0's cycles waiting for a filled stage (the timeline's)
     int item = -1;
     for (int s = 0, kb = 0, parity = 0;;) {  // s: the slot % stages, parity: (slot / stages) & 1
@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           atomicAdd(p.counters + 2 + it.group, 1);
         }
       }
-      if (p.timeline && threadIdx.x == 0) p.timeline[4 * item + 2] = GlobalTimer();
+      if (Timed(p.timeline) && threadIdx.x == 0) p.timeline[4 * item + 2] = GlobalTimer();
     }
     if (timed && lane == 0) p.timeline[4 * p.items + 6 * blockIdx.x + 4] = full_wait;
   }
@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // final (past-the-end) item before it counts itself finished.
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (p.timeline) {
+    if (Timed(p.timeline)) {
       uint64_t* cta = p.timeline + 4 * p.items + 6 * blockIdx.x;
       cta[1] = GlobalTimer(), cta[3] = clock64();
     }
@@ -412,6 +412,9 @@ absl::Status StreamGemm(const StreamGemmArgs& a, cudaStream_t stream) {
 }
 
 absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
+  if (a.timeline != nullptr && !kTimelineBuild) {
+    return absl::InvalidArgumentError("StreamFfn: a timeline needs the kernels built with TAILSERVE_KERNEL_TIMELINE");
+  }
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const int c = a.chunks;
   const std::vector<int> features = StreamFfnGroupFeatures(a.ffn, c, a.last_chunk, a.last_chunks);
@@ -454,9 +457,9 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
     p.segment_kind[p.segments] = segment.down ? kDown : kGateUp, p.segment_group[p.segments] = segment.group;
     ++p.segments;
   }
-  const int ring = a.max_ring_bytes;
-  if (kb == 4) return Launch<1, 4>(maps, p, *ctas, ring, stream);
-  return kb == 2 ? Launch<1, 2>(maps, p, *ctas, ring, stream) : Launch<1, 1>(maps, p, *ctas, ring, stream);
+  // The whole ring: one CTA an SM (two with half a ring each measured no faster).
+  if (kb == 4) return Launch<1, 4>(maps, p, *ctas, 0, stream);
+  return kb == 2 ? Launch<1, 2>(maps, p, *ctas, 0, stream) : Launch<1, 1>(maps, p, *ctas, 0, stream);
 }
 
 }  // namespace tailserve::cuda

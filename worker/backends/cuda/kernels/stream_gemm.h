@@ -60,10 +60,6 @@ struct StreamGemmArgs {
 // inside a thread-local stream capture, as the kernel bench does).
 absl::Status StreamGemm(const StreamGemmArgs& args, cudaStream_t stream);
 
-// StreamFfnArgs::max_ring_bytes for two CTAs an SM: two rings, their slack and the barriers within
-// an SM's 228 KB.
-inline constexpr int kStreamFfnHalfRingBytes = 110 * 1024;
-
 // A dense FFN block for 1-16 rows in one persistent launch of the same kernel: act = SwiGLU of
 // x · W_gate_upᵀ, then `chunks` partials of act · W_downᵀ over equal k ranges of act (the next
 // RMSNorm adds them). Gate/up items (64 interleaved columns: 32 features, the whole k) apply
@@ -103,9 +99,6 @@ struct StreamFfnArgs {
   // chunk, so with 132 SMs the last two chunks' make the final wave).
   int last_chunk = 0;
   int last_chunks = 1;
-  // As StreamGemmArgs::max_ring_bytes: with kStreamFfnHalfRingBytes two CTAs share an SM, two
-  // pipelines where a stage's fixed cost caps one (the kernel bench's timeline).
-  int max_ring_bytes = 0;
   // The kernel bench's timeline (null: none): for item i, timeline[4i ..] = {taken, ns spent waiting
   // for act (down items), done, SM}, times in %globaltimer ns; for CTA b, timeline[4 · items + 6b ..]
   // = {start, end (ns), start, end (SM cycles), cycles consumer warp 0 waited for a filled stage,

@@ -8,6 +8,24 @@
 
 namespace tailserve::cuda {
 
+absl::Status ValidateDecodeTuning(const DecodeTuning& t) {
+  auto at_least = [](const char* field, int64_t value, int64_t low) {
+    return value >= low ? absl::OkStatus()
+                        : absl::InvalidArgumentError(absl::StrCat("cuda decode tuning: ", field, " is ", value,
+                                                                  ", at least ", low, " expected"));
+  };
+  for (const absl::Status& s : {at_least("attention_splits", t.attention_splits, 1),
+                                at_least("ffn_halves_min_bytes", t.ffn_halves_min_bytes, 0),
+                                at_least("stream_min_rows", t.stream_min_rows, 2),
+                                at_least("stream_qkv_chunks", t.stream_qkv_chunks, 0),
+                                at_least("stream_ffn_chunks", t.stream_ffn_chunks, 0),
+                                at_least("attention_block_min_rows", t.attention_block_min_rows, 1),
+                                at_least("in_situ_candidates", t.in_situ_candidates, 1)}) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 bool TensorCoreAttention(KvDtype dtype, int head_dim) {
   return dtype != KvDtype::kFp16 && (head_dim == 32 || head_dim == 64 || head_dim == 128);
 }

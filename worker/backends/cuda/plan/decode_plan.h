@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
+
 #include "worker/engine/kv_dtype.h"
 
 namespace tailserve::cuda {
@@ -33,6 +35,9 @@ struct DecodeTuning {
   // timed alone).
   int in_situ_candidates = 6;
 };
+
+// INVALID_ARGUMENT naming the field when a tuning value is out of its range.
+absl::Status ValidateDecodeTuning(const DecodeTuning& tuning);
 
 // The model as the plan sees it.
 struct PlanModel {
