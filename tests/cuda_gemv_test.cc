@@ -12,6 +12,7 @@
 
 #include "tests/cuda_test_util.h"
 #include "tests/gpu_test_util.h"
+#include "tests/kernel_cases/kernel_case.h"
 #include "worker/backends/cuda/cuda_resources.h"
 #include "worker/backends/cuda/kernels/gemv.h"
 
@@ -23,66 +24,11 @@ using namespace testing;
 // Every epilogue of the decode Gemv: plain, residual add + bias + output sum of squares, fused
 // RMSNorm of an fp32 input, and SwiGLU over interleaved gate/up rows. n odd (a half-filled last
 // column pair) except for SwiGLU.
+// Gemv against the CPU: the cases of tests/kernel_cases/gemv_cases.cc (which the kernel bench
+// also times), then a k split it does not take.
 TEST(CudaKernelTest, GemvMatchesCpuOnOddSizes) {
   REQUIRE_GPU();
-  const unsigned seed = 77;
-  std::mt19937 rng(seed);
-  const float eps = 1e-5f;
-  // k split 1, 2, 4 and 8 ways where n is small (the grid fits a wave; a lane keeps two steps of W
-  // loads: 129, 257 and 512 16-byte vectors); n = 20001 overflows a wave of the H200 whatever the
-  // split, which takes the finest such split (2 for k = 1032). The small grids run the deep
-  // instances where a lane has 4 or more steps (batches of 4 and a ragged remainder), n = 20001
-  // the 40-register ones.
-  for (auto [k, n_odd] : {std::pair{200, 77}, {1032, 77}, {2056, 77}, {4096, 77}, {1032, 20001}}) {
-    for (int mode = 0; mode < 4; ++mode) {
-      const bool residual = mode == 1, normed = mode >= 2, swiglu = mode == 3;
-      const int n = swiglu ? n_odd + 1 : n_odd;
-      auto xf = Random(size_t(k), rng), wf = Random(size_t(n) * k, rng, 0.05f), y0 = Random(size_t(n), rng);
-      const auto bias = Random(size_t(n), rng);
-      const std::vector<__half> wh = RoundToHalf(wf);
-      const std::vector<__half> xh = normed ? std::vector<__half>(xf.size()) : RoundToHalf(xf);  // normed: fp32 x
-      float in_ss = 0.0f;
-      for (int i = 0; i < k; ++i) in_ss += xf[i] * xf[i];
-      Dev<__half> dx(xh), dw(wh), dact(size_t(n) / 2);
-      Dev<float> dxf(xf), dy(y0), dbias(bias), din(std::vector<float>{in_ss}), dout(std::vector<float>{0.0f});
-      std::vector<float> want(y0.size()), want_act(size_t(n) / 2), want_ss{0.0f};
-      const double inv = normed ? 1.0 / std::sqrt(in_ss / k + eps) : 1.0;
-      for (int c = 0; c < n; ++c) {
-        double d = 0;
-        for (int i = 0; i < k; ++i) d += double(xf[i]) * wf[size_t(c) * k + i];
-        d *= inv;
-        if (residual) d += bias[c] + y0[c];
-        want[c] = float(d);
-        want_ss[0] += float(d * d);
-      }
-      for (int c = 0; swiglu && c < n / 2; ++c) {
-        const double g = want[2 * c], u = want[2 * c + 1];
-        want_act[c] = float(g / (1 + std::exp(-g)) * u);
-      }
-      // W's first loads through shared memory, or none; Gemv's k split, or each one forced.
-      for (auto [preload, split] : {std::pair{false, 0}, {true, 0}, {false, 1}, {false, 2}, {true, 4}, {false, 8}}) {
-        dy.Put(y0), dout.Put({0.0f});
-        cuda::GemvArgs a{.k = k, .w = dw.p, .n = n, .preload_w = preload, .k_split = split};
-        if (normed) a.x_f32 = dxf.p, a.in_sumsq = din.p, a.eps = eps;
-        else a.x = dx.p;
-        if (swiglu) a.swiglu_out = dact.p;
-        else a.y = dy.p;
-        if (residual) a.beta = 1.0f, a.bias = dbias.p, a.out_sumsq = dout.p;
-        ASSERT_TRUE(cuda::Gemv(a, nullptr).ok());
-        const std::string what = "n " + std::to_string(n) + " k " + std::to_string(k) + " mode " +
-                                 std::to_string(mode) + " preload " + std::to_string(preload) + " k split " +
-                                 std::to_string(split) + " seed " + std::to_string(seed);
-        if (swiglu) {
-          EXPECT_LE(RelL2(ToFloats(dact.Get()), want_act), 2e-3) << what;  // fp16 output
-        } else {
-          EXPECT_LE(RelL2(dy.Get(), want), 1e-5) << what;
-        }
-        if (residual) {
-          EXPECT_LE(RelL2(dout.Get(), want_ss), 1e-5) << what;
-        }
-      }
-    }
-  }
+  for (const kernel_cases::CaseSpec& spec : kernel_cases::GemvCases(77)) ExpectCaseMatches(spec);
   Dev<__half> dx(std::vector<__half>(8)), dw(std::vector<__half>(8));
   Dev<float> dy(std::vector<float>(1));
   EXPECT_EQ(cuda::Gemv({.x = dx.p, .k = 8, .w = dw.p, .n = 1, .y = dy.p, .k_split = 3}, nullptr).code(),

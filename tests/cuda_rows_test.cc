@@ -14,6 +14,7 @@
 
 #include "tests/cuda_test_util.h"
 #include "tests/gpu_test_util.h"
+#include "tests/kernel_cases/kernel_case.h"
 #include "worker/backends/cuda/cuda_resources.h"
 #include "worker/backends/cuda/kernels/copy.h"
 #include "worker/backends/cuda/kernels/gemv.h"
@@ -26,39 +27,11 @@ namespace {
 
 using namespace testing;
 
+// RmsNormRows against the CPU: the cases of tests/kernel_cases/rms_norm_cases.cc (which the kernel
+// bench also times).
 TEST(CudaKernelTest, RmsNormMatchesCpuOnOddSizes) {
   REQUIRE_GPU();
-  const unsigned seed = 1234;
-  std::mt19937 rng(seed);
-  for (int rows : {1, 3, 19}) {
-    for (int hidden : {64, 200, 203, 4096}) {  // 203: the scalar path (not whole float4s)
-      for (int adds : {0, 1, 3}) {  // x += Σ adds arrays first, written back (stride past the rows)
-        auto x = Random(size_t(rows) * hidden, rng, 3.0f);
-        const int64_t stride = int64_t(x.size()) + 4;
-        const auto w = Random(hidden, rng), add = Random(size_t(stride) * std::max(adds, 1), rng);
-        Dev<float> dx(x), dw(w), dadd(add);
-        Dev<__half> out(size_t(rows) * hidden);
-        ASSERT_TRUE(cuda::RmsNormRows(dx.p, {adds ? dadd.p : nullptr, adds, stride}, nullptr, rows, hidden, dw.p, 1e-5f,
-                                      out.p, nullptr)
-                        .ok());
-        for (int a = 0; a < adds; ++a) {
-          for (size_t i = 0; i < x.size(); ++i) x[i] += add[a * stride + i];
-        }
-        std::vector<float> want(x.size());
-        for (int r = 0; r < rows; ++r) {
-          double ss = 0;
-          for (int i = 0; i < hidden; ++i) ss += double(x[r * hidden + i]) * x[r * hidden + i];
-          const double inv = 1 / std::sqrt(ss / hidden + 1e-5);
-          for (int i = 0; i < hidden; ++i) want[r * hidden + i] = float(w[i] * x[r * hidden + i] * inv);
-        }
-        const std::string what = "rows " + std::to_string(rows) + " hidden " + std::to_string(hidden) + " adds " +
-                                 std::to_string(adds) + " seed " + std::to_string(seed);
-        EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3) << what;
-        const auto got_x = dx.Get();  // the sum written back (or x untouched); the GPU adds in another order
-        for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got_x[i], x[i], 1e-5f * (1 + std::abs(x[i]))) << what;
-      }
-    }
-  }
+  for (const kernel_cases::CaseSpec& spec : kernel_cases::RmsNormCases(1234)) ExpectCaseMatches(spec);
 }
 
 // The decode graph's input and output copies: mapped pinned host memory to the device and back,

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "tests/gpu_test_util.h"
+#include "tests/kernel_cases/kernel_case.h"
 #include "worker/backends/cuda/cuda_resources.h"
 #include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/kernels/kv_cache.h"
@@ -46,6 +47,15 @@ struct Dev {
     return h;
   }
 };
+
+// Check mode of a kernel case (tests/kernel_cases/kernel_case.h): every output within its tolerance.
+inline void ExpectCaseMatches(const kernel_cases::CaseSpec& spec) {
+  absl::StatusOr<std::vector<kernel_cases::Comparison>> result = kernel_cases::RunCheck(spec, nullptr);
+  ASSERT_TRUE(result.ok()) << spec.name << ": " << result.status();
+  for (const kernel_cases::Comparison& c : *result) {
+    EXPECT_LE(c.error, c.tolerance) << spec.name << ": " << c.output;
+  }
+}
 
 inline std::vector<float> Random(size_t n, std::mt19937& rng, float scale = 1.0f) {
   std::normal_distribution<float> d(0.0f, scale);

@@ -68,6 +68,8 @@ constexpr Mode kModes[] = {
     {"--ceilings", "this GPU's copy bandwidth and a pure DRAM read of each decode op's bytes", BenchCeilings},
     {"--ring-probe", "what StreamFfn's TMA ring streams an SM bare, then with each of its pieces added",
      BenchRingProbe},
+    {"--cases", "the kernel cases the GPU tests check (tests/kernel_cases/), each checked once, then timed",
+     BenchKernelCases},
 };
 
 absl::StatusOr<std::vector<int>> Ints(const std::string& csv, const char* what) {

@@ -31,4 +31,7 @@ absl::Status BenchAttentionBlock(const BenchConfig& c);
 absl::Status BenchCeilings(const BenchConfig& c);
 absl::Status BenchRingProbe(const BenchConfig& c);
 
+// cases_bench.cc: the kernel cases the GPU tests check (tests/kernel_cases/), timed.
+absl::Status BenchKernelCases(const BenchConfig& c);
+
 }  // namespace tailserve::bench
