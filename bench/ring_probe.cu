@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/status_macros.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/tma.cuh"
 
@@ -186,8 +187,8 @@ absl::Status RingProbe(const RingProbeArgs& a, cudaStream_t stream) {
         "counters");
   }
   CUtensorMap w_map, x_map;
-  if (absl::Status s = cuda::tma::Map(&w_map, a.w, a.k, a.rows, 64); !s.ok()) return s;
-  if (absl::Status s = cuda::tma::Map(&x_map, a.x, a.k, 16, 16); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(cuda::tma::Map(&w_map, a.w, a.k, a.rows, 64));
+  TAILSERVE_RETURN_IF_ERROR(cuda::tma::Map(&x_map, a.x, a.k, 16, 16));
   if (a.k_boxes == 4) return AtLevel<4>(a, w_map, x_map, stream);
   return a.k_boxes == 2 ? AtLevel<2>(a, w_map, x_map, stream) : AtLevel<1>(a, w_map, x_map, stream);
 }

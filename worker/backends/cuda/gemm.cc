@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/status_macros.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/cuda_resources.h"
 #include "worker/backends/cuda/kernels/gemv.h"
@@ -83,7 +84,7 @@ absl::StatusOr<GemmRunner::Plan*> GemmRunner::PlanFor(int rows, int k, int n, in
   }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  if (absl::Status st = Candidates(*plan, 1, &result, &found); !st.ok()) return st;
+  TAILSERVE_RETURN_IF_ERROR(Candidates(*plan, 1, &result, &found));
   if (found == 0) return absl::InternalError(absl::StrCat("cuBLASLt has no algorithm for ", rows, "x", k, "x", n));
   plan->algo = result.algo;
   slot = std::move(plan);
@@ -93,7 +94,7 @@ absl::StatusOr<GemmRunner::Plan*> GemmRunner::PlanFor(int rows, int k, int n, in
 absl::Status GemmRunner::Tune(Plan& plan, const __half* x, const __half* w, float beta, float* y) {
   cublasLtMatmulHeuristicResult_t results[16];
   int found = 0;
-  if (absl::Status st = Candidates(plan, 16, results, &found); !st.ok()) return st;
+  TAILSERVE_RETURN_IF_ERROR(Candidates(plan, 16, results, &found));
   absl::StatusOr<CudaEvent> start = MakeEvent(), stop = MakeEvent();
   if (!start.ok()) return start.status();
   if (!stop.ok()) return stop.status();
@@ -133,7 +134,7 @@ absl::StatusOr<int> GemmRunner::PrepareCandidates(Plan* shape, int wanted) {
   Plan& plan = *shape;
   std::vector<cublasLtMatmulHeuristicResult_t> results(std::max(wanted, 1));
   int found = 0;
-  if (absl::Status st = Candidates(plan, static_cast<int>(results.size()), results.data(), &found); !st.ok()) return st;
+  TAILSERVE_RETURN_IF_ERROR(Candidates(plan, static_cast<int>(results.size()), results.data(), &found));
   plan.candidates = {plan.algo};
   for (int i = 0; i < found && static_cast<int>(plan.candidates.size()) < wanted; ++i) {
     if (results[i].state == CUBLAS_STATUS_SUCCESS && std::memcmp(&results[i].algo, &plan.algo, sizeof(plan.algo)) != 0) {
@@ -167,7 +168,7 @@ absl::Status GemmRunner::Run(const __half* x, int rows, int k, const __half* w, 
 
 absl::Status GemmRunner::TuneAndRun(Plan& plan, const __half* x, const __half* w, float beta, float* y) {
   if (tuning_ && !plan.tuned) {
-    if (absl::Status s = Tune(plan, x, w, beta, y); !s.ok()) return s;
+    TAILSERVE_RETURN_IF_ERROR(Tune(plan, x, w, beta, y));
   }
   TAILSERVE_CUDA_RETURN_IF_ERROR(Matmul(plan, plan.algo, x, w, beta, y));
   return absl::OkStatus();
@@ -183,13 +184,13 @@ absl::StatusOr<int> GemmRunner::RunSplitK(const __half* x, int rows, int k, cons
   }
   if (k % splits != 0 || (k / splits) % 8 != 0) splits = 1;
   if (splits == 1) {
-    if (absl::Status st = Run(x, rows, k, w, n, 0.0f, partials, ldw); !st.ok()) return st;
+    TAILSERVE_RETURN_IF_ERROR(Run(x, rows, k, w, n, 0.0f, partials, ldw));
     return 1;
   }
   if (rows == 0) return splits;
   absl::StatusOr<Plan*> plan = PlanFor(rows, k / splits, n, ldw, false, splits, partial_stride);
   if (!plan.ok()) return plan.status();
-  if (absl::Status s = TuneAndRun(**plan, x, w, 0.0f, partials); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(TuneAndRun(**plan, x, w, 0.0f, partials));
   return splits;
 }
 

@@ -2,6 +2,7 @@
 
 #include <type_traits>
 
+#include "common/status_macros.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/attention_mma.cuh"
 #include "worker/backends/cuda/kernels/common.cuh"
@@ -317,7 +318,7 @@ size_t AttentionWorkspaceFloats(const AttentionShape& s, int head_dim) {
 }
 
 absl::StatusOr<int> AttentionCtasPerSm(const AttentionShape& shape, const KvGeometry& g) {
-  if (absl::Status s = CheckShape(shape, g); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(CheckShape(shape, g));
   int blocks = 0;
   cudaError_t error = cudaSuccess;
   if (UsesMma(g)) {
@@ -337,7 +338,7 @@ absl::StatusOr<int> AttentionCtasPerSm(const AttentionShape& shape, const KvGeom
 absl::Status PagedAttention(const float* q, const AttentionShape& shape, const RowMeta& meta, const KvGeometry& g,
                             const KvLayerView& layer, float* workspace, __half* out, cudaStream_t stream,
                             unsigned long long* clamps) {
-  if (absl::Status s = CheckShape(shape, g); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(CheckShape(shape, g));
   if (shape.new_kv && (!UsesMma(g) || shape.runs || clamps == nullptr)) {
     return absl::InvalidArgumentError("PagedAttention: new_kv needs the tensor-core kernel, decode rows and a clamp counter");
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "common/status_macros.h"
 #include "absl/strings/str_cat.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/attention_block_attend.cuh"
@@ -123,7 +124,7 @@ absl::Status AttentionBlockTakes(int rows, int hidden, int heads, const KvGeomet
 
 absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   using namespace attention_block;  // NOLINT: the launch's own constants
-  if (absl::Status s = AttentionBlockTakes(a.rows, a.hidden, a.heads, a.geometry, a.sliding_window); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(AttentionBlockTakes(a.rows, a.hidden, a.heads, a.geometry, a.sliding_window));
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const Partials parts = a.qkv_parts.OrNone();
   const int64_t width = int64_t{a.rows} * (a.heads + 2 * a.geometry.kv_heads) * a.geometry.head_dim;
@@ -155,7 +156,7 @@ absl::Status AttentionBlock(const AttentionBlockArgs& a, cudaStream_t stream) {
   p.attn = a.attn, p.x = a.x, p.clamps = a.clamps, p.counters = static_cast<int*>(a.workspace);
   p.overlap = a.overlap_previous, p.timeline = a.timeline;
   CUtensorMap wo_map{};
-  if (absl::Status s = tma::Map(&wo_map, a.w_o, p.qd, a.hidden, 16 * p.o_tiles); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(tma::Map(&wo_map, a.w_o, p.qd, a.hidden, 16 * p.o_tiles));
   cudaError_t launched = cudaSuccess;
   WithInstance(g, [&](auto dtype_tag, auto hd_tag) {
     constexpr KvDtype D = decltype(dtype_tag)::value;

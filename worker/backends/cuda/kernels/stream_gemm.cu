@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "common/status_macros.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "worker/backends/cuda/cuda_check.h"
@@ -348,7 +349,7 @@ template <int TN, int KB>
 absl::Status Launch(const CUtensorMap (&maps)[4], Params p, int ctas, int max_ring_bytes, cudaStream_t stream) {
   using C = Config<TN, KB>;
   p.stages = max_ring_bytes > 0 ? std::clamp(max_ring_bytes / C::kStageBytes, 2, C::kStages) : C::kStages;
-  if (absl::Status st = Attributes<TN, KB>(); !st.ok()) return st;
+  TAILSERVE_RETURN_IF_ERROR(Attributes<TN, KB>());
   const int smem = p.stages * C::kStageBytes + 1024;  // + alignment slack
   TAILSERVE_CUDA_RETURN_IF_ERROR(LaunchMaybeOverlapped(p.overlap, dim3(std::min(ctas, p.items)), dim3(kThreads), smem,
                                                        stream, StreamGemmKernel<TN, KB>, maps[0], maps[1], maps[2],
@@ -362,8 +363,8 @@ absl::Status LaunchGemm(const StreamGemmArgs& a, int ctas, cudaStream_t stream) 
   using C = Config<TN, KB>;
   if (a.k % (kTileK * KB * a.chunks) != 0) return absl::InvalidArgumentError("StreamGemm: k for the variant");
   CUtensorMap maps[4];
-  if (absl::Status s = MapBoxes(&maps[0], a.w, a.k, a.n, C::kTileN, KB); !s.ok()) return s;
-  if (absl::Status s = MapBoxes(&maps[1], a.x, a.k, a.rows, 16, KB); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(MapBoxes(&maps[0], a.w, a.k, a.n, C::kTileN, KB));
+  TAILSERVE_RETURN_IF_ERROR(MapBoxes(&maps[1], a.x, a.k, a.rows, 16, KB));
   maps[2] = maps[0], maps[3] = maps[1];
   Params p{};
   p.rows = a.rows, p.n = a.n, p.chunks = a.chunks, p.chunk_k = a.k / a.chunks, p.k_blocks = p.chunk_k / (kTileK * KB);
@@ -438,10 +439,10 @@ absl::Status StreamFfn(const StreamFfnArgs& a, cudaStream_t stream) {
     if (fits) kb = b;
   }
   CUtensorMap maps[4];
-  if (absl::Status s = MapBoxes(&maps[0], a.w_gate_up, a.hidden, 2 * a.ffn, 64, kb); !s.ok()) return s;
-  if (absl::Status s = MapBoxes(&maps[1], a.x, a.hidden, a.rows, 16, kb); !s.ok()) return s;
-  if (absl::Status s = MapBoxes(&maps[2], a.w_down, a.ffn, a.hidden, 64, kb); !s.ok()) return s;
-  if (absl::Status s = MapBoxes(&maps[3], a.act, a.ffn, a.rows, 16, kb); !s.ok()) return s;
+  TAILSERVE_RETURN_IF_ERROR(MapBoxes(&maps[0], a.w_gate_up, a.hidden, 2 * a.ffn, 64, kb));
+  TAILSERVE_RETURN_IF_ERROR(MapBoxes(&maps[1], a.x, a.hidden, a.rows, 16, kb));
+  TAILSERVE_RETURN_IF_ERROR(MapBoxes(&maps[2], a.w_down, a.ffn, a.hidden, 64, kb));
+  TAILSERVE_RETURN_IF_ERROR(MapBoxes(&maps[3], a.act, a.ffn, a.rows, 16, kb));
   Params p{};
   p.rows = a.rows, p.n = 2 * a.ffn, p.chunks = c;
   p.partials = a.partials, p.stride = a.partial_stride, p.counters = static_cast<int*>(a.workspace);
