@@ -105,33 +105,15 @@ TEST(CudaKernelTest, EmbedRowsWritesSumsOfSquaresAndClearsTheRest) {
 
 TEST(CudaKernelTest, SwiGluAndMoeRouteMatchCpu) {
   REQUIRE_GPU();
+  // SwiGLU and the MoE rows against the CPU: the cases of tests/kernel_cases/row_cases.cc.
+  for (const kernel_cases::CaseSpec& spec : kernel_cases::SwiGluCases(7)) ExpectCaseMatches(spec);
+  for (const kernel_cases::CaseSpec& spec : kernel_cases::MoeRowCases(17)) ExpectCaseMatches(spec);
   std::mt19937 rng(7);
   const int rows = 19, ffn = 173, experts = 8, k = 2;
-  const auto gu = Random(size_t(rows) * 2 * ffn, rng, 2.0f);
-  Dev<float> dgu(gu);
-  Dev<__half> out(size_t(rows) * ffn);
-  ASSERT_TRUE(cuda::SwiGlu(dgu.p, rows, ffn, out.p, nullptr).ok());
-  std::vector<float> want(size_t(rows) * ffn);
-  for (int r = 0; r < rows; ++r) {
-    for (int f = 0; f < ffn; ++f) {
-      const float g = gu[r * 2 * ffn + 2 * f], u = gu[r * 2 * ffn + 2 * f + 1];  // interleaved
-      want[r * ffn + f] = g / (1 + std::exp(-g)) * u;
-    }
-  }
-  EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3);
-  // The same input as three split-K chunks that sum to it (odd total: the last output's path too).
-  const size_t stride = (size_t(rows) * 2 * ffn + 3) / 4 * 4 + 4;  // 16-byte aligned arrays
-  std::vector<float> chunks(3 * stride, std::nanf(""));
-  for (size_t i = 0; i < gu.size(); ++i) {
-    const float a = 0.25f * gu[i], b = -0.5f;
-    chunks[i] = a, chunks[stride + i] = b, chunks[2 * stride + i] = gu[i] - a - b;
-  }
-  Dev<float> dchunks(chunks);
-  ASSERT_TRUE(cuda::SwiGlu(nullptr, rows, ffn, out.p, nullptr, false,
-                           {.data = dchunks.p, .count = 3, .stride = int64_t(stride)})
-                  .ok());
-  EXPECT_LE(RelL2(ToFloats(out.Get()), want), 4e-3);
   // More arrays than the kernel adds: InvalidArgument, nothing launched.
+  const size_t stride = (size_t(rows) * 2 * ffn + 3) / 4 * 4 + 4;
+  Dev<float> dchunks(std::vector<float>(3 * stride));
+  Dev<__half> out(size_t(rows) * ffn);
   EXPECT_EQ(cuda::SwiGlu(nullptr, rows, ffn, out.p, nullptr, false,
                          {.data = dchunks.p, .count = cuda::kMaxPartials + 1, .stride = int64_t(stride)})
                 .code(),

@@ -7,7 +7,9 @@ namespace tailserve::kernel_cases {
 
 std::vector<CaseSpec> AllCases(uint32_t seed) {
   std::vector<CaseSpec> all = RmsNormCases(seed);
-  for (CaseSpec& c : GemvCases(seed)) all.push_back(std::move(c));
+  for (auto family : {GemvCases, SwiGluCases, MoeRowCases}) {
+    for (CaseSpec& c : family(seed)) all.push_back(std::move(c));
+  }
   return all;
 }
 
