@@ -22,44 +22,12 @@ namespace {
 
 using namespace testing;
 
-// StreamGemm's k-chunk partials against the CPU on odd sizes: rows 1, 3 and 16 (its X tile is
-// 16 rows, zero-filled past the real ones), n that leaves a part tile, 1 to 6 chunks; one workspace
-// throughout, so each launch also checks that the previous one left its counters zeroed, and some
-// launches use fewer CTAs than an SM count so that a CTA takes many items.
+// StreamGemm's k-chunk partials against the CPU: the cases of tests/kernel_cases/stream_gemm_cases.cc
+// (each also checks the workspace is left zeroed for the next launch), then shapes it refuses.
 TEST(CudaKernelTest, StreamGemmMatchesCpuOnOddSizes) {
   REQUIRE_GPU();
-  const unsigned seed = 83;
-  std::mt19937 rng(seed);
+  for (const kernel_cases::CaseSpec& spec : kernel_cases::StreamGemmCases(83)) ExpectCaseMatches(spec);
   Dev<int> work(std::vector<int>(cuda::kStreamGemmWorkspaceBytes / sizeof(int), 0));
-  for (auto [rows, n, k] : {std::tuple{1, 70, 384}, {3, 200, 384}, {16, 77, 768}, {16, 1000, 1536}, {5, 64, 64}}) {
-    auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * k, rng, 0.05f);
-    const std::vector<__half> xh = RoundToHalf(xf), wh = RoundToHalf(wf);
-    Dev<__half> dx(xh), dw(wh);
-    for (int chunks : {1, 2, 3, 6}) {
-      if (k % (64 * chunks) != 0) continue;
-      // ring: the ring's bytes (0: all that fit); 1 asks for fewer than two stages and gets two.
-      for (auto [ctas, variant, ring] : {std::tuple{0, 0, 0}, {7, 0, 0}, {0, 1, 0}, {0, 2, 0}, {7, 3, 0}, {0, 4, 0},
-                                         {0, 1, 80 << 10}, {5, 0, 1}}) {
-        if (k % (cuda::StreamGemmKStep(variant) * chunks) != 0) continue;
-        const int64_t stride = int64_t(rows) * n + 4;  // not rows · n: the stride is what places a chunk
-        Dev<float> dp(std::vector<float>(size_t(stride) * chunks, std::nanf("")));
-        ASSERT_TRUE(cuda::StreamGemm({.x = dx.p, .rows = rows, .k = k, .w = dw.p, .n = n, .chunks = chunks,
-                                      .partials = dp.p, .partial_stride = stride, .workspace = work.p, .ctas = ctas,
-                                      .max_ring_bytes = ring, .variant = variant},
-                                     nullptr)
-                        .ok());
-        const std::vector<float> got = dp.Get();
-        const int kc = k / chunks;
-        for (int c = 0; c < chunks; ++c) {
-          // xf holds the fp16 values the kernel read (RoundToHalf rounds in place).
-          const ChunkCheck cc = ChunkOfProduct(xf, wh, rows, n, k, c * kc, (c + 1) * kc, got.data() + c * stride);
-          EXPECT_LE(RelL2(cc.mine, cc.want), 1e-5) << "rows " << rows << " n " << n << " k " << k << " chunk " << c
-                                                   << " of " << chunks << " ctas " << ctas << " variant " << variant
-                                                   << " ring " << ring << " seed " << seed;
-        }
-      }
-    }
-  }
   Dev<__half> dx(std::vector<__half>(16 * 96)), dw(std::vector<__half>(8 * 96));
   Dev<float> dp(std::vector<float>(16 * 8 * 2));
   EXPECT_EQ(cuda::StreamGemm({.x = dx.p, .rows = 1, .k = 96, .w = dw.p, .n = 8, .partials = dp.p, .workspace = work.p},

@@ -7,7 +7,7 @@ namespace tailserve::kernel_cases {
 
 std::vector<CaseSpec> AllCases(uint32_t seed) {
   std::vector<CaseSpec> all = RmsNormCases(seed);
-  for (auto family : {GemvCases, SwiGluCases, MoeRowCases}) {
+  for (auto family : {GemvCases, SwiGluCases, MoeRowCases, StreamGemmCases}) {
     for (CaseSpec& c : family(seed)) all.push_back(std::move(c));
   }
   return all;

@@ -52,6 +52,7 @@ std::vector<CaseSpec> RmsNormCases(uint32_t seed);  // RmsNormRows: odd sizes, 0
 std::vector<CaseSpec> GemvCases(uint32_t seed);     // Gemv: its epilogues, W preloads and k splits
 std::vector<CaseSpec> SwiGluCases(uint32_t seed);   // SwiGlu: from gate/up or from 1-4 split-K chunks
 std::vector<CaseSpec> MoeRowCases(uint32_t seed);   // MoeRouterLogits and AddScaledRows, around 128 rows
+std::vector<CaseSpec> StreamGemmCases(uint32_t seed);  // StreamGemm: rows, chunks, variants, CTAs, rings
 // Every family, for the kernel bench.
 std::vector<CaseSpec> AllCases(uint32_t seed);
 
