@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "tests/gpu_test_util.h"
+#include "tests/kernel_cases/case_buffers.h"
 #include "tests/kernel_cases/kernel_case.h"
 #include "worker/backends/cuda/cuda_resources.h"
 #include "worker/backends/cuda/gemm.h"
@@ -57,19 +58,9 @@ inline void ExpectCaseMatches(const kernel_cases::CaseSpec& spec) {
   }
 }
 
-inline std::vector<float> Random(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-// Rounds v to fp16 in place (so a CPU reference uses the values the GPU reads); returns them as fp16.
-inline std::vector<__half> RoundToHalf(std::vector<float>& v) {
-  std::vector<__half> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = __float2half(v[i]), v[i] = __half2float(h[i]);
-  return h;
-}
+// Seeded inputs and fp16 rounding, as the kernel cases draw them.
+using kernel_cases::Random;
+using kernel_cases::RoundToHalf;
 
 inline double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
@@ -82,11 +73,7 @@ inline double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
 
 inline float F(__half v) { return __half2float(v); }
 
-inline std::vector<float> ToFloats(const std::vector<__half>& v) {
-  std::vector<float> f(v.size());
-  for (size_t i = 0; i < v.size(); ++i) f[i] = F(v[i]);
-  return f;
-}
+using kernel_cases::ToFloats;
 
 // One k chunk's share of a split-K product, the reference for a partial: out[r, c] = Σ over
 // i in [k0, k1) of a[r, i] · w[c, i] (a [rows, k], w [n, k]), and the same entries of a kernel's
