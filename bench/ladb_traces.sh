@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# LADB vs FIFO on the real traces: for each trace, train the length predictor on its first 80%
-# (time order), then replay a window of the held-out last 20% against a router + 4 sim workers
-# (default cost model: an 8B model with FP8 KV on an H200) at 1x, 2x and 4x the trace's own
-# arrival rate, once per batching mode. Prints the table (bench/ladb_table.py) and keeps every
-# run's JSON summary and router metrics under OUT.
+# LADB against the honest FCFS baseline (batching.mode fcfs: each request dispatched at once to
+# the least-loaded worker, as a stock vLLM-like cluster does) on the real traces: for each trace,
+# train the length predictor on its first 80% (time order), then replay a window of the held-out
+# last 20% against a router + WORKERS sim workers (4; the cost model issue 3 gives) at each of
+# SPEEDS times the trace's own arrival rate, once per mode in MODES ("fcfs ladb"; fifo, LADB's
+# batched fallback, may be added). Prints the table (bench/ladb_table.py) and keeps every run's
+# JSON summary and router metrics under OUT.
 #
-#   bench/ladb_traces.sh [WINDOW_S=300] [OUT=bench/out/ladb]     (build first: scripts/build.sh)
+#   bench/ladb_traces.sh [WINDOW_S=300] [FROM_S=start of the held-out 20%] [OUT=bench/out/ladb]
+#   (build first: scripts/build.sh)
 #
 # Requests end by a simulated EOS at the trace's output length with max_tokens capped at 4096
 # (tailserve-load --sim-eos), so the router never learns a length from max_tokens.
@@ -14,6 +17,8 @@ cd "$(dirname "$0")/.."
 WINDOW_S=${WINDOW_S:-300}
 OUT=${OUT:-bench/out/ladb}
 SPEEDS=${SPEEDS:-"1 2 4"}
+MODES=${MODES:-"fcfs ladb"}
+WORKERS=${WORKERS:-4}
 TRACES=${TRACES:-"conv code"}
 B=build/bin
 SHARED=../shared/traces
@@ -22,7 +27,7 @@ mkdir -p "$OUT"
 start_cluster() {  # $1: batching mode, $2: model
   local d="$OUT/run"; rm -rf "$d"; mkdir -p "$d"
   pids=(); workers=""
-  for i in 1 2 3 4; do
+  for i in $(seq "$WORKERS"); do
     # The cost model issue 3 gives (the recorded results use it), not the defaults fitted later.
     "$B/tailserve-worker" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
       --log-level warn --ports-file "$d/w$i" --set worker.sim.step_base_ms=4.0 \
@@ -30,7 +35,7 @@ start_cluster() {  # $1: batching mode, $2: model
       --set worker.sim.step_per_prefill_token_ms=0.03 >"$d/w$i.log" 2>&1 &
     pids+=($!)
   done
-  for i in 1 2 3 4; do
+  for i in $(seq "$WORKERS"); do
     for _ in $(seq 100); do [ -s "$d/w$i" ] && break; sleep 0.05; done
     workers+="${workers:+,}127.0.0.1:$(sed -n 's/grpc_port=//p' "$d/w$i")"
   done
@@ -59,8 +64,9 @@ t = lambda r: datetime.datetime.strptime(r[0][:26], "%Y-%m-%d %H:%M:%S.%f")
 print(f"{(t(rows[int(len(rows) * 0.8)]) - t(rows[0])).total_seconds():.3f}")
 PY
 )
+  from_s=${FROM_S:-$from_s}
   for speed in $SPEEDS; do
-    for mode in ladb fifo; do
+    for mode in $MODES; do
       start_cluster "$mode" "$model"
       echo "== $trace ${speed}x $mode (trace window ${from_s}s + ${WINDOW_S}s)" >&2
       "$B/tailserve-load" --target "127.0.0.1:$router_grpc" --trace "$file" --from-s "$from_s" \

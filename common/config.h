@@ -9,7 +9,7 @@
 namespace tailserve {
 
 struct BatchingConfig {
-  std::string mode = "ladb";  // ladb (length-aware) or fifo (arrival order)
+  std::string mode = "ladb";  // ladb (length-aware), fifo (arrival order, batched) or fcfs (each request at once)
   int max_batch_size = 32;
   int min_batch_size = 4;
   int target_latency_ms = 350;

@@ -24,6 +24,7 @@ std::string BatchReasonName(BatchReason r) {
     case BatchReason::kFull: return "full";
     case BatchReason::kMinSize: return "min_size";
     case BatchReason::kTimeout: return "timeout";
+    case BatchReason::kImmediate: return "immediate";
   }
   return "unknown";
 }
@@ -129,6 +130,34 @@ std::vector<uint64_t> LadbBatcher::NextGrouped(SteadyTime now, size_t limit, Bat
     return Take(group);
   }
   return {};
+}
+
+void FcfsBatcher::Push(const QueuedRequest& r, bool requeued) {
+  if (requeued) {
+    queue_.push_front(r);
+  } else {
+    queue_.push_back(r);
+  }
+}
+
+bool FcfsBatcher::Remove(uint64_t id) {
+  auto it = std::find_if(queue_.begin(), queue_.end(), [id](const QueuedRequest& q) { return q.id == id; });
+  if (it == queue_.end()) return false;
+  queue_.erase(it);
+  return true;
+}
+
+std::vector<uint64_t> FcfsBatcher::Next(SteadyTime, size_t capacity, BatchReason* reason) {
+  if (queue_.empty() || capacity == 0) return {};
+  *reason = BatchReason::kImmediate;
+  const uint64_t id = queue_.front().id;
+  queue_.pop_front();
+  return {id};
+}
+
+std::unique_ptr<Batcher> MakeBatcher(const BatchingConfig& batching, const RouterConfig& router) {
+  if (batching.mode == "fcfs") return std::make_unique<FcfsBatcher>();
+  return std::make_unique<LadbBatcher>(batching, router);
 }
 
 }  // namespace tailserve

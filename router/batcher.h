@@ -15,6 +15,8 @@
 // is only worth what the target can spare.) Length-unaware (batching.mode fifo, or predictor drift)
 // it is plain FIFO batching: min_batch_size or timeout_ms over arrival order, no grouping.
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,7 +34,7 @@ struct QueuedRequest {
   SteadyTime enqueued;
 };
 
-enum class BatchReason { kFull, kMinSize, kTimeout };
+enum class BatchReason { kFull, kMinSize, kTimeout, kImmediate };
 std::string BatchReasonName(BatchReason r);
 
 class Batcher {
@@ -83,5 +85,27 @@ class LadbBatcher final : public Batcher {
   bool length_aware_;
   std::vector<QueuedRequest> queue_;  // arrival order; re-queued work in front
 };
+
+// The honest baseline (batching.mode fcfs): what a stock vLLM-like cluster does. Each request is
+// dispatched the moment a worker has room, alone, to the worker with the most free slots (the core
+// picks one for every request), in arrival order (work handed back first); no waiting, no grouping,
+// no prediction. Every scheduling result is measured against it.
+class FcfsBatcher final : public Batcher {
+ public:
+  void Push(const QueuedRequest& r, bool requeued) override;
+  bool Remove(uint64_t id) override;
+  size_t size() const override { return queue_.size(); }
+  std::vector<uint64_t> Next(SteadyTime now, size_t capacity, BatchReason* reason) override;
+  std::optional<SteadyTime> NextDeadline() const override { return std::nullopt; }
+  void SetLengthAware(bool) override {}
+  bool length_aware() const override { return false; }
+  void SetStepSeconds(double) override {}
+
+ private:
+  std::deque<QueuedRequest> queue_;  // arrival order; re-queued work in front
+};
+
+// The batcher batching.mode names: fcfs, or LADB (ladb, fifo).
+std::unique_ptr<Batcher> MakeBatcher(const BatchingConfig& batching, const RouterConfig& router);
 
 }  // namespace tailserve

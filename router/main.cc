@@ -66,7 +66,7 @@ int Main(int argc, char** argv) {
     model = *std::move(loaded);
   }
   RouterCore core(*config, config->router.workers, std::move(clients),
-                  std::make_unique<LadbBatcher>(config->batching, config->router),
+                  MakeBatcher(config->batching, config->router),
                   std::make_unique<LengthPredictor>(config->predictor, std::move(model), metrics), *tokenizer, metrics);
   GenerationService service(core, config->router, *tokenizer, metrics);
   absl::StatusOr<Servers> servers = StartServers(

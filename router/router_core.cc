@@ -82,7 +82,8 @@ void RouterCore::DoSubmit(uint64_t key, ParsedRequest req, std::shared_ptr<Clien
   Request r;
   r.prediction = predictor_->Predict(req);
   r.remaining_steps = r.prediction.steps;
-  r.step_budget = InitialStepBudget(config_.predictor, r.prediction.steps);
+  // The fcfs baseline uses no prediction: no step budget, so nothing is handed back early.
+  r.step_budget = config_.batching.mode == "fcfs" ? 0 : InitialStepBudget(config_.predictor, r.prediction.steps);
   r.req = std::move(req);
   r.sink = std::move(sink);
   r.arrival = arrival;

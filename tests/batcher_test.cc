@@ -1,4 +1,4 @@
-// LadbBatcher with an injected clock: which requests form which batch, and when.
+// The batchers with an injected clock: which requests form which batch, and when.
 #include "router/batcher.h"
 
 #include <gtest/gtest.h>
@@ -30,6 +30,33 @@ class BatcherTest : public ::testing::Test {
   FakeClock clock_;
   BatchReason reason_;
 };
+
+// ---- FCFS (batching.mode: fcfs, the honest baseline) ----
+
+TEST_F(BatcherTest, FcfsDispatchesEachRequestAtOnceAloneInArrivalOrder) {
+  FcfsBatcher b;
+  EXPECT_TRUE(b.Next(clock_.Now(), 100, &reason_).empty());
+  b.Push(Req(1, 500), false);
+  b.Push(Req(2, 5, v1::PRIORITY_INTERACTIVE), false);  // neither prediction nor class reorders
+  b.Push(Req(3, 50), true);                            // handed back: first
+  EXPECT_FALSE(b.NextDeadline().has_value());          // nothing ever waits
+  EXPECT_TRUE(b.Next(clock_.Now(), 0, &reason_).empty());
+  EXPECT_EQ(b.Next(clock_.Now(), 100, &reason_), Ids{3});
+  EXPECT_EQ(reason_, BatchReason::kImmediate);
+  EXPECT_TRUE(b.Remove(2));
+  EXPECT_FALSE(b.Remove(2));
+  EXPECT_EQ(b.Next(clock_.Now(), 100, &reason_), Ids{1});
+  EXPECT_EQ(b.size(), 0u);
+  b.SetLengthAware(true);
+  EXPECT_FALSE(b.length_aware());
+}
+
+TEST_F(BatcherTest, ModeChoosesTheBatcher) {
+  batching_.mode = "fcfs";
+  EXPECT_NE(dynamic_cast<FcfsBatcher*>(MakeBatcher(batching_, router_).get()), nullptr);
+  batching_.mode = "ladb";
+  EXPECT_NE(dynamic_cast<LadbBatcher*>(MakeBatcher(batching_, router_).get()), nullptr);
+}
 
 // ---- FIFO (batching.mode: fifo, or the drift fallback) ----
 

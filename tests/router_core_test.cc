@@ -103,26 +103,28 @@ std::string AllText(ClientRecorder& c) {
   return out;
 }
 
-// LadbBatcher, counting how often the core asks for its next deadline (once a loop iteration).
+// The batcher batching.mode names, counting how often the core asks for its next deadline (once a
+// loop iteration).
 class CountingBatcher final : public Batcher {
  public:
-  CountingBatcher(const BatchingConfig& b, const RouterConfig& r, std::atomic<int>& asks) : inner_(b, r), asks_(asks) {}
-  void Push(const QueuedRequest& r, bool requeued) override { inner_.Push(r, requeued); }
-  bool Remove(uint64_t id) override { return inner_.Remove(id); }
-  size_t size() const override { return inner_.size(); }
+  CountingBatcher(const BatchingConfig& b, const RouterConfig& r, std::atomic<int>& asks)
+      : inner_(MakeBatcher(b, r)), asks_(asks) {}
+  void Push(const QueuedRequest& r, bool requeued) override { inner_->Push(r, requeued); }
+  bool Remove(uint64_t id) override { return inner_->Remove(id); }
+  size_t size() const override { return inner_->size(); }
   std::vector<uint64_t> Next(SteadyTime now, size_t capacity, BatchReason* reason) override {
-    return inner_.Next(now, capacity, reason);
+    return inner_->Next(now, capacity, reason);
   }
   std::optional<SteadyTime> NextDeadline() const override {
     ++asks_;
-    return inner_.NextDeadline();
+    return inner_->NextDeadline();
   }
-  void SetLengthAware(bool on) override { inner_.SetLengthAware(on); }
-  bool length_aware() const override { return inner_.length_aware(); }
-  void SetStepSeconds(double seconds) override { inner_.SetStepSeconds(seconds); }
+  void SetLengthAware(bool on) override { inner_->SetLengthAware(on); }
+  bool length_aware() const override { return inner_->length_aware(); }
+  void SetStepSeconds(double seconds) override { inner_->SetStepSeconds(seconds); }
 
  private:
-  LadbBatcher inner_;
+  std::unique_ptr<Batcher> inner_;
   std::atomic<int>& asks_;
 };
 
@@ -193,6 +195,29 @@ TEST_F(RouterCoreTest, RelaysTokensAndFinishes) {
   EXPECT_EQ(last.usage().prompt_tokens(), 2);
   EXPECT_EQ(last.timings().dispatches(), 1);
   EXPECT_EQ(CounterValue("tailserve_router_requests_total{outcome=\"length\"}"), 1);
+}
+
+// The fcfs baseline: each request goes at once, alone, to the worker with the most free slots
+// (so four requests spread over two workers), with no step budget.
+TEST_F(RouterCoreTest, FcfsDispatchesEachRequestAloneToTheLeastLoadedWorker) {
+  config_.batching.mode = "fcfs";
+  Start(2, 8);
+  std::vector<std::shared_ptr<ClientRecorder>> clients;
+  for (uint64_t k = 1; k <= 4; ++k) clients.push_back(Send(k, 5));
+  int sequences = 0;
+  for (FakeWorker* w : fakes_) {
+    for (size_t n = 0; n < 2; ++n) {
+      FakeWorker::Call c = w->WaitCall(n);
+      ASSERT_EQ(c.batch.sequences_size(), 1);
+      EXPECT_EQ(c.batch.sequences(0).step_budget(), 0);
+      ++sequences;
+      c.on_event(Event(c.batch.sequences(0).sequence_id(), {'a'}, v1::FINISH_STATE_LENGTH));
+      c.on_done(grpc::Status::OK);
+    }
+  }
+  EXPECT_EQ(sequences, 4);
+  for (auto& c : clients) EXPECT_TRUE(c->WaitFinish().ok());
+  EXPECT_EQ(CounterValue("tailserve_router_batches_total{reason=\"immediate\"}"), 4);
 }
 
 // A worker refuses one sequence alone (its model cannot run it): that client gets INVALID_ARGUMENT
