@@ -222,6 +222,12 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.Int("max_context", &w.max_context, 0, 10'000'000);
     s.Int("cuda_device", &w.cuda_device, 0, 64);
     s.Int("slots", &w.slots, 1, 65536);
+    s.Int("step_token_budget", &w.step_token_budget, 0, 10'000'000);
+    // Decodes come out of the budget first: one smaller than the slots could starve the prompts.
+    if (w.step_token_budget > 0 && w.step_token_budget < w.slots) {
+      s.Error("worker.step_token_budget", absl::StrCat("must be 0 or >= worker.slots (", w.slots, "), got ",
+                                                       w.step_token_budget));
+    }
     s.Double("metrics_window_seconds", &w.metrics_window_seconds, 1, 86400);
     Section sim = s.Sub("sim");
     sim.Double("step_base_ms", &w.sim.step_base_ms, 0, 60'000);

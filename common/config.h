@@ -91,6 +91,9 @@ struct WorkerConfig {
   int max_context = 0;  // 0: the model's max_position_embeddings
   int cuda_device = 0;
   int slots = 64;
+  // The most new tokens an engine step computes: decodes first, then prompts, a long one in chunks
+  // over several steps. 0: every prompt whole in one step.
+  int step_token_budget = 0;
   double metrics_window_seconds = 60;
   SimBackendConfig sim;
 };

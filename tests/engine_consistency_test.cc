@@ -54,6 +54,51 @@ TEST_P(StepConsistencyTest, DecodeAfterPrefillEqualsFullForward) {
   }
 }
 
+// A prompt prefilled in chunks (a step-token budget's prefill chunks: tokens up to `end`, nothing
+// sampled, beside another sequence decoding) ends with the logits of one whole prefill.
+TEST_P(StepConsistencyTest, ChunkedPrefillEqualsWhole) {
+  auto engine = CpuEngine::Load(SyntheticCheckpoint(GetParam()));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  Sampling greedy;
+  uint64_t id = 2000;
+  for (int length : {2, 17, 129, 257}) {
+    std::vector<int32_t> tokens = SyntheticPrompt(length, 300 + length);
+    StepSequence whole{id++, &tokens, length, 0, &greedy};
+    std::vector<float> want;
+    ASSERT_TRUE((*engine)->Forward({&whole, 1}, false, &want).ok());
+    (*engine)->Release(whole.id);
+    // A sequence decoding beside the chunks all along.
+    std::vector<int32_t> other = SyntheticPrompt(9, 5);
+    const uint64_t other_id = id++, chunked_id = id++;
+    std::vector<int32_t> next;
+    StepSequence first_other{other_id, &other, 9, 0, &greedy};
+    ASSERT_TRUE((*engine)->Step({&first_other, 1}, &next).ok());
+    other.push_back(next[0]);
+    int32_t computed = 0;
+    for (int chunk : {7, 64}) {
+      for (; computed + chunk < length - 1;) {
+        std::vector<StepSequence> batch = {
+            {chunked_id, &tokens, length, computed, &greedy, computed + chunk},
+            {other_id, &other, 9, static_cast<int32_t>(other.size()) - 1, &greedy}};
+        ASSERT_TRUE((*engine)->Step(batch, &next).ok());
+        EXPECT_EQ(next[0], -1);  // a chunk samples nothing
+        other.push_back(next[1]);
+        computed += chunk;
+        if (computed > length / 2) break;  // the rest in 64s
+      }
+    }
+    StepSequence last{chunked_id, &tokens, length, computed, &greedy};
+    std::vector<float> got;
+    ASSERT_TRUE((*engine)->Forward({&last, 1}, false, &got).ok());
+    EXPECT_LE(RelL2(got.data(), want.data(), kVocab), 1e-5) << GetParam() << " experts, prompt " << length;
+    (*engine)->Release(chunked_id);
+    (*engine)->Release(other_id);
+    // A chunk must end past what is cached and before the last token.
+    StepSequence bad{id++, &tokens, length, 0, &greedy, length};
+    EXPECT_EQ((*engine)->Step({&bad, 1}, &next).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 // Two sequences of different prompt lengths stepped together with Engine::Step give the tokens
 // each gives alone.
 TEST_P(StepConsistencyTest, BatchedStepsEqualAlone) {

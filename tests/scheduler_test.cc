@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <mutex>
+#include <span>
 #include <map>
 
 #include "tests/test_sinks.h"
@@ -517,6 +519,131 @@ TEST(SchedulerModelTest, FailedEngineStepHandsSequencesBackAndTurnsNewBatchesAwa
   EXPECT_EQ(metrics.batches.Labels({"rejected_engine_failed"}).Value(), 1);
   EXPECT_TRUE(later->messages().empty());
   scheduler.Stop();
+}
+
+}  // namespace
+}  // namespace tailserve
+
+namespace tailserve {
+namespace {
+
+// A sim engine that records, each step, the tokens it computed for each sequence.
+class CountingEngine final : public Engine {
+ public:
+  explicit CountingEngine(SimEngine& inner) : inner_(inner) {}
+  std::string backend() const override { return "sim"; }
+  std::string model_id() const override { return "test"; }
+  bool simulated() const override { return true; }
+  int32_t vocab_size() const override { return inner_.vocab_size(); }
+  absl::Status Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) override {
+    std::map<uint64_t, int64_t> step;
+    for (const StepSequence& s : batch) step[s.id] = s.computed_after() - s.computed;
+    {
+      std::lock_guard lock(mu_);
+      steps_.push_back(std::move(step));
+    }
+    return inner_.Step(batch, next);
+  }
+  void Release(uint64_t id) override { inner_.Release(id); }
+  std::vector<std::map<uint64_t, int64_t>> steps() const {
+    std::lock_guard lock(mu_);
+    return steps_;
+  }
+
+ private:
+  SimEngine& inner_;
+  mutable std::mutex mu_;
+  std::vector<std::map<uint64_t, int64_t>> steps_;
+};
+
+v1::Sequence LongSeq(uint64_t id, int prompt_tokens, int max_tokens) {
+  v1::Sequence s = Seq(id, max_tokens);
+  s.clear_prompt_token_ids();
+  for (int t = 0; t < prompt_tokens; ++t) s.add_prompt_token_ids(5 + t % 50);
+  return s;
+}
+
+// With a step-token budget of 32: two short prompts and a 100-token one admitted together. Step 1
+// computes the short prompts (3 + 3) and the first 26 of the long one; then each step the shorts
+// decode (1 + 1) and the long one takes the other 30, until its last 14 tokens fit and it samples
+// its first token in step 4. No step computes more than the budget; the shorts' tokens are the
+// ones they get without a budget (the same seeds), and so are the long one's.
+TEST(SchedulerBudgetTest, LongPromptsRunInChunksBesideTheDecodes) {
+  SimEngine sim(FreeSim(), "test");
+  for (int budget : {0, 32}) {
+    CountingEngine engine(sim);
+    Registry registry;
+    WorkerMetrics metrics(registry, 60);
+    Scheduler scheduler(engine, 4, metrics);
+    scheduler.SetStepTokenBudget(budget);
+    scheduler.Start();
+    auto sink = std::make_shared<Sink>();
+    v1::Batch b;
+    *b.add_sequences() = Seq(1, 6, 11);
+    *b.add_sequences() = Seq(2, 6, 12);
+    *b.add_sequences() = LongSeq(3, 100, 3);
+    scheduler.Submit(sink, b);
+    ASSERT_TRUE(sink->WaitFinish().ok());
+    auto out = Collect(*sink);
+    ASSERT_EQ(out[1].tokens.size(), 6u) << budget;
+    ASSERT_EQ(out[2].tokens.size(), 6u) << budget;
+    ASSERT_EQ(out[3].tokens.size(), 3u) << budget;
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(out[1].tokens[i], SimToken(11, i, 1000)) << budget;
+    const auto steps = engine.steps();
+    if (budget == 0) {
+      EXPECT_EQ(steps.front().at(3), 100);  // the whole prompt in the first step
+      continue;
+    }
+    ASSERT_GE(steps.size(), 4u);
+    EXPECT_EQ(steps[0], (std::map<uint64_t, int64_t>{{1, 3}, {2, 3}, {3, 26}}));
+    EXPECT_EQ(steps[1], (std::map<uint64_t, int64_t>{{1, 1}, {2, 1}, {3, 30}}));
+    EXPECT_EQ(steps[2], (std::map<uint64_t, int64_t>{{1, 1}, {2, 1}, {3, 30}}));
+    EXPECT_EQ(steps[3], (std::map<uint64_t, int64_t>{{1, 1}, {2, 1}, {3, 14}}));
+    for (const auto& step : steps) {
+      int64_t total = 0;
+      for (const auto& [id, n] : step) total += n;
+      EXPECT_LE(total, budget);
+    }
+    // The long prompt's first token came with the shorts' fourth.
+    int short_tokens_before = 0;
+    for (const auto& ev : sink->messages()) {
+      bool long_started = false;
+      for (const auto& se : ev.sequences()) {
+        if (se.sequence_id() == 3 && se.token_ids_size() > 0) long_started = true;
+        if (se.sequence_id() == 1) short_tokens_before += se.token_ids_size();
+      }
+      if (long_started) break;
+    }
+    EXPECT_EQ(short_tokens_before, 4);
+  }
+}
+
+// More prompts than one step's budget holds: the later ones wait whole steps, in admission order,
+// and every prompt still completes.
+TEST(SchedulerBudgetTest, PromptsPastTheBudgetWaitTheirTurnInOrder) {
+  SimEngine sim(FreeSim(), "test");
+  CountingEngine engine(sim);
+  Registry registry;
+  WorkerMetrics metrics(registry, 60);
+  Scheduler scheduler(engine, 4, metrics);
+  scheduler.SetStepTokenBudget(8);
+  scheduler.Start();
+  auto sink = std::make_shared<Sink>();
+  v1::Batch b;
+  for (uint64_t id = 1; id <= 4; ++id) *b.add_sequences() = LongSeq(id, 10, 2);
+  scheduler.Submit(sink, b);
+  ASSERT_TRUE(sink->WaitFinish().ok());
+  auto out = Collect(*sink);
+  for (uint64_t id = 1; id <= 4; ++id) EXPECT_EQ(out[id].tokens.size(), 2u) << id;
+  const auto steps = engine.steps();
+  ASSERT_GE(steps.size(), 2u);
+  EXPECT_EQ(steps[0], (std::map<uint64_t, int64_t>{{1, 8}}));  // prompt 1's first 8 tokens only
+  EXPECT_EQ(steps[1], (std::map<uint64_t, int64_t>{{1, 2}, {2, 6}}));
+  for (const auto& step : steps) {
+    int64_t total = 0;
+    for (const auto& [id, n] : step) total += n;
+    EXPECT_LE(total, 8);
+  }
 }
 
 }  // namespace

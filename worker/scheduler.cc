@@ -258,20 +258,38 @@ void Scheduler::Retire(size_t index, const char* reason) {
 }
 
 void Scheduler::RunStep() {
-  std::vector<StepSequence> batch(running_.size());
+  // The step carries every decoding sequence, and the prefills (in admission order) while the
+  // step-token budget lasts: a prompt that does not fit runs a chunk and continues next step, so a
+  // burst of long prompts never stalls the decodes for a whole prefill. No budget: all of them.
+  const bool budgeted = step_token_budget_ > 0;
+  int64_t left = step_token_budget_;
+  for (const Slot& s : running_) left -= static_cast<int64_t>(s.tokens.size()) - s.computed == 1 ? 1 : 0;
+  std::vector<StepSequence> batch;
+  std::vector<size_t> slot_of;  // batch[k] is running_[slot_of[k]]
+  batch.reserve(running_.size());
   int64_t prefill = 0;
   for (size_t i = 0; i < running_.size(); ++i) {
     Slot& s = running_[i];
-    batch[i] = {s.id, &s.tokens, s.prompt_len, s.computed, &s.sampling};
-    if (s.computed == 0) prefill += static_cast<int64_t>(s.tokens.size());
+    StepSequence seq{s.id, &s.tokens, s.prompt_len, s.computed, &s.sampling};
+    const int64_t uncached = static_cast<int64_t>(s.tokens.size()) - s.computed;
+    if (uncached > 1) {
+      if (budgeted && left <= 0) continue;  // waits for the next step's budget
+      if (budgeted && uncached > left) seq.end = s.computed + static_cast<int32_t>(left);
+      const int64_t taken = seq.computed_after() - s.computed;
+      prefill += taken;
+      if (budgeted) left -= taken;
+    }
+    batch.push_back(seq);
+    slot_of.push_back(i);
   }
+  if (batch.empty()) return;
   std::vector<int32_t> next;
   const SteadyTime start = clock_.Now();
   const absl::Status status = engine_.Step(batch, &next);
   const double seconds = Seconds(clock_.Now() - start);
   metrics_.step_time.Observe(seconds);
   metrics_.step_time_window.Observe(seconds);
-  metrics_.step_batch_size.Observe(static_cast<double>(running_.size()));
+  metrics_.step_batch_size.Observe(static_cast<double>(batch.size()));
   metrics_.prefill_tokens.Inc(static_cast<double>(prefill));
   if (const std::optional<EngineStats> stats = engine_.stats()) metrics_.Publish(*stats);
   if (!status.ok()) {
@@ -291,12 +309,17 @@ void Scheduler::RunStep() {
 
   std::map<BatchSink*, v1::TokenEvent> events;
   std::vector<std::pair<size_t, const char*>> retire;
-  for (size_t i = 0; i < running_.size(); ++i) {
+  for (size_t k = 0; k < batch.size(); ++k) {
+    const size_t i = slot_of[k];
     Slot& s = running_[i];
+    if (batch[k].chunk()) {  // a prefill chunk: in the cache now, no token yet
+      s.computed = batch[k].end;
+      continue;
+    }
     v1::TokenEvent& ev = events[s.sink.get()];
     auto* se = ev.add_sequences();
     se->set_sequence_id(s.id);
-    const int32_t token = next[i];
+    const int32_t token = next[k];
     s.tokens.push_back(token);
     s.computed = static_cast<int32_t>(s.tokens.size()) - 1;
     ++s.steps;

@@ -64,6 +64,10 @@ class Scheduler {
   void OnEngineFailure(std::function<void(const absl::Status&)> handler);
   // OK until an engine step fails, then that step's error (any thread).
   absl::Status EngineHealth() const;
+  // The most new tokens one engine step computes (worker.step_token_budget): every decode, then
+  // prefills in admission order, a prompt past the rest of the budget as a chunk. 0: every prompt
+  // whole (the default). Set it before Start.
+  void SetStepTokenBudget(int tokens) { step_token_budget_ = tokens; }
 
  private:
   struct Slot {
@@ -97,6 +101,7 @@ class Scheduler {
   Engine& engine_;
   const std::vector<int32_t> eos_ids_;  // the model's EOS ids end every sequence
   const int slots_;
+  int step_token_budget_ = 0;
   WorkerMetrics& metrics_;
   const Clock& clock_;
   CommandQueue commands_;

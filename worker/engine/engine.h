@@ -22,12 +22,20 @@ struct Sampling {
 // One sequence's view for one step. `tokens` holds prompt then generated tokens; the first
 // `computed` of them are already in the backend's cache, the rest go through the model now
 // (all of them for a new or re-dispatched sequence: a prefill; only the last one when decoding).
+// With `end` > 0 the step is a prefill chunk: only tokens [computed, end) go through the model
+// (end < tokens->size()), into the cache, and nothing is sampled (a step-token budget splits a
+// long prompt over several steps, so decoding sequences never wait for a whole prefill).
 struct StepSequence {
   uint64_t id = 0;
   const std::vector<int32_t>* tokens = nullptr;
   int32_t prompt_len = 0;
   int32_t computed = 0;
   const Sampling* sampling = nullptr;
+  int32_t end = 0;
+
+  bool chunk() const { return end > 0; }
+  // Tokens in the cache after the step.
+  int32_t computed_after() const { return chunk() ? end : static_cast<int32_t>(tokens->size()); }
 };
 
 // What a backend reports about its device state (exported as worker metrics).
@@ -50,8 +58,8 @@ class Engine {
   virtual int32_t max_context() const { return std::numeric_limits<int32_t>::max(); }
   // Token ids that end a sequence (generation_config.json), added to every request's stop ids.
   virtual std::vector<int32_t> eos_token_ids() const { return {}; }
-  // Runs the model over each sequence's uncomputed tokens and samples one next token per sequence,
-  // written to (*next)[i] for batch[i].
+  // Runs the model over each sequence's uncomputed tokens (a chunk's up to its end) and samples one
+  // next token per sequence, written to (*next)[i] for batch[i] (-1 for a chunk, which samples none).
   virtual absl::Status Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) = 0;
   // Called at admission: hold room for a sequence of up to `max_tokens` tokens (prompt included),
   // so a step never finds the cache full. RESOURCE_EXHAUSTED when it does not fit now; Release

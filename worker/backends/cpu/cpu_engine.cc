@@ -226,7 +226,11 @@ absl::Status CpuEngine::Forward(std::span<const StepSequence> batch, bool all_po
   std::vector<int32_t> row_tokens;
   std::vector<int64_t> last_row;  // per sequence: its last new row
   for (const StepSequence& s : batch) {
-    const int64_t n = static_cast<int64_t>(s.tokens->size());
+    if (s.chunk() && (s.end <= s.computed || s.end >= static_cast<int64_t>(s.tokens->size()))) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.id, ": a prefill chunk must end past ", s.computed,
+                                                     " and before the last token"));
+    }
+    const int64_t n = s.chunk() ? s.end : static_cast<int64_t>(s.tokens->size());
     if (n > c.max_position) {
       return absl::OutOfRangeError(absl::StrCat("sequence ", s.id, ": ", n, " tokens exceed the model's context of ",
                                                 c.max_position));
@@ -309,6 +313,10 @@ absl::Status CpuEngine::Step(std::span<const StepSequence> batch, std::vector<in
   next->resize(batch.size());
   const int64_t vocab = config_.vocab_size;
   for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].chunk()) {
+      (*next)[i] = -1;
+      continue;
+    }
     std::span<const float> row(logits.data() + static_cast<int64_t>(i) * vocab, static_cast<size_t>(vocab));
     (*next)[i] = SampleToken(row, *batch[i].sampling, static_cast<int64_t>(batch[i].tokens->size()), &sample_scratch_);
   }

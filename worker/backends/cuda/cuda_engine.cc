@@ -193,16 +193,19 @@ absl::Status CudaEngine::Prefill(std::span<const StepSequence> batch) {
   };
   for (const StepSequence& seq : batch) {
     TAILSERVE_ASSIGN_OR_RETURN(cuda::KvBlockAllocator::Sequence * st, blocks_->Acquire(seq.id));
+    // A prefill chunk computes tokens up to its end; otherwise all but the last, which the decode
+    // graph takes.
     const int64_t n = static_cast<int64_t>(seq.tokens->size());
+    const int64_t stop = seq.chunk() ? seq.end : n - 1;
     st->cached = std::min<int64_t>(st->cached, seq.computed);
-    TAILSERVE_RETURN_IF_ERROR(blocks_->EnsurePositions(*st, n));
-    for (int64_t p = st->cached; p < n - 1; ++p) {
+    TAILSERVE_RETURN_IF_ERROR(blocks_->EnsurePositions(*st, seq.chunk() ? stop : n));
+    for (int64_t p = st->cached; p < stop; ++p) {
       b.h_tokens[rows] = (*seq.tokens)[p];
       b.h_pos[rows] = static_cast<int32_t>(p);
       b.h_row_seq[rows] = st->table_row;
       if (++rows == max_rows_) TAILSERVE_RETURN_IF_ERROR(flush());
     }
-    st->cached = std::max<int64_t>(st->cached, n - 1);
+    st->cached = std::max<int64_t>(st->cached, stop);
   }
   return flush();
 }
@@ -256,16 +259,36 @@ absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t
 absl::Status CudaEngine::Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) {
   TAILSERVE_RETURN_IF_ERROR(UseDevice());
   for (const StepSequence& s : batch) {
+    if (s.chunk() && (s.end <= s.computed || s.end >= static_cast<int64_t>(s.tokens->size()))) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.id, ": a prefill chunk must end past ", s.computed,
+                                                     " and before the last token"));
+    }
     if (static_cast<int64_t>(s.tokens->size()) > max_context_) {
       return absl::OutOfRangeError(absl::StrCat("sequence ", s.id, ": ", s.tokens->size(),
                                                 " tokens exceed the model's context of ", max_context_));
     }
   }
   TAILSERVE_RETURN_IF_ERROR(Prefill(batch));
-  next->resize(batch.size());
-  for (size_t first = 0; first < batch.size(); first += static_cast<size_t>(max_bucket_)) {
-    const size_t count = std::min(batch.size() - first, static_cast<size_t>(max_bucket_));
-    TAILSERVE_RETURN_IF_ERROR(DecodeChunk(batch, first, count, next));
+  // Prefill chunks sample nothing: the decode graphs run the other sequences alone.
+  std::vector<StepSequence> decoding;
+  std::vector<size_t> decoding_at;
+  const bool chunks = std::any_of(batch.begin(), batch.end(), [](const StepSequence& s) { return s.chunk(); });
+  if (chunks) {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (!batch[i].chunk()) decoding.push_back(batch[i]), decoding_at.push_back(i);
+    }
+  }
+  const std::span<const StepSequence> decode = chunks ? std::span<const StepSequence>(decoding) : batch;
+  std::vector<int32_t> sampled;
+  std::vector<int32_t>* out = chunks ? &sampled : next;
+  out->resize(decode.size());
+  for (size_t first = 0; first < decode.size(); first += static_cast<size_t>(max_bucket_)) {
+    const size_t count = std::min(decode.size() - first, static_cast<size_t>(max_bucket_));
+    TAILSERVE_RETURN_IF_ERROR(DecodeChunk(decode, first, count, out));
+  }
+  if (chunks) {
+    next->assign(batch.size(), -1);
+    for (size_t j = 0; j < decoding_at.size(); ++j) (*next)[decoding_at[j]] = sampled[j];
   }
   return absl::OkStatus();
 }

@@ -23,10 +23,11 @@ absl::Status SimEngine::Step(std::span<const StepSequence> batch, std::vector<in
   next->resize(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     const StepSequence& s = batch[i];
-    const int64_t len = static_cast<int64_t>(s.tokens->size());
+    const int64_t len = s.computed_after();
     kv_tokens += len;
-    if (s.computed == 0) prefill_tokens += len;
-    (*next)[i] = SimToken(s.sampling->seed, len - s.prompt_len, config_.vocab_size);
+    // A prefill (whole or a chunk) computes its uncached tokens; a decode computes one.
+    if (s.computed == 0 || len - s.computed > 1) prefill_tokens += len - s.computed;
+    (*next)[i] = s.chunk() ? -1 : SimToken(s.sampling->seed, len - s.prompt_len, config_.vocab_size);
   }
   const double cost = SimStepSeconds(config_, static_cast<int>(batch.size()), kv_tokens, prefill_tokens);
   if (cost > 0) sleep_until_(start + std::chrono::duration_cast<Duration>(std::chrono::duration<double>(cost)));
