@@ -18,6 +18,10 @@ WINDOW_S=${WINDOW_S:-300}
 OUT=${OUT:-bench/out/ladb}
 SPEEDS=${SPEEDS:-"1 2 4"}
 MODES=${MODES:-"fcfs ladb"}
+# WORKER_FLAGS go to every worker (e.g. --set worker.step_token_budget=512); TAG is appended to the
+# mode in the output files, so such a run sits beside the defaults in one table.
+WORKER_FLAGS=${WORKER_FLAGS:-}
+TAG=${TAG:-}
 WORKERS=${WORKERS:-4}
 TRACES=${TRACES:-"conv code"}
 B=build/bin
@@ -32,7 +36,7 @@ start_cluster() {  # $1: batching mode, $2: model
     "$B/tailserve-worker" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
       --log-level warn --ports-file "$d/w$i" --set worker.sim.step_base_ms=4.0 \
       --set worker.sim.step_per_sequence_ms=0.02 --set worker.sim.step_per_kv_token_ns=15 \
-      --set worker.sim.step_per_prefill_token_ms=0.03 >"$d/w$i.log" 2>&1 &
+      --set worker.sim.step_per_prefill_token_ms=0.03 $WORKER_FLAGS >"$d/w$i.log" 2>&1 &
     pids+=($!)
   done
   for i in $(seq "$WORKERS"); do
@@ -68,11 +72,11 @@ PY
   for speed in $SPEEDS; do
     for mode in $MODES; do
       start_cluster "$mode" "$model"
-      echo "== $trace ${speed}x $mode (trace window ${from_s}s + ${WINDOW_S}s)" >&2
+      echo "== $trace ${speed}x $mode$TAG (trace window ${from_s}s + ${WINDOW_S}s)" >&2
       "$B/tailserve-load" --target "127.0.0.1:$router_grpc" --trace "$file" --from-s "$from_s" \
         --duration-s "$WINDOW_S" --speed "$speed" --sim-eos --max-prompt-tokens 16384 \
-        --json "$OUT/${trace}_${speed}x_${mode}.json" >&2 || true
-      curl -s "localhost:$router_http/metrics" > "$OUT/${trace}_${speed}x_${mode}.metrics"
+        --json "$OUT/${trace}_${speed}x_${mode}${TAG}.json" >&2 || true
+      curl -s "localhost:$router_http/metrics" > "$OUT/${trace}_${speed}x_${mode}${TAG}.metrics"
       stop_cluster
     done
   done
