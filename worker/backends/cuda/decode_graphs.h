@@ -14,8 +14,7 @@ namespace tailserve::cuda {
 
 class DecodeGraphs {
  public:
-  // `plans`: the decode plan of each bucket (also the buckets captured); `profile_plan` gives the
-  // plan ProfileDecode captures (one stream, no programmatic launches).
+  // `plans`: the decode plan of each bucket (also the buckets captured).
   DecodeGraphs(ForwardPass& forward, Workspaces& buffers, cudaStream_t stream, GemmRunner& gemm,
                GemmRunner& side_gemm, const std::map<int, StepPlan>& plans)
       : forward_(forward), b_(buffers), stream_(stream), gemm_(gemm), side_gemm_(side_gemm), plans_(plans) {}
