@@ -159,6 +159,7 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<PlannedRequest>& plan
   auto channel = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
   auto stub = v1::Generation::NewStub(channel);
   LoadReport report;
+  report.ttft_slo_s = o.ttft_slo_s, report.tpot_slo_s = o.tpot_slo_s;
   report.results.resize(plan.size());
   std::mutex mu;
   std::condition_variable cv;
@@ -196,8 +197,10 @@ namespace {
 struct Summary {
   std::map<std::string, int> codes;
   size_t ok = 0;
+  size_t attained = 0;  // ok and within both SLOs
   int64_t tokens = 0;
-  std::vector<double> queue, ttft, e2e, per_token;
+  double e2e_sum = 0;
+  std::vector<double> queue, ttft, e2e, per_token, tpot;
 };
 Summary Summarise(const LoadReport& r) {
   Summary s;
@@ -206,10 +209,13 @@ Summary Summarise(const LoadReport& r) {
     if (x.code != 0) continue;
     ++s.ok;
     s.tokens += x.tokens;
+    s.e2e_sum += x.e2e_s;
     s.queue.push_back(x.queue_s);
     s.ttft.push_back(x.ttft_s);
     s.e2e.push_back(x.e2e_s);
     if (x.tokens > 0) s.per_token.push_back(x.e2e_s / x.tokens);
+    if (x.tokens > 1) s.tpot.push_back(x.tpot_s());
+    if (x.ttft_s <= r.ttft_slo_s && x.tpot_s() <= r.tpot_slo_s) ++s.attained;
   }
   return s;
 }
@@ -231,6 +237,10 @@ std::string LoadReport::Table() const {
   row("ttft", s.ttft);
   row("e2e", s.e2e);
   row("e2e / output token", s.per_token);
+  row("tpot", s.tpot);
+  out += absl::StrFormat("mean e2e %.2f ms; SLO (TTFT <= %.0f ms, TPOT <= %.0f ms) met by %.1f%%, goodput %.2f req/s\n",
+                         s.ok ? 1e3 * s.e2e_sum / s.ok : 0.0, 1e3 * ttft_slo_s, 1e3 * tpot_slo_s,
+                         results.empty() ? 0.0 : 100.0 * s.attained / results.size(), s.attained / wall_s);
   return out;
 }
 
@@ -250,6 +260,11 @@ std::string LoadReport::Json() const {
   j["ttft_s"] = q(s.ttft);
   j["e2e_s"] = q(s.e2e);
   j["e2e_per_token_s"] = q(s.per_token);
+  j["tpot_s"] = q(s.tpot);
+  j["e2e_mean_s"] = s.ok ? s.e2e_sum / s.ok : 0.0;
+  j["slo"] = {{"ttft_s", ttft_slo_s}, {"tpot_s", tpot_slo_s}};
+  j["slo_attainment"] = results.empty() ? 0.0 : static_cast<double>(s.attained) / results.size();
+  j["goodput_rps"] = s.attained / wall_s;
   return j.dump(2);
 }
 

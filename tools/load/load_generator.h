@@ -43,6 +43,11 @@ struct LoadOptions {
   // length itself (the usual benchmark convention, which hands the length to the router).
   bool sim_eos = false;
   int32_t max_tokens_cap = 4096;
+  // The service-level objective the report's attainment and goodput count against: a request
+  // meets it when it succeeds with its first token within ttft_slo_s and every later one, on
+  // average, within tpot_slo_s.
+  double ttft_slo_s = 1.0;
+  double tpot_slo_s = 0.05;
 };
 
 // A seed and stop token with which a simulated sequence ends after exactly `length` tokens: the
@@ -55,10 +60,13 @@ struct RequestResult {
   int32_t tokens = 0;
   int32_t expected_tokens = 0;
   int dispatches = 0;
+  // Time per output token after the first, (e2e − ttft) / (tokens − 1); 0 with fewer than two.
+  double tpot_s() const { return tokens > 1 ? (e2e_s - ttft_s) / (tokens - 1) : 0.0; }
 };
 
 struct LoadReport {
   double wall_s = 0;
+  double ttft_slo_s = 1.0, tpot_slo_s = 0.05;  // LoadOptions'
   std::vector<RequestResult> results;
   std::string Table() const;  // human-readable summary
   std::string Json() const;   // the same, machine-readable

@@ -34,7 +34,15 @@ int main(int argc, char** argv) {
   app.add_option("--priority", o.priority, "priority enum value (1 interactive, 2 standard, 3 batch)");
   app.add_option("--seed", o.seed, "seed for prompts and sampling seeds");
   app.add_option("--json", json_out, "also write the summary as JSON here");
+  double ttft_slo_ms = 1000, tpot_slo_ms = 50;
+  app.add_option("--ttft-slo-ms", ttft_slo_ms, "SLO attainment and goodput: the largest TTFT (ms) that meets it")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--tpot-slo-ms", tpot_slo_ms, "... and the largest mean time per output token after the first (ms)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  o.ttft_slo_s = ttft_slo_ms / 1000.0, o.tpot_slo_s = tpot_slo_ms / 1000.0;
 
   std::vector<tailserve::PlannedRequest> plan;
   if (!trace.empty()) {

@@ -1,0 +1,35 @@
+// The load generator's summary: time per output token, SLO attainment and goodput, from given
+// request results (no network).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tools/load/load_generator.h"
+
+namespace tailserve {
+namespace {
+
+TEST(LoadReportTest, TpotAttainmentAndGoodput) {
+  LoadReport r;
+  r.wall_s = 10;
+  r.ttft_slo_s = 1.0, r.tpot_slo_s = 0.05;
+  // ok: TTFT 0.5 s, 11 tokens over 1.5 s: TPOT 0.1 s (misses the TPOT SLO).
+  r.results.push_back({.code = 0, .ttft_s = 0.5, .e2e_s = 1.5, .tokens = 11});
+  // ok: TTFT 0.2 s, 21 tokens over 0.8 s: TPOT 0.03 s (meets both).
+  r.results.push_back({.code = 0, .ttft_s = 0.2, .e2e_s = 0.8, .tokens = 21});
+  // ok: TTFT 2 s (misses), one token: no TPOT.
+  r.results.push_back({.code = 0, .ttft_s = 2.0, .e2e_s = 2.0, .tokens = 1});
+  // failed: counts against attainment.
+  r.results.push_back({.code = 8, .ttft_s = 0, .e2e_s = 0.1, .tokens = 0});
+  EXPECT_DOUBLE_EQ(r.results[0].tpot_s(), 0.1);
+  EXPECT_DOUBLE_EQ(r.results[2].tpot_s(), 0.0);
+  const nlohmann::json j = nlohmann::json::parse(r.Json());
+  EXPECT_EQ(j["ok"], 3);
+  EXPECT_DOUBLE_EQ(j["slo_attainment"].get<double>(), 0.25);  // 1 of 4 requests
+  EXPECT_DOUBLE_EQ(j["goodput_rps"].get<double>(), 0.1);
+  EXPECT_NEAR(j["tpot_s"]["p50"].get<double>(), 0.065, 1e-12);  // of 0.03 and 0.1
+  EXPECT_NEAR(j["e2e_mean_s"].get<double>(), (1.5 + 0.8 + 2.0) / 3, 1e-12);
+  EXPECT_NE(r.Table().find("met by 25.0%"), std::string::npos) << r.Table();
+}
+
+}  // namespace
+}  // namespace tailserve
