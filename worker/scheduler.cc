@@ -263,7 +263,9 @@ void Scheduler::RunStep() {
   // burst of long prompts never stalls the decodes for a whole prefill. No budget: all of them.
   const bool budgeted = step_token_budget_ > 0;
   int64_t left = step_token_budget_;
-  for (const Slot& s : running_) left -= static_cast<int64_t>(s.tokens.size()) - s.computed == 1 ? 1 : 0;
+  for (const Slot& s : running_) {
+    if (static_cast<int64_t>(s.tokens.size()) - s.computed == 1) --left;  // the decodes come out of it first
+  }
   std::vector<StepSequence> batch;
   std::vector<size_t> slot_of;  // batch[k] is running_[slot_of[k]]
   batch.reserve(running_.size());
