@@ -62,14 +62,7 @@ inline void ExpectCaseMatches(const kernel_cases::CaseSpec& spec) {
 using kernel_cases::Random;
 using kernel_cases::RoundToHalf;
 
-inline double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+inline double RelL2(const std::vector<float>& a, const std::vector<float>& b) { return kernel_cases::RelativeL2(a, b); }
 
 inline float F(__half v) { return __half2float(v); }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace tailserve {
 
@@ -37,6 +38,16 @@ struct StepSequence {
   // Tokens in the cache after the step.
   int32_t computed_after() const { return chunk() ? end : static_cast<int32_t>(tokens->size()); }
 };
+
+// INVALID_ARGUMENT for a prefill chunk that ends at or before what is cached, or at or past the
+// last token (a chunk never samples, so the last token is always left for a full step).
+inline absl::Status CheckChunk(const StepSequence& s) {
+  if (s.chunk() && (s.end <= s.computed || s.end >= static_cast<int64_t>(s.tokens->size()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", s.id, ": a prefill chunk must end past ", s.computed, " and before the last token"));
+  }
+  return absl::OkStatus();
+}
 
 // What a backend reports about its device state (exported as worker metrics).
 struct EngineStats {

@@ -226,10 +226,7 @@ absl::Status CpuEngine::Forward(std::span<const StepSequence> batch, bool all_po
   std::vector<int32_t> row_tokens;
   std::vector<int64_t> last_row;  // per sequence: its last new row
   for (const StepSequence& s : batch) {
-    if (s.chunk() && (s.end <= s.computed || s.end >= static_cast<int64_t>(s.tokens->size()))) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.id, ": a prefill chunk must end past ", s.computed,
-                                                     " and before the last token"));
-    }
+    TAILSERVE_RETURN_IF_ERROR(CheckChunk(s));
     const int64_t n = s.chunk() ? s.end : static_cast<int64_t>(s.tokens->size());
     if (n > c.max_position) {
       return absl::OutOfRangeError(absl::StrCat("sequence ", s.id, ": ", n, " tokens exceed the model's context of ",

@@ -243,7 +243,7 @@ absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t
     ++graph_replays_;
   } else {
     TAILSERVE_RETURN_IF_ERROR(UploadInputs());
-    TAILSERVE_RETURN_IF_ERROR(forward_->Run(Plan(bucket, /*decode=*/true), bucket));
+    TAILSERVE_RETURN_IF_ERROR(forward_->Run(DecodePlan(bucket), bucket));
     TAILSERVE_RETURN_IF_ERROR(DownloadOutputs());
   }
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
@@ -259,10 +259,7 @@ absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t
 absl::Status CudaEngine::Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) {
   TAILSERVE_RETURN_IF_ERROR(UseDevice());
   for (const StepSequence& s : batch) {
-    if (s.chunk() && (s.end <= s.computed || s.end >= static_cast<int64_t>(s.tokens->size()))) {
-      return absl::InvalidArgumentError(absl::StrCat("sequence ", s.id, ": a prefill chunk must end past ", s.computed,
-                                                     " and before the last token"));
-    }
+    TAILSERVE_RETURN_IF_ERROR(CheckChunk(s));
     if (static_cast<int64_t>(s.tokens->size()) > max_context_) {
       return absl::OutOfRangeError(absl::StrCat("sequence ", s.id, ": ", s.tokens->size(),
                                                 " tokens exceed the model's context of ", max_context_));

@@ -387,6 +387,9 @@ auto WithVariant(int variant, F&& f) {
     default: return f(I1{}, I1{});
   }
 }
+// The plan reads a variant's k a stage from plan/stream_layout.h: it must be this table's.
+static_assert(StreamGemmKStep(0) == kTileK && StreamGemmKStep(1) == 2 * kTileK && StreamGemmKStep(2) == kTileK &&
+              StreamGemmKStep(3) == 2 * kTileK && StreamGemmKStep(4) == 4 * kTileK);
 
 absl::StatusOr<int> CtasOrSms(int ctas) {
   if (ctas > 0) return ctas;

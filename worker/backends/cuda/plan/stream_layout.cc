@@ -5,11 +5,6 @@
 
 namespace tailserve::cuda {
 
-int StreamGemmKStep(int variant) {
-  const int boxes = variant == 4 ? 4 : (variant == 1 || variant == 3) ? 2 : 1;
-  return kStreamTileK * boxes;
-}
-
 std::vector<int> StreamFfnGroupFeatures(int ffn, int chunks, int last, int last_count) {
   if (last == 0) last_count = 0;
   if (chunks < 1 || ffn <= 0 || last < 0 || (last > 0 && last_count < 1) || last_count >= chunks ||

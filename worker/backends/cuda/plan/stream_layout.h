@@ -13,7 +13,9 @@ inline constexpr int kStreamTileK = 64;  // k a TMA box: one 128-byte swizzle ro
 
 // The k one stage of StreamGemm's `variant` covers (64 · its k boxes: variant 4 four boxes, 1 and
 // 3 two, others one): StreamGemm takes k in multiples of this times the chunks.
-int StreamGemmKStep(int variant);
+constexpr int StreamGemmKStep(int variant) {
+  return kStreamTileK * (variant == 4 ? 4 : (variant == 1 || variant == 3) ? 2 : 1);
+}
 
 // StreamFfn's feature groups (down's k chunks): ffn / chunks features each, or with the last
 // `last_count` chunks of `last` features each, the others sharing the rest equally; empty where
