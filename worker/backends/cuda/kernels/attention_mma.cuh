@@ -62,8 +62,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
                        RowMeta meta, KvGeometry g, KvLayerView layer, float* partial, __half* out, bool new_kv,
                        unsigned long long* clamps, bool cluster_merge, AttentionRope rope) {
   static_assert(HD == 32 || HD == 64 || HD == 128, "head_dim 32, 64 or 128 (the decode Vᵀ loads take HD / 8 bytes)");
-  constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
-  constexpr int kRow = RowBytes<HD>();
   constexpr int kChunks = HD / 16;  // k-steps of Q·Kᵀ
   constexpr int kDimTiles = HD / 8;  // n-tiles of P·V (prefill)
   // Decode computes Oᵀ = Vᵀ · Pᵀ instead (see below): HD / 16 m-tiles, and each lane multiplies
@@ -262,18 +260,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks(HD, kTiled, kWarps))
       float f[kHalves];
       SoftmaxStep<kHalves>(p, ts, &sm_state, pa, f);
       if constexpr (kTiled) {
-#pragma unroll
-        for (int t = 0; t < kDimTiles; ++t) {
-          o[t][0] *= f[0], o[t][1] *= f[0];
-          o[t][2] *= f[kHalves - 1], o[t][3] *= f[kHalves - 1];
-          // B fragment: V[keys 2qc, 2qc + 1][dim 8t + qg] and keys 2qc + 8, + 9.
-          const uint8_t* vcol = vs + 8 * t + qg;
-          const uint16_t lo0 = vcol[(2 * qc) * kRow], hi0 = vcol[(2 * qc + 1) * kRow];
-          const uint16_t lo1 = vcol[(2 * qc + 8) * kRow], hi1 = vcol[(2 * qc + 9) * kRow];
-          const uint32_t b0 = Fp8x2ToHalf2(static_cast<uint16_t>(lo0 | (hi0 << 8)), kKind);
-          const uint32_t b1 = Fp8x2ToHalf2(static_cast<uint16_t>(lo1 | (hi1 << 8)), kKind);
-          Mma(o[t], pa, b0, b1);
-        }
+        PrefillPv<D, HD>(vs, pa, f, o);
       } else {
         DecodePv<D, HD>(vs, pa, f[0], o);
       }

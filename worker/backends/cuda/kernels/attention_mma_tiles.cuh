@@ -146,6 +146,29 @@ __device__ __forceinline__ void DecodePv(const uint8_t* vs, const uint32_t (&pa)
   }
 }
 
+// Prefill's O += P · V for one tile of V rows at vs, after o's row halves are rescaled by their
+// factors f (rows qg and qg + 8). All 16 mma rows hold tokens, so P's fragment is the A operand as
+// it is; the B fragment wants V[keys 2qc, 2qc + 1][dim 8t + qg] (and keys 2qc + 8, + 9), one byte
+// of each key's row, paired into fp16x2.
+template <KvDtype D, int HD>
+__device__ __forceinline__ void PrefillPv(const uint8_t* vs, const uint32_t (&pa)[4], const float (&f)[2],
+                                          float (&o)[HD / 8][4]) {
+  constexpr __nv_fp8_interpretation_t kKind = D == KvDtype::kFp8E5M2 ? __NV_E5M2 : __NV_E4M3;
+  constexpr int kRow = RowBytes<HD>();
+  const int lane = threadIdx.x & 31, qg = lane >> 2, qc = lane & 3;
+#pragma unroll
+  for (int t = 0; t < HD / 8; ++t) {
+    o[t][0] *= f[0], o[t][1] *= f[0];
+    o[t][2] *= f[1], o[t][3] *= f[1];
+    const uint8_t* vcol = vs + 8 * t + qg;
+    const uint16_t lo0 = vcol[(2 * qc) * kRow], hi0 = vcol[(2 * qc + 1) * kRow];
+    const uint16_t lo1 = vcol[(2 * qc + 8) * kRow], hi1 = vcol[(2 * qc + 9) * kRow];
+    const uint32_t b0 = Fp8x2ToHalf2(static_cast<uint16_t>(lo0 | (hi0 << 8)), kKind);
+    const uint32_t b1 = Fp8x2ToHalf2(static_cast<uint16_t>(lo1 | (hi1 << 8)), kKind);
+    Mma(o[t], pa, b0, b1);
+  }
+}
+
 // S = Q · Kᵀ over one tile of K rows at ks: n-tile j covers keys 8j .. 8j + 7; this lane's
 // columns are keys 8j + 2qc, +1, in sc[j][0..1] for row qg and (two row halves) sc[j][2..3] for
 // row qg + 8. qa[kc]: Q's A fragment of dims 16kc .. 16kc + 15, rows qg (and qg + 8).
