@@ -228,6 +228,12 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
       s.Error("worker.step_token_budget", absl::StrCat("must be 0 or >= worker.slots (", w.slots, "), got ",
                                                        w.step_token_budget));
     }
+    s.Int("max_waiting", &w.max_waiting, 0, 1'000'000);
+    s.String("admission", &w.admission, {"fcfs", "predicted"});
+    s.Int("aging_ms", &w.aging_ms, 1, 3'600'000);
+    s.String("kv_reservation", &w.kv_reservation, {"max_tokens", "on_demand", "predicted"});
+    s.Double("kv_reservation_margin", &w.kv_reservation_margin, 0, 100);
+    s.String("preemption", &w.preemption, {"newest", "most_remaining"});
     s.Double("metrics_window_seconds", &w.metrics_window_seconds, 1, 86400);
     Section sim = s.Sub("sim");
     sim.Double("step_base_ms", &w.sim.step_base_ms, 0, 60'000);
@@ -235,6 +241,7 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     sim.Double("step_per_kv_token_ns", &w.sim.step_per_kv_token_ns, 0, 1e9);
     sim.Double("step_per_prefill_token_ms", &w.sim.step_per_prefill_token_ms, 0, 60'000);
     sim.Int("vocab_size", &w.sim.vocab_size, 2, 10'000'000);
+    sim.Int("kv_blocks", &w.sim.kv_blocks, 0, 2'000'000'000);
     sim.Int("fail_after_steps", &w.sim.fail_after_steps, 0, 2'000'000'000);
   }
 }

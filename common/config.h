@@ -71,6 +71,8 @@ struct SimBackendConfig {
   double step_per_kv_token_ns = 18.7;    // c
   double step_per_prefill_token_ms = 0.031;  // p
   int vocab_size = 256;
+  // Paged KV cache accounted in blocks of 16 positions, as the CUDA engine's (0: unlimited).
+  int kv_blocks = 0;
   // Fault injection, for failover tests: every step after this many fails as a device fault
   // would (0: never).
   int fail_after_steps = 0;
@@ -94,6 +96,21 @@ struct WorkerConfig {
   // The most new tokens an engine step computes: decodes first, then prompts, a long one in chunks
   // over several steps. 0: every prompt whole in one step.
   int step_token_budget = 0;
+  // Sequences accepted beyond the free slots, waiting for a slot and KV cache (0: a batch that does
+  // not fit the free slots now is refused, RESOURCE_EXHAUSTED).
+  int max_waiting = 0;
+  // The waiting queue's order: fcfs (arrival) or predicted (least predicted remaining work first,
+  // by priority; aged sequences first). worker/scheduling_policy.h.
+  std::string admission = "fcfs";
+  // A sequence waiting this long since its request arrived goes first (predicted admission).
+  int aging_ms = 2000;
+  // KV cache promised at admission: max_tokens (all of it), on_demand (grown a block at a time) or
+  // predicted (the predicted output plus kv_reservation_margin, then on demand).
+  std::string kv_reservation = "max_tokens";
+  double kv_reservation_margin = 0.2;
+  // Which running sequence gives up its KV cache (and is recomputed later) when it runs out:
+  // newest, or most_remaining (lowest priority, then most predicted work left).
+  std::string preemption = "newest";
   double metrics_window_seconds = 60;
   SimBackendConfig sim;
 };

@@ -110,6 +110,7 @@ int Main(int argc, char** argv) {
   Engine& engine = **loaded;
   Scheduler scheduler(engine, wc.slots, metrics);
   scheduler.SetStepTokenBudget(wc.step_token_budget);
+  scheduler.SetPolicy(PolicyFromConfig(wc), wc.max_waiting);
 
   std::atomic<bool> ready{false};
   WorkerService service(scheduler, engine, ready);

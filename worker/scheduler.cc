@@ -51,6 +51,9 @@ void Scheduler::CancelSink(std::shared_ptr<BatchSink> sink) {
     for (size_t i = running_.size(); i-- > 0;) {
       if (running_[i].sink == sink) Retire(i, "cancelled");
     }
+    for (size_t i = waiting_.size(); i-- > 0;) {
+      if (waiting_[i].sink == sink) RetireWaiting(i, "cancelled");
+    }
     PublishCounts();
   });
 }
@@ -64,10 +67,9 @@ void Scheduler::Cancel(std::vector<uint64_t> ids, std::function<void(int)> done)
         if (running_[i].id != id) continue;
         found = true;
         v1::TokenEvent ev;
-        ev.set_simulated(engine_.simulated());
         // What is free once it is gone: a router reads every event's free_slots, and 0 here
         // made an idle worker look full until its next Status poll.
-        ev.set_free_slots(slots_ - static_cast<int>(running_.size()) + 1);
+        SetLoad(ev, slots_ - static_cast<int>(running_.size()) + 1);
         auto* se = ev.add_sequences();
         se->set_sequence_id(id);
         se->set_state(v1::FINISH_STATE_CANCELLED);
@@ -75,6 +77,18 @@ void Scheduler::Cancel(std::vector<uint64_t> ids, std::function<void(int)> done)
         Retire(i, "cancelled");
         ++n;
         break;
+      }
+      for (size_t i = 0; !found && i < waiting_.size(); ++i) {
+        if (waiting_[i].id != id) continue;
+        found = true;
+        v1::TokenEvent ev;
+        auto* se = ev.add_sequences();
+        se->set_sequence_id(id);
+        se->set_state(v1::FINISH_STATE_CANCELLED);
+        SetLoad(ev, slots_ - static_cast<int>(running_.size()));
+        waiting_[i].sink->Write(std::move(ev));  // before its stream can end
+        RetireWaiting(i, "cancelled");
+        ++n;
       }
       if (!found) RememberEarlyCancel(id);
     }
@@ -103,6 +117,34 @@ void Scheduler::OnEngineFailure(std::function<void(const absl::Status&)> handler
 absl::Status Scheduler::EngineHealth() const {
   std::lock_guard lock(snapshot_mu_);
   return engine_failure_;
+}
+
+void Scheduler::SetPolicy(const SchedulingPolicy& policy, int max_waiting) {
+  const int budget = policy_.step_token_budget;
+  policy_ = policy;
+  policy_.step_token_budget = budget;
+  max_waiting_ = max_waiting;
+}
+
+WorkItem Scheduler::ItemOf(const Slot& s) const {
+  WorkItem w;
+  w.arrival = s.arrival;
+  w.priority = s.priority;
+  w.uncached_tokens = static_cast<int64_t>(s.tokens.size()) - s.computed;
+  w.generated = static_cast<int32_t>(s.tokens.size()) - s.prompt_len;
+  w.max_tokens = s.max_tokens;
+  w.predicted_steps = s.predicted_steps;
+  w.admitted = s.admitted;
+  return w;
+}
+
+void Scheduler::SetLoad(v1::TokenEvent& ev, int free_slots) const {
+  ev.set_simulated(engine_.simulated());
+  ev.set_free_slots(free_slots);
+  ev.set_waiting_sequences(static_cast<int32_t>(waiting_.size()));
+  int64_t tokens = 0;
+  for (const Slot& s : waiting_) tokens += static_cast<int64_t>(s.tokens.size()) - s.computed;
+  ev.set_waiting_prefill_tokens(tokens);
 }
 
 SchedulerSnapshot Scheduler::Snapshot() const {
@@ -166,6 +208,7 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
   };
   std::unordered_set<uint64_t> ids;
   for (const Slot& s : running_) ids.insert(s.id);
+  for (const Slot& s : waiting_) ids.insert(s.id);
   std::vector<int> valid;
   const SteadyTime now = clock_.Now();
   for (int i = 0; i < batch.sequences_size(); ++i) {
@@ -185,47 +228,17 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
     }
   }
   const int free = slots_ - static_cast<int>(running_.size());
-  if (static_cast<int>(valid.size()) > free) {
+  const int room = free + max_waiting_ - static_cast<int>(waiting_.size());
+  if (static_cast<int>(valid.size()) > room) {
     metrics_.batches.Labels({"rejected_full"}).Inc();
     sink->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                              absl::StrCat("batch of ", valid.size(), " does not fit ", free, " free slots")));
+                              max_waiting_ == 0
+                                  ? absl::StrCat("batch of ", valid.size(), " does not fit ", free, " free slots")
+                                  : absl::StrCat("batch of ", valid.size(), " does not fit ", free,
+                                                 " free slots and the waiting queue's ", room - free, " places")));
     return;
   }
-  // Room in the engine's KV cache for each sequence's whole length, or the batch goes elsewhere
-  // (RESOURCE_EXHAUSTED); a sequence longer than the whole cache is refused alone.
-  std::vector<int> reserved;
-  for (int i : valid) {
-    const v1::Sequence& s = batch.sequences(i);
-    const int64_t length = std::min<int64_t>(int64_t{s.prompt_token_ids_size()} + s.max_tokens(), engine_.max_context());
-    absl::Status r = engine_.Reserve(s.sequence_id(), length);
-    if (r.code() == absl::StatusCode::kInvalidArgument) {
-      refuse(s, r);
-      continue;
-    }
-    if (!r.ok()) {
-      for (int j : reserved) engine_.Release(batch.sequences(j).sequence_id());
-      metrics_.batches.Labels({"rejected_kv"}).Inc();
-      sink->Finish(ToGrpcStatus(r));
-      return;
-    }
-    reserved.push_back(i);
-  }
-  if (refused.sequences_size() > 0) {
-    for (const auto& se : refused.sequences()) {
-      metrics_.sequences.Labels({se.state() == v1::FINISH_STATE_INVALID ? "invalid" : "cancelled"}).Inc();
-    }
-    refused.set_simulated(engine_.simulated());
-    refused.set_free_slots(free - static_cast<int>(reserved.size()));
-    sink->Write(std::move(refused));
-  }
-  if (reserved.empty()) {
-    metrics_.batches.Labels({"invalid"}).Inc();
-    sink->Finish(grpc::Status::OK);
-    return;
-  }
-  metrics_.batches.Labels({"admitted"}).Inc();
-  for (int i : reserved) {
-    v1::Sequence& s = *batch.mutable_sequences(i);
+  auto make_slot = [&](v1::Sequence& s) {
     Slot slot;
     slot.id = s.sequence_id();
     slot.tokens.assign(s.prompt_token_ids().begin(), s.prompt_token_ids().end());
@@ -233,21 +246,156 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
     slot.tokens.insert(slot.tokens.end(), s.generated_token_ids().begin(), s.generated_token_ids().end());
     slot.max_tokens = s.max_tokens();
     slot.budget = s.step_budget();
+    slot.arrival = now - std::chrono::milliseconds(std::max<int64_t>(0, s.waited_ms()));
+    slot.queued = now;
+    // Interactive 0, standard (or unset) 1, batch 2.
+    slot.priority = s.priority() == v1::PRIORITY_INTERACTIVE ? 0 : s.priority() == v1::PRIORITY_BATCH ? 2 : 1;
+    slot.predicted_steps = s.predicted_steps();
     slot.sampling = ToSampling(s.sampling());
     slot.stop_ids.insert(s.stop_token_ids().begin(), s.stop_token_ids().end());
     slot.stop_ids.insert(eos_ids_.begin(), eos_ids_.end());
     slot.sink = sink;
-    running_.push_back(std::move(slot));
+    return slot;
+  };
+  std::vector<Slot> admitted;
+  if (max_waiting_ == 0) {
+    // No queue: room in the engine's KV cache for each sequence's reservation now, or the batch
+    // goes elsewhere (RESOURCE_EXHAUSTED); a sequence longer than the whole cache is refused alone.
+    for (int i : valid) {
+      Slot slot = make_slot(*batch.mutable_sequences(i));
+      const int64_t want = AdmissionReservation(ItemOf(slot), static_cast<int64_t>(slot.tokens.size()),
+                                                engine_.max_context(), policy_);
+      absl::Status r = engine_.Reserve(slot.id, want);
+      if (r.code() == absl::StatusCode::kInvalidArgument) {
+        refuse(batch.sequences(i), r);
+        continue;
+      }
+      if (!r.ok()) {
+        for (const Slot& a : admitted) engine_.Release(a.id);
+        metrics_.batches.Labels({"rejected_kv"}).Inc();
+        sink->Finish(ToGrpcStatus(r));
+        return;
+      }
+      slot.reserved = want;
+      slot.admitted = ++admissions_;
+      admitted.push_back(std::move(slot));
+    }
+  } else {
+    for (int i : valid) admitted.push_back(make_slot(*batch.mutable_sequences(i)));
   }
-  open_per_sink_[sink.get()] += static_cast<int>(reserved.size());
+  if (refused.sequences_size() > 0) {
+    for (const auto& se : refused.sequences()) {
+      metrics_.sequences.Labels({se.state() == v1::FINISH_STATE_INVALID ? "invalid" : "cancelled"}).Inc();
+    }
+    SetLoad(refused, max_waiting_ == 0 ? free - static_cast<int>(admitted.size()) : free);
+    sink->Write(std::move(refused));
+  }
+  if (admitted.empty()) {
+    metrics_.batches.Labels({"invalid"}).Inc();
+    sink->Finish(grpc::Status::OK);
+    return;
+  }
+  metrics_.batches.Labels({"admitted"}).Inc();
+  open_per_sink_[sink.get()] += static_cast<int>(admitted.size());
+  for (Slot& slot : admitted) (max_waiting_ == 0 ? running_ : waiting_).push_back(std::move(slot));
   PublishCounts();
+}
+
+void Scheduler::AdmitWaiting() {
+  if (waiting_.empty()) return;
+  const SteadyTime now = clock_.Now();
+  std::stable_sort(waiting_.begin(), waiting_.end(),
+                   [&](const Slot& a, const Slot& b) { return AdmitsBefore(ItemOf(a), ItemOf(b), policy_, now); });
+  size_t taken = 0;
+  while (taken < waiting_.size() && static_cast<int>(running_.size()) < slots_) {
+    Slot& s = waiting_[taken];
+    const int64_t want =
+        AdmissionReservation(ItemOf(s), static_cast<int64_t>(s.tokens.size()), engine_.max_context(), policy_);
+    const absl::Status r = engine_.Reserve(s.id, want);
+    if (!r.ok() && r.code() != absl::StatusCode::kInvalidArgument && !running_.empty()) break;  // waits for KV
+    if (!r.ok()) {
+      // Longer than the whole cache (or, with nothing running, more than it will ever have free):
+      // no worker of this kind can run it.
+      v1::TokenEvent ev;
+      auto* se = ev.add_sequences();
+      se->set_sequence_id(s.id);
+      se->set_state(v1::FINISH_STATE_INVALID);
+      se->set_error(std::string(r.message()));
+      SetLoad(ev, slots_ - static_cast<int>(running_.size()));
+      s.sink->Write(std::move(ev));  // before its stream can end
+      metrics_.sequences.Labels({"invalid"}).Inc();
+      RetireWaiting(taken, nullptr);
+      continue;
+    }
+    s.reserved = want;
+    s.admitted = ++admissions_;
+    metrics_.queue_wait.Observe(Seconds(now - s.queued));
+    running_.push_back(std::move(s));
+    ++taken;
+  }
+  waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(taken));
+}
+
+void Scheduler::EnsureKv() {
+  if (policy_.reservation == KvReservation::kMaxTokens) return;  // all promised at admission
+  const SteadyTime now = clock_.Now();
+  // The most important first, so a short cache goes to them and the victims are the others.
+  std::vector<uint64_t> order;
+  for (const Slot& s : running_) order.push_back(s.id);
+  std::vector<WorkItem> items;
+  auto index_of = [&](uint64_t id) -> std::optional<size_t> {
+    for (size_t i = 0; i < running_.size(); ++i) {
+      if (running_[i].id == id) return i;
+    }
+    return std::nullopt;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) {
+    return AdmitsBefore(ItemOf(running_[*index_of(a)]), ItemOf(running_[*index_of(b)]), policy_, now);
+  });
+  for (uint64_t id : order) {
+    while (true) {
+      const std::optional<size_t> i = index_of(id);
+      if (!i) break;  // preempted for one before it
+      Slot& s = running_[*i];
+      const int64_t need = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) + 1, engine_.max_context());
+      if (need <= s.reserved) break;
+      if (engine_.Reserve(s.id, need).ok()) {
+        s.reserved = need;
+        break;
+      }
+      items.clear();
+      for (const Slot& r : running_) items.push_back(ItemOf(r));
+      Preempt(PickVictim(items, policy_, now));
+    }
+  }
+}
+
+void Scheduler::Preempt(size_t index) {
+  Slot slot = std::move(running_[index]);
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+  engine_.Release(slot.id);
+  slot.computed = 0;  // recomputed from its tokens when admitted again
+  slot.reserved = 0;
+  slot.queued = clock_.Now();
+  metrics_.preemptions.Inc();
+  waiting_.push_back(std::move(slot));
 }
 
 void Scheduler::Retire(size_t index, const char* reason) {
   Slot slot = std::move(running_[index]);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+  Finished(std::move(slot), reason);
+}
+
+void Scheduler::RetireWaiting(size_t index, const char* reason) {
+  Slot slot = std::move(waiting_[index]);
+  waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(index));
+  Finished(std::move(slot), reason);
+}
+
+void Scheduler::Finished(Slot slot, const char* reason) {
   engine_.Release(slot.id);
-  metrics_.sequences.Labels({reason}).Inc();
+  if (reason != nullptr) metrics_.sequences.Labels({reason}).Inc();
   // Counts first: a router that sees the stream end and then asks Status finds the slot free.
   PublishCounts();
   auto it = open_per_sink_.find(slot.sink.get());
@@ -258,29 +406,44 @@ void Scheduler::Retire(size_t index, const char* reason) {
 }
 
 void Scheduler::RunStep() {
-  // The step carries every decoding sequence, and the prefills (in admission order) while the
-  // step-token budget lasts: a prompt that does not fit runs a chunk and continues next step, so a
-  // burst of long prompts never stalls the decodes for a whole prefill. No budget: all of them.
-  const bool budgeted = step_token_budget_ > 0;
-  int64_t left = step_token_budget_;
-  for (const Slot& s : running_) {
-    if (static_cast<int64_t>(s.tokens.size()) - s.computed == 1) --left;  // the decodes come out of it first
+  // The step carries every decoding sequence, and the prefills (in the admission policy's order)
+  // while the step-token budget lasts: a prompt that does not fit runs a chunk and continues next
+  // step, so a burst of long prompts never stalls the decodes for a whole prefill. No budget: all
+  // of them.
+  const int budget = policy_.step_token_budget;
+  const bool budgeted = budget > 0;
+  int64_t left = budget;
+  std::vector<size_t> prefills;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const int64_t uncached = static_cast<int64_t>(running_[i].tokens.size()) - running_[i].computed;
+    if (uncached == 1) --left;  // the decodes come out of it first
+    if (uncached > 1) prefills.push_back(i);
+  }
+  if (budgeted && prefills.size() > 1) {
+    const SteadyTime now = clock_.Now();
+    std::stable_sort(prefills.begin(), prefills.end(), [&](size_t a, size_t b) {
+      return AdmitsBefore(ItemOf(running_[a]), ItemOf(running_[b]), policy_, now);
+    });
   }
   std::vector<StepSequence> batch;
   std::vector<size_t> slot_of;  // batch[k] is running_[slot_of[k]]
   batch.reserve(running_.size());
-  int64_t prefill = 0;
   for (size_t i = 0; i < running_.size(); ++i) {
+    Slot& s = running_[i];
+    if (static_cast<int64_t>(s.tokens.size()) - s.computed != 1) continue;
+    batch.push_back(StepSequence{s.id, &s.tokens, s.prompt_len, s.computed, &s.sampling});
+    slot_of.push_back(i);
+  }
+  int64_t prefill = 0;
+  for (size_t i : prefills) {
+    if (budgeted && left <= 0) break;  // the rest wait for the next step's budget
     Slot& s = running_[i];
     StepSequence seq{s.id, &s.tokens, s.prompt_len, s.computed, &s.sampling};
     const int64_t uncached = static_cast<int64_t>(s.tokens.size()) - s.computed;
-    if (uncached > 1) {
-      if (budgeted && left <= 0) continue;  // waits for the next step's budget
-      if (budgeted && uncached > left) seq.end = s.computed + static_cast<int32_t>(left);
-      const int64_t taken = seq.computed_after() - s.computed;
-      prefill += taken;
-      if (budgeted) left -= taken;
-    }
+    if (budgeted && uncached > left) seq.end = s.computed + static_cast<int32_t>(left);
+    const int64_t taken = seq.computed_after() - s.computed;
+    prefill += taken;
+    if (budgeted) left -= taken;
     batch.push_back(seq);
     slot_of.push_back(i);
   }
@@ -293,6 +456,7 @@ void Scheduler::RunStep() {
   metrics_.step_time_window.Observe(seconds);
   metrics_.step_batch_size.Observe(static_cast<double>(batch.size()));
   metrics_.prefill_tokens.Inc(static_cast<double>(prefill));
+  metrics_.step_prefill_tokens.Observe(static_cast<double>(prefill));
   if (const std::optional<EngineStats> stats = engine_.stats()) metrics_.Publish(*stats);
   if (!status.ok()) {
     // A device fault, not a request's (requests are validated at admission): every running
@@ -340,10 +504,7 @@ void Scheduler::RunStep() {
     }
   }
   const int free_after = slots_ - static_cast<int>(running_.size() - retire.size());
-  for (auto& [sink, ev] : events) {
-    ev.set_simulated(engine_.simulated());
-    ev.set_free_slots(free_after);
-  }
+  for (auto& [sink, ev] : events) SetLoad(ev, free_after);
   // Write events before retiring so each sink sees its last tokens before it finishes.
   for (size_t i = 0; i < running_.size(); ++i) {
     auto it = events.find(running_[i].sink.get());
@@ -359,10 +520,13 @@ void Scheduler::HandBackAll(const grpc::Status& status, const char* reason) {
   // Each stream ends once, with `status` (UNAVAILABLE: the router re-dispatches its sequences),
   // after every sequence's KV is released: out of open_per_sink_ first, so Retire does not end it OK.
   std::vector<std::shared_ptr<BatchSink>> sinks;
-  for (const Slot& s : running_) {
-    if (open_per_sink_.erase(s.sink.get())) sinks.push_back(s.sink);
+  for (const std::vector<Slot>* list : {&running_, &waiting_}) {
+    for (const Slot& s : *list) {
+      if (open_per_sink_.erase(s.sink.get())) sinks.push_back(s.sink);
+    }
   }
   for (size_t i = running_.size(); i-- > 0;) Retire(i, reason);
+  for (size_t i = waiting_.size(); i-- > 0;) RetireWaiting(i, reason);
   for (auto& sink : sinks) sink->Finish(status);
 }
 
@@ -370,10 +534,16 @@ void Scheduler::PublishCounts() {
   const int running = static_cast<int>(running_.size());
   metrics_.running_sequences.Set(running);
   metrics_.free_slots.Set(slots_ - running);
+  metrics_.waiting_sequences.Set(static_cast<double>(waiting_.size()));
+  int64_t waiting_tokens = 0;
+  for (const Slot& s : waiting_) waiting_tokens += static_cast<int64_t>(s.tokens.size()) - s.computed;
   std::lock_guard lock(snapshot_mu_);
   snapshot_.total_slots = slots_;
   snapshot_.free_slots = slots_ - running;
   snapshot_.running = running;
+  snapshot_.waiting = static_cast<int>(waiting_.size());
+  snapshot_.max_waiting = max_waiting_;
+  snapshot_.waiting_prefill_tokens = waiting_tokens;
 }
 
 void Scheduler::PublishSnapshot() {
@@ -387,13 +557,15 @@ void Scheduler::PublishSnapshot() {
 void Scheduler::Loop() {
   int steps_since_publish = 0;
   while (true) {
-    auto cmds = running_.empty() ? commands_.TakeAll(std::nullopt) : commands_.TryTakeAll();
+    auto cmds = running_.empty() && waiting_.empty() ? commands_.TakeAll(std::nullopt) : commands_.TryTakeAll();
     for (auto& c : cmds) c();
     if (stopping_) {
       HandBackAll(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is shutting down"), "cancelled");
       PublishSnapshot();
       return;
     }
+    AdmitWaiting();
+    EnsureKv();
     if (running_.empty()) continue;
     RunStep();
     // The window quantiles sort their samples: refresh the snapshot every few steps, not every one.

@@ -1,7 +1,10 @@
 #pragma once
 // The worker's slot scheduler: one thread owns the slots and drives the engine. Execute calls,
 // cancellations and shutdown reach it as posted commands; it runs continuous batching (a finished
-// sequence frees its slot at once, admitted sequences join the next step).
+// sequence frees its slot at once, admitted sequences join the next step). With a waiting queue
+// (SetPolicy's max_waiting) accepted sequences wait there for a slot and KV cache, are admitted
+// in the policy's order, grow their KV on demand, and the policy's victim gives up its cache
+// (and is recomputed later) when the cache runs out (scheduling_policy.h).
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -17,6 +20,7 @@
 #include "common/server_stream.h"
 #include "tailserve/v1/worker.pb.h"
 #include "worker/engine/engine.h"
+#include "worker/scheduling_policy.h"
 #include "worker/worker_metrics.h"
 
 namespace tailserve {
@@ -27,6 +31,9 @@ struct SchedulerSnapshot {
   int total_slots = 0;
   int free_slots = 0;
   int running = 0;
+  int waiting = 0;
+  int max_waiting = 0;
+  int64_t waiting_prefill_tokens = 0;
   double step_p50_seconds = 0;
   double step_p95_seconds = 0;
 };
@@ -40,8 +47,9 @@ class Scheduler {
   // Cancels every running sequence (its stream ends CANCELLED) and joins the thread.
   void Stop();
 
-  // Admits the batch's valid sequences if they all fit free slots and the KV cache, else finishes
-  // the sink with RESOURCE_EXHAUSTED without running anything. An invalid sequence (or one longer
+  // Without a waiting queue: admits the batch's valid sequences if they all fit free slots and
+  // the KV cache, else finishes the sink with RESOURCE_EXHAUSTED without running anything. With
+  // one: queues them if they fit the slots plus the queue, else RESOURCE_EXHAUSTED. An invalid sequence (or one longer
   // than the whole KV cache) is refused alone: a FINISH_STATE_INVALID event names why.
   void Submit(std::shared_ptr<BatchSink> sink, v1::Batch batch);
   // The stream behind `sink` is gone (client cancelled): drop its sequences.
@@ -67,7 +75,11 @@ class Scheduler {
   // The most new tokens one engine step computes (worker.step_token_budget): every decode, then
   // prefills in admission order, a prompt past the rest of the budget as a chunk. 0: every prompt
   // whole (the default). Set it before Start.
-  void SetStepTokenBudget(int tokens) { step_token_budget_ = tokens; }
+  void SetStepTokenBudget(int tokens) { policy_.step_token_budget = tokens; }
+  // Admission order, KV reservation and preemption (its step_token_budget is SetStepTokenBudget's),
+  // and how many sequences may wait for a slot (0: none wait; a batch that does not fit now is
+  // refused). Set before Start.
+  void SetPolicy(const SchedulingPolicy& policy, int max_waiting);
 
  private:
   struct Slot {
@@ -78,6 +90,12 @@ class Scheduler {
     int32_t budget = 0;
     int32_t steps = 0;
     int32_t computed = 0;
+    int64_t reserved = 0;  // KV positions promised by the engine
+    SteadyTime arrival{};  // of the request (at the router)
+    SteadyTime queued{};   // entered the waiting queue (arrived or preempted)
+    int priority = 1;
+    double predicted_steps = 0;
+    uint64_t admitted = 0;
     Sampling sampling;
     std::unordered_set<int32_t> stop_ids;
     std::shared_ptr<BatchSink> sink;
@@ -87,9 +105,21 @@ class Scheduler {
   void Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch);
   // Why this sequence cannot run here (`ids`: the ids running or admitted so far; adds its own).
   absl::Status ValidateSequence(const v1::Sequence& s, std::unordered_set<uint64_t>& ids) const;
+  // Moves waiting sequences into free slots in the policy's order while the KV cache promises
+  // them their admission reservation.
+  void AdmitWaiting();
+  // Grows each running sequence's KV promise to what this step computes plus the token it
+  // samples; when the cache is short, preempts the policy's victim (it waits to be recomputed).
+  void EnsureKv();
+  void Preempt(size_t index);
+  WorkItem ItemOf(const Slot& s) const;
   void RunStep();
   // Removes the slot and, when its sink has no sequences left, finishes the sink.
   void Retire(size_t index, const char* reason);
+  void RetireWaiting(size_t index, const char* reason);
+  void Finished(Slot slot, const char* reason);
+  // Load fields every event carries.
+  void SetLoad(v1::TokenEvent& ev, int free_slots) const;
   // Ends every running sequence's stream with `status` (UNAVAILABLE: a router runs them elsewhere).
   void HandBackAll(const grpc::Status& status, const char* reason);
   // Slot counts (cheap) / counts plus step-time quantiles (sorts the window).
@@ -101,7 +131,8 @@ class Scheduler {
   Engine& engine_;
   const std::vector<int32_t> eos_ids_;  // the model's EOS ids end every sequence
   const int slots_;
-  int step_token_budget_ = 0;
+  SchedulingPolicy policy_;
+  int max_waiting_ = 0;
   WorkerMetrics& metrics_;
   const Clock& clock_;
   CommandQueue commands_;
@@ -111,6 +142,8 @@ class Scheduler {
 
   // Owned by the scheduler thread.
   std::vector<Slot> running_;
+  std::vector<Slot> waiting_;
+  uint64_t admissions_ = 0;
   std::unordered_map<BatchSink*, int> open_per_sink_;
   std::unordered_map<uint64_t, SteadyTime> early_cancels_;  // id → when it was cancelled
   std::deque<std::pair<uint64_t, SteadyTime>> early_order_;  // the same, oldest first (may hold used ids)

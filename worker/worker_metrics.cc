@@ -18,6 +18,20 @@ WorkerMetrics::WorkerMetrics(Registry& r, double window_seconds)
                                      {1, 2, 4, 8, 16, 32, 64, 128, 256, 512})
                           .Get()),
       prefill_tokens(r.AddCounter("tailserve_worker_prefill_tokens_total", "Tokens prefilled (prompts and re-dispatched output).").Get()),
+      step_prefill_tokens(r.AddHistogram("tailserve_worker_step_prefill_tokens",
+                                         "Prompt tokens one step prefills (bounded by worker.step_token_budget).",
+                                         {0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384})
+                              .Get()),
+      waiting_sequences(
+          r.AddGauge("tailserve_worker_waiting_sequences", "Sequences accepted and waiting for a slot or KV cache.")
+              .Get()),
+      queue_wait(r.AddHistogram("tailserve_worker_queue_wait_seconds",
+                                "Time from a sequence's arrival at the worker (or its preemption) to holding a slot.",
+                                LatencyBuckets())
+                     .Get()),
+      preemptions(r.AddCounter("tailserve_worker_preemptions_total",
+                               "Running sequences that gave up their KV cache for another and wait to be recomputed.")
+                      .Get()),
       generated_tokens(r.AddCounter("tailserve_worker_generated_tokens_total", "Tokens generated.").Get()),
       batches(r.AddCounter("tailserve_worker_batches_total", "Execute calls by outcome (admitted, rejected_full, rejected_kv, rejected_engine_failed, invalid).",
                            {"outcome"})),

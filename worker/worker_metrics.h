@@ -15,6 +15,10 @@ struct WorkerMetrics {
   Gauge& ready;
   Histogram& step_batch_size;
   Counter& prefill_tokens;
+  Histogram& step_prefill_tokens;
+  Gauge& waiting_sequences;
+  Histogram& queue_wait;  // accepted → holding a slot
+  Counter& preemptions;
   Counter& generated_tokens;
   Registry::Family<Counter>& batches;    // outcome
   Registry::Family<Counter>& sequences;  // reason

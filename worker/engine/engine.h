@@ -72,9 +72,10 @@ class Engine {
   // Runs the model over each sequence's uncomputed tokens (a chunk's up to its end) and samples one
   // next token per sequence, written to (*next)[i] for batch[i] (-1 for a chunk, which samples none).
   virtual absl::Status Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) = 0;
-  // Called at admission: hold room for a sequence of up to `max_tokens` tokens (prompt included),
-  // so a step never finds the cache full. RESOURCE_EXHAUSTED when it does not fit now; Release
-  // returns the room.
+  // Hold room for a sequence of up to `max_tokens` tokens (prompt included), so a step never
+  // finds the cache full: at admission, and again with more as the sequence grows (the room
+  // grows; asking for less than it holds changes nothing). RESOURCE_EXHAUSTED when it does not fit
+  // now, INVALID_ARGUMENT when it never will; Release returns the room.
   virtual absl::Status Reserve(uint64_t /*id*/, int64_t /*max_tokens*/) { return absl::OkStatus(); }
   // The sequence is over (finished, cancelled or handed back): free what the backend holds for it.
   virtual void Release(uint64_t id) = 0;

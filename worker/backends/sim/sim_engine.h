@@ -4,6 +4,7 @@
 // (constants from config, fitted on a GPU) and emits deterministic pseudo-random tokens that depend
 // only on (seed, output position), so a re-dispatched sequence continues exactly where it stopped.
 #include <functional>
+#include <unordered_map>
 
 #include "common/clock.h"
 #include "common/config.h"
@@ -28,9 +29,17 @@ class SimEngine final : public Engine {
   bool simulated() const override { return true; }
   int32_t vocab_size() const override { return config_.vocab_size; }
   absl::Status Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) override;
-  void Release(uint64_t) override {}
+  // With worker.sim.kv_blocks set, a paged cache of that many blocks of kSimBlockSize positions
+  // is accounted as the CUDA engine's is (no device memory): promises grow, Release frees, and a
+  // step past a sequence's promise fails as the CUDA engine's would. 0: unlimited.
+  absl::Status Reserve(uint64_t id, int64_t max_tokens) override;
+  void Release(uint64_t id) override;
+  std::optional<EngineStats> stats() const override;
+  static constexpr int64_t kSimBlockSize = 16;
 
  private:
+  std::unordered_map<uint64_t, int64_t> promised_;  // blocks per sequence
+  int64_t used_ = 0;
   const SimBackendConfig config_;
   const std::string model_id_;
   const Clock& clock_;

@@ -27,14 +27,19 @@ absl::Status KvBlockAllocator::Reserve(uint64_t id, int64_t max_tokens) {
                                                    " blocks, more than the whole cache holds (", usable_blocks(),
                                                    "); lower max_tokens"));
   }
-  if (need > unpromised_blocks()) {
+  // Growing a sequence's promise asks only for the blocks it neither holds nor was promised.
+  const Sequence* known = Find(id);
+  const int64_t extra =
+      known == nullptr ? need : need - static_cast<int64_t>(known->blocks.size()) - known->reserved;
+  if (extra <= 0) return absl::OkStatus();
+  if (extra > unpromised_blocks()) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("KV cache: ", need, " blocks needed, ", unpromised_blocks(), " free"));
+        absl::StrCat("KV cache: ", extra, " blocks needed, ", unpromised_blocks(), " free"));
   }
   absl::StatusOr<Sequence*> s = Acquire(id);
   if (!s.ok()) return s.status();
-  (*s)->reserved += need;
-  reserved_ += need;
+  (*s)->reserved += extra;
+  reserved_ += extra;
   return absl::OkStatus();
 }
 

@@ -31,7 +31,8 @@ class KvBlockAllocator {
   KvBlockAllocator(int64_t num_blocks, int block_size, int max_blocks_per_seq, int max_sequences, int64_t max_context,
                    std::span<int32_t> table);
 
-  // Promises the blocks `max_tokens` positions need to sequence `id` (creating its state):
+  // Promises sequence `id` (creating its state) the blocks `max_tokens` positions need, beyond
+  // what it holds or was promised already (so calling it again with more grows the promise):
   // INVALID_ARGUMENT when the whole cache is too small, RESOURCE_EXHAUSTED when too few are free
   // now or every table row is taken. Nothing changes on an error.
   absl::Status Reserve(uint64_t id, int64_t max_tokens);

@@ -1,0 +1,96 @@
+#include "worker/scheduling_policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+
+namespace tailserve {
+
+SchedulingPolicy PolicyFromConfig(const WorkerConfig& w) {
+  SchedulingPolicy p;
+  p.order = w.admission == "predicted" ? AdmissionOrder::kPredicted : AdmissionOrder::kFcfs;
+  p.aging = std::chrono::milliseconds(w.aging_ms);
+  p.reservation = w.kv_reservation == "on_demand"   ? KvReservation::kOnDemand
+                  : w.kv_reservation == "predicted" ? KvReservation::kPredicted
+                                                    : KvReservation::kMaxTokens;
+  p.reservation_margin = w.kv_reservation_margin;
+  p.victim = w.preemption == "most_remaining" ? PreemptionVictim::kMostRemaining : PreemptionVictim::kNewest;
+  p.step_token_budget = w.step_token_budget;
+  return p;
+}
+
+double PredictedRemainingSteps(const WorkItem& w) {
+  const double cap = std::max(0, w.max_tokens - w.generated);
+  if (w.predicted_steps <= 0) return cap;
+  const double left = w.predicted_steps - w.generated;
+  return std::min(cap, left >= 1 ? left : std::max(1, w.generated));
+}
+
+double RemainingWork(const WorkItem& w, int step_token_budget) {
+  const double prefill_steps =
+      w.uncached_tokens <= 1 ? 0
+      : step_token_budget > 0 ? std::ceil(static_cast<double>(w.uncached_tokens) / step_token_budget)
+                              : 1;
+  return prefill_steps + PredictedRemainingSteps(w);
+}
+
+namespace {
+
+bool Aged(const WorkItem& w, const SchedulingPolicy& p, SteadyTime now) { return now - w.arrival >= p.aging; }
+
+}  // namespace
+
+bool AdmitsBefore(const WorkItem& a, const WorkItem& b, const SchedulingPolicy& p, SteadyTime now) {
+  if (p.order == AdmissionOrder::kFcfs) return std::tie(a.arrival, a.admitted) < std::tie(b.arrival, b.admitted);
+  const bool aged_a = Aged(a, p, now), aged_b = Aged(b, p, now);
+  if (aged_a != aged_b) return aged_a;
+  if (aged_a) return a.arrival < b.arrival;
+  if (a.priority != b.priority) return a.priority < b.priority;
+  const double wa = RemainingWork(a, p.step_token_budget), wb = RemainingWork(b, p.step_token_budget);
+  if (wa != wb) return wa < wb;
+  return a.arrival < b.arrival;
+}
+
+size_t PickVictim(std::span<const WorkItem> running, const SchedulingPolicy& p, SteadyTime now) {
+  size_t best = 0;
+  for (size_t i = 1; i < running.size(); ++i) {
+    const WorkItem& a = running[i];
+    const WorkItem& b = running[best];
+    bool better;
+    if (p.victim == PreemptionVictim::kNewest) {
+      better = a.admitted > b.admitted;
+    } else {
+      const bool aged_a = Aged(a, p, now), aged_b = Aged(b, p, now);
+      if (aged_a != aged_b) {
+        better = !aged_a;
+      } else if (a.priority != b.priority) {
+        better = a.priority > b.priority;
+      } else {
+        const double wa = RemainingWork(a, p.step_token_budget), wb = RemainingWork(b, p.step_token_budget);
+        better = wa != wb ? wa > wb : a.admitted > b.admitted;
+      }
+    }
+    if (better) best = i;
+  }
+  return best;
+}
+
+int64_t AdmissionReservation(const WorkItem& w, int64_t tokens, int64_t max_context, const SchedulingPolicy& p) {
+  int64_t want = tokens + 1;
+  switch (p.reservation) {
+    case KvReservation::kMaxTokens:
+      want = tokens + std::max(1, w.max_tokens - w.generated);
+      break;
+    case KvReservation::kOnDemand:
+      break;
+    case KvReservation::kPredicted:
+      want = tokens + std::clamp<int64_t>(
+                          static_cast<int64_t>(std::ceil(PredictedRemainingSteps(w) * (1 + p.reservation_margin))), 1,
+                          std::max(1, w.max_tokens - w.generated));
+      break;
+  }
+  return std::min(want, max_context);
+}
+
+}  // namespace tailserve

@@ -1,0 +1,73 @@
+#pragma once
+// The worker's scheduling decisions as plain functions of what it knows about each sequence: the
+// order its waiting queue is admitted in, how much KV cache a sequence is promised at admission,
+// and which running sequence gives up its cache when the cache runs out. Pure (no engine, no
+// clock reads: `now` is passed in), so each decision is tested table-driven on the CPU.
+//
+// Two policies, each switchable alone (worker.* in ladb_config.yaml):
+//  - what a stock vLLM v1 engine does: admit first come first served, KV on demand, preempt the
+//    newest sequence (recompute);
+//  - the predicted policy: admit the least predicted remaining work first (SRPT: short requests
+//    no longer wait behind long ones), with aging so none waits past a bound, reserve KV for the
+//    prediction plus a margin, and preempt the sequence with the lowest priority and the most
+//    predicted work left (it loses the least by being recomputed later, and frees the most).
+#include <cstdint>
+#include <span>
+
+#include "common/clock.h"
+#include "common/config.h"
+
+namespace tailserve {
+
+enum class AdmissionOrder { kFcfs, kPredicted };
+enum class KvReservation { kMaxTokens, kOnDemand, kPredicted };
+enum class PreemptionVictim { kNewest, kMostRemaining };
+
+struct SchedulingPolicy {
+  AdmissionOrder order = AdmissionOrder::kFcfs;
+  // A sequence that has waited this long since its request arrived goes before every other
+  // (oldest first), whatever its prediction or priority: the bound on starvation.
+  Duration aging = std::chrono::seconds(2);
+  KvReservation reservation = KvReservation::kMaxTokens;
+  // kPredicted promises the predicted remaining output times (1 + margin).
+  double reservation_margin = 0.2;
+  PreemptionVictim victim = PreemptionVictim::kNewest;
+  // New tokens an engine step computes (0: unbounded); prefill cost in slot-steps divides by it.
+  int step_token_budget = 0;
+};
+
+// The worker.* settings (validated by ParseConfig) as a policy.
+SchedulingPolicy PolicyFromConfig(const WorkerConfig& w);
+
+// What the policy reads of one sequence, waiting or running.
+struct WorkItem {
+  SteadyTime arrival{};         // when its request reached the router
+  int priority = 1;             // 0 interactive, 1 standard, 2 batch: lower goes first
+  int64_t uncached_tokens = 0;  // prompt (and resumed) tokens not in the cache yet
+  int32_t generated = 0;        // output tokens so far
+  int32_t max_tokens = 0;       // output tokens allowed in all
+  double predicted_steps = 0;   // the router's prediction of its output length; 0: none
+  uint64_t admitted = 0;        // admission counter: larger is newer
+};
+
+// Output steps still to come: the prediction less what is generated; once a sequence outlives
+// its prediction, as many again as it has generated (a doubling estimate), and with no
+// prediction max_tokens; never past max_tokens.
+double PredictedRemainingSteps(const WorkItem& w);
+// Slot-steps the sequence still occupies: its remaining output steps plus the steps its uncached
+// tokens take to prefill under the step-token budget (slots, not FLOPs, are what waiting
+// sequences queue for).
+double RemainingWork(const WorkItem& w, int step_token_budget);
+// Whether `a` is admitted (and prefilled) before `b`. kFcfs: arrival. kPredicted: aged sequences
+// first (oldest first), then priority, then least remaining work, then arrival.
+bool AdmitsBefore(const WorkItem& a, const WorkItem& b, const SchedulingPolicy& p, SteadyTime now);
+// Index of the running sequence that gives up its KV cache. kNewest: the latest admitted.
+// kMostRemaining: the lowest priority, then the most remaining work, then the newest. Aged
+// sequences are taken only when nothing else is left. `running` must not be empty.
+size_t PickVictim(std::span<const WorkItem> running, const SchedulingPolicy& p, SteadyTime now);
+// Tokens of KV cache promised at admission to a sequence holding `tokens` tokens now, capped at
+// `max_context`: its whole max_tokens (kMaxTokens), the next token only (kOnDemand), or the
+// predicted remaining output plus the margin (kPredicted).
+int64_t AdmissionReservation(const WorkItem& w, int64_t tokens, int64_t max_context, const SchedulingPolicy& p);
+
+}  // namespace tailserve
