@@ -160,7 +160,7 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
   {
     Section s = top.Sub("batching");
     auto& b = c->batching;
-    s.String("mode", &b.mode, {"ladb", "fifo", "fcfs"});
+    s.String("mode", &b.mode, {"ladb", "fifo", "fcfs", "slo"});
     s.Int("max_batch_size", &b.max_batch_size, 1, 4096);
     s.Int("min_batch_size", &b.min_batch_size, 1, 4096);
     s.Int("target_latency_ms", &b.target_latency_ms, 1, 3'600'000);

@@ -9,7 +9,10 @@
 namespace tailserve {
 
 struct BatchingConfig {
-  std::string mode = "ladb";  // ladb (length-aware), fifo (arrival order, batched) or fcfs (each request at once)
+  // ladb (length-aware batches), fifo (arrival order, batched), fcfs (each request at once, no
+  // prediction: the stock baseline) or slo (each request at once to the worker with the least
+  // predicted TTFT, its prediction, priority and wait sent for the worker's queue to order by).
+  std::string mode = "ladb";
   int max_batch_size = 32;
   int min_batch_size = 4;
   int target_latency_ms = 350;

@@ -156,7 +156,8 @@ std::vector<uint64_t> FcfsBatcher::Next(SteadyTime, size_t capacity, BatchReason
 }
 
 std::unique_ptr<Batcher> MakeBatcher(const BatchingConfig& batching, const RouterConfig& router) {
-  if (batching.mode == "fcfs") return std::make_unique<FcfsBatcher>();
+  // slo dispatches at once too: its order is made in the worker queues, by prediction.
+  if (batching.mode == "fcfs" || batching.mode == "slo") return std::make_unique<FcfsBatcher>();
   return std::make_unique<LadbBatcher>(batching, router);
 }
 

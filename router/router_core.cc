@@ -82,8 +82,11 @@ void RouterCore::DoSubmit(uint64_t key, ParsedRequest req, std::shared_ptr<Clien
   Request r;
   r.prediction = predictor_->Predict(req);
   r.remaining_steps = r.prediction.steps;
-  // The fcfs baseline uses no prediction: no step budget, so nothing is handed back early.
-  r.step_budget = config_.batching.mode == "fcfs" ? 0 : InitialStepBudget(config_.predictor, r.prediction.steps);
+  // fcfs and slo dispatch at once to worker queues and never hand work back early: no step budget
+  // (slo's worker re-estimates what outlives its prediction instead).
+  r.step_budget = config_.batching.mode == "ladb" || config_.batching.mode == "fifo"
+                      ? InitialStepBudget(config_.predictor, r.prediction.steps)
+                      : 0;
   r.req = std::move(req);
   r.sink = std::move(sink);
   r.arrival = arrival;
@@ -125,7 +128,14 @@ bool RouterCore::Relay(Request& r, const v1::SequenceEvent& se) {
                             std::count(r.req.stop_token_ids.begin(), r.req.stop_token_ids.end(), t) > 0;
     if (!stop_token) text += r.decoder->Add(t);
   }
-  if (!r.first_token) r.first_token = now;
+  if (!r.first_token) {
+    r.first_token = now;
+    if (r.predicted_ttft > 0) {
+      const double actual = Seconds(now - r.dispatched_at);
+      pool_.ObserveTtft(r.worker, r.predicted_ttft, actual);
+      metrics_.ttft_prediction_abs_error.Observe(std::abs(actual - r.predicted_ttft));
+    }
+  }
   metrics_.output_tokens.Inc(se.token_ids_size());
 
   // Hold back any tail that could still grow into a stop string, so it is never streamed.
@@ -229,7 +239,7 @@ void RouterCore::OnEvent(uint64_t batch_id, const v1::TokenEvent& ev) {
   InflightBatch& b = bit->second;
   const bool ended = std::any_of(ev.sequences().begin(), ev.sequences().end(),
                                  [](const v1::SequenceEvent& se) { return se.state() != v1::FINISH_STATE_RUNNING; });
-  pool_.OnFreeSlots(b.worker, ev.free_slots(), ended);
+  pool_.OnEventLoad(b.worker, ev, ended);
   for (const v1::SequenceEvent& se : ev.sequences()) {
     const uint64_t id = se.sequence_id();
     if (!b.open.count(id)) continue;
@@ -336,13 +346,36 @@ void RouterCore::PollWorkers() {
   }
 }
 
+std::vector<double> RouterCore::MeanRemainingSteps() const {
+  std::vector<double> sum(pool_.size(), 0.0), n(pool_.size(), 0.0);
+  for (const auto& [key, r] : requests_) {
+    if (r.batch == 0) continue;
+    sum[r.worker] += std::max(1.0, r.prediction.steps - static_cast<double>(r.generated.size()));
+    n[r.worker] += 1;
+  }
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = n[i] > 0 ? sum[i] / n[i] : 0;
+  return sum;
+}
+
 bool RouterCore::Dispatch(SteadyTime now) {
+  const bool slo = config_.batching.mode == "slo";
+  std::vector<double> remaining;
   for (bool any = false;; any = true) {
-    const std::optional<size_t> w = pool_.Pick();
+    std::optional<size_t> w = pool_.Pick();
     if (!w) return any;
     BatchReason reason;
     const std::vector<uint64_t> ids = batcher_->Next(now, static_cast<size_t>(pool_.Free(*w)), &reason);
     if (ids.empty()) return any;
+    double predicted_ttft = 0;
+    if (slo) {
+      // Placement by predicted latency: the worker where this request's first token comes soonest.
+      if (remaining.empty()) remaining = MeanRemainingSteps();
+      const Request& r = requests_.at(ids.front());
+      const int64_t prompt = static_cast<int64_t>(r.req.prompt.size() + r.generated.size());
+      w = pool_.PickByTtft(prompt, remaining);
+      predicted_ttft = pool_.PredictTtftSeconds(*w, prompt, remaining[*w]);
+      pool_.AddQueuedPrompt(*w, prompt);
+    }
     const uint64_t batch_id = next_batch_++;
     v1::Batch batch;
     batch.set_batch_id(absl::StrCat(batch_id));
@@ -358,6 +391,13 @@ bool RouterCore::Dispatch(SteadyTime now) {
       s->mutable_generated_token_ids()->Add(r.generated.begin(), r.generated.end());
       s->set_max_tokens(r.req.max_tokens);
       s->set_step_budget(r.step_budget);
+      // The honest fcfs baseline uses no prediction anywhere.
+      if (config_.batching.mode != "fcfs") s->set_predicted_steps(r.remaining_steps);
+      s->set_priority(r.req.priority);
+      s->set_waited_ms(std::chrono::duration_cast<std::chrono::milliseconds>(now - r.arrival).count());
+      r.worker = *w;
+      r.dispatched_at = now;
+      r.predicted_ttft = r.first_token ? 0 : predicted_ttft;
       *s->mutable_sampling() = r.req.sampling;
       s->mutable_stop_token_ids()->Add(r.req.stop_token_ids.begin(), r.req.stop_token_ids.end());
       r.batch = batch_id;

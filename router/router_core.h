@@ -79,6 +79,10 @@ class RouterCore {
     int failed_dispatches = 0;
     uint64_t batch = 0;  // the in-flight batch, 0 while queued
     bool simulated = false;
+    // slo placement: the worker's predicted TTFT at dispatch, checked at the first token.
+    double predicted_ttft = 0;
+    SteadyTime dispatched_at{};
+    size_t worker = 0;
   };
   struct InflightBatch {
     size_t worker = 0;
@@ -105,6 +109,9 @@ class RouterCore {
   void Requeue(uint64_t key, Request& r, RequeueReason reason);
   v1::Timings TimingsOf(const Request& r, SteadyTime now) const;
   void UpdateGauges();
+  // Per worker, the mean predicted decode steps left of this router's sequences there (slo
+  // placement's estimate of how soon a slot frees).
+  std::vector<double> MeanRemainingSteps() const;
 
   const Config config_;
   WorkerPool pool_;

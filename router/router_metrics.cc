@@ -55,6 +55,11 @@ RouterMetrics::RouterMetrics(Registry& r, double w)
                                          "|predicted - actual| decode steps of finished requests.",
                                          {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})
                               .Get()),
+      ttft_prediction_abs_error(
+          r.AddHistogram("tailserve_router_ttft_prediction_abs_error_seconds",
+                         "|predicted - actual| seconds from dispatch to the first token (batching.mode slo placement).",
+                         LatencyBuckets())
+              .Get()),
       predictor_window_mape(r.AddGauge("tailserve_router_predictor_window_mape",
                                        "Mean absolute percentage error of the model over the drift window (0.3 = 30%).")
                                 .Get()),

@@ -25,6 +25,7 @@ struct RouterMetrics {
   Gauge& workers_healthy;
   Registry::Family<Counter>& predictions;  // source
   Histogram& predictor_abs_error;
+  Histogram& ttft_prediction_abs_error;
   Gauge& predictor_window_mape;
   Gauge& drift_active;
   Counter& drift_events;

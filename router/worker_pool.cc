@@ -1,6 +1,7 @@
 #include "router/worker_pool.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace tailserve {
 
@@ -21,6 +22,10 @@ bool WorkerPool::OnStatus(size_t i, const absl::StatusOr<v1::WorkerStatus>& stat
     w.healthy = true;
     w.total_slots = status->total_slots();
     w.running_reported = status->running_sequences();
+    w.waiting_reported = status->waiting_sequences();
+    w.max_waiting = status->max_waiting();
+    w.waiting_prefill_tokens = status->waiting_prefill_tokens();
+    w.step_token_budget = status->step_token_budget();
     w.refused = false;
     w.step_p50_seconds = status->step_time_p50_seconds();
   } else if (status.ok()) {
@@ -41,20 +46,58 @@ bool WorkerPool::MarkDown(size_t i) {
 
 void WorkerPool::MarkFull(size_t i) {
   workers_[i].running_reported = workers_[i].total_slots;
+  workers_[i].waiting_reported = workers_[i].max_waiting;
   workers_[i].refused = true;
 }
 
-void WorkerPool::OnFreeSlots(size_t i, int free_slots, bool ended) {
+void WorkerPool::OnEventLoad(size_t i, const v1::TokenEvent& ev, bool ended) {
   Worker& w = workers_[i];
   if (w.refused && !ended) return;
   w.refused = false;
-  w.running_reported = std::max(0, w.total_slots - free_slots);
+  w.running_reported = std::max(0, w.total_slots - ev.free_slots());
+  w.waiting_reported = ev.waiting_sequences();
+  w.waiting_prefill_tokens = ev.waiting_prefill_tokens();
 }
 
 int WorkerPool::Free(size_t i) const {
   const Worker& w = workers_[i];
   if (!w.healthy) return 0;
-  return std::max(0, w.total_slots - std::max(w.inflight, w.running_reported));
+  return std::max(0, w.total_slots + w.max_waiting - std::max(w.inflight, w.running_reported + w.waiting_reported));
+}
+
+double WorkerPool::PredictTtftSeconds(size_t i, int64_t prompt_tokens, double remaining_steps) const {
+  const Worker& w = workers_[i];
+  // Before a step-time report: the pool's mean, or a nominal 10 ms decode step.
+  double step = w.step_p50_seconds;
+  if (step <= 0) step = MeanStepSeconds();
+  if (step <= 0) step = 0.01;
+  const int64_t ahead = w.waiting_prefill_tokens + std::max<int64_t>(1, prompt_tokens);
+  const double prefill_steps =
+      w.step_token_budget > 0 ? std::ceil(static_cast<double>(ahead) / w.step_token_budget) : w.waiting_reported + 1;
+  const int load = std::max(w.inflight, w.running_reported + w.waiting_reported);
+  const int over = std::max(0, load + 1 - w.total_slots);
+  const double slot_wait_steps = w.total_slots > 0 ? over * std::max(0.0, remaining_steps) / w.total_slots : 0;
+  return w.ttft_correction * step * (prefill_steps + slot_wait_steps);
+}
+
+std::optional<size_t> WorkerPool::PickByTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps) {
+  std::optional<size_t> best;
+  double best_ttft = 0;
+  const size_t n = workers_.size();
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = (rotate_ + k) % n;
+    if (Free(i) <= 0) continue;
+    const double t = PredictTtftSeconds(i, prompt_tokens, i < remaining_steps.size() ? remaining_steps[i] : 0);
+    if (!best || t < best_ttft) best = i, best_ttft = t;
+  }
+  if (best) rotate_ = (*best + 1) % n;
+  return best;
+}
+
+void WorkerPool::ObserveTtft(size_t i, double predicted, double actual) {
+  if (predicted <= 0 || actual < 0) return;
+  const double ratio = std::clamp(actual / predicted, 0.1, 10.0);
+  workers_[i].ttft_correction = 0.9 * workers_[i].ttft_correction + 0.1 * ratio;
 }
 
 double WorkerPool::MeanStepSeconds() const {

@@ -1,6 +1,7 @@
 #pragma once
-// What the router knows about its workers: health (from Status polls and stream failures) and free
-// capacity. Owned by the core thread; no locking.
+// What the router knows about its workers: health (from Status polls and stream failures), free
+// capacity (slots plus waiting queue) and load, and from it each worker's predicted time to a new
+// request's first token. Owned by the core thread; no locking.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -30,16 +31,32 @@ class WorkerPool {
   // Status poll (other routers' sequences end unseen). Clearing it on every step event made a
   // worker with a full KV cache refuse a batch each step.
   void MarkFull(size_t i);
-  // Free slots as reported in a TokenEvent (fresher than the last poll); `ended`: the event ends
-  // at least one sequence.
-  void OnFreeSlots(size_t i, int free_slots, bool ended);
+  // Free slots and the waiting queue as reported in a TokenEvent (fresher than the last poll);
+  // `ended`: the event ends at least one sequence.
+  void OnEventLoad(size_t i, const v1::TokenEvent& ev, bool ended);
 
   void AddInflight(size_t i, int delta) { workers_[i].inflight += delta; }
+  // A prompt just sent to worker i waits there until its next report says otherwise.
+  void AddQueuedPrompt(size_t i, int64_t tokens) { workers_[i].waiting_prefill_tokens += tokens; }
   int inflight(size_t i) const { return workers_[i].inflight; }
-  // Slots a new batch may take on worker i (0 when unhealthy).
+  // Sequences a new batch may add to worker i: free slots plus free places in its waiting queue
+  // (0 when unhealthy).
   int Free(size_t i) const;
-  // The healthy worker with the most free slots (ties: fewest of our sequences, then rotating).
+  // The healthy worker with the most free capacity (ties: fewest of our sequences, then rotating).
   std::optional<size_t> Pick();
+  // Predicted seconds from dispatch to the first token of a `prompt_tokens` prompt on worker i:
+  // the steps to prefill what waits ahead of it and itself under the worker's step-token budget,
+  // plus, when its slots are full, a share of the steps until one frees (`remaining_steps`: the
+  // mean predicted steps left of what runs there), at its median step time, times the worker's
+  // learned correction (ObserveTtft).
+  double PredictTtftSeconds(size_t i, int64_t prompt_tokens, double remaining_steps) const;
+  // The worker with room and the least predicted TTFT; `remaining_steps[i]` as above.
+  std::optional<size_t> PickByTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps);
+  // A first token came `actual` seconds after dispatch where `predicted` was predicted: the
+  // worker's correction moves toward their ratio (an exponential average), so the prediction
+  // learns what the load fields miss (prompt cost, step time under load).
+  void ObserveTtft(size_t i, double predicted, double actual);
+  double ttft_correction(size_t i) const { return workers_[i].ttft_correction; }
   // Mean of the healthy workers' reported median step time (0 before any report).
   double MeanStepSeconds() const;
 
@@ -50,6 +67,11 @@ class WorkerPool {
     int failures = 0;
     int total_slots = 0;
     int running_reported = 0;  // sequences the worker said it runs (all routers)
+    int waiting_reported = 0;  // and holds in its waiting queue
+    int max_waiting = 0;
+    int64_t waiting_prefill_tokens = 0;
+    int step_token_budget = 0;
+    double ttft_correction = 1;
     int inflight = 0;          // sequences this router has on it
     bool refused = false;      // MarkFull: full until a sequence ends or a poll
     double step_p50_seconds = 0;

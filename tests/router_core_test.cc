@@ -210,6 +210,7 @@ TEST_F(RouterCoreTest, FcfsDispatchesEachRequestAloneToTheLeastLoadedWorker) {
       FakeWorker::Call c = w->WaitCall(n);
       ASSERT_EQ(c.batch.sequences_size(), 1);
       EXPECT_EQ(c.batch.sequences(0).step_budget(), 0);
+      EXPECT_EQ(c.batch.sequences(0).predicted_steps(), 0);  // no prediction anywhere
       ++sequences;
       c.on_event(Event(c.batch.sequences(0).sequence_id(), {'a'}, v1::FINISH_STATE_LENGTH));
       c.on_done(grpc::Status::OK);
@@ -218,6 +219,25 @@ TEST_F(RouterCoreTest, FcfsDispatchesEachRequestAloneToTheLeastLoadedWorker) {
   EXPECT_EQ(sequences, 4);
   for (auto& c : clients) EXPECT_TRUE(c->WaitFinish().ok());
   EXPECT_EQ(CounterValue("tailserve_router_batches_total{reason=\"immediate\"}"), 4);
+}
+
+// slo dispatches at once as fcfs does, with what the worker's queue orders by: the prediction,
+// the priority and the time already waited; no step budget. The first token teaches the placement.
+TEST_F(RouterCoreTest, SloSendsThePredictionPriorityAndWait) {
+  config_.batching.mode = "slo";
+  Start(1, 8);
+  auto client = Send(1, 5);
+  FakeWorker::Call c = fakes_[0]->WaitCall(0);
+  ASSERT_EQ(c.batch.sequences_size(), 1);
+  const v1::Sequence& seq = c.batch.sequences(0);
+  EXPECT_EQ(seq.step_budget(), 0);
+  EXPECT_GT(seq.predicted_steps(), 0);
+  EXPECT_EQ(seq.priority(), v1::PRIORITY_STANDARD);
+  EXPECT_GE(seq.waited_ms(), 0);
+  c.on_event(Event(seq.sequence_id(), {'a'}, v1::FINISH_STATE_LENGTH));
+  c.on_done(grpc::Status::OK);
+  EXPECT_TRUE(client->WaitFinish().ok());
+  EXPECT_EQ(CounterValue("tailserve_router_ttft_prediction_abs_error_seconds_count"), 1);
 }
 
 // A worker refuses one sequence alone (its model cannot run it): that client gets INVALID_ARGUMENT

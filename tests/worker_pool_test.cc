@@ -13,6 +13,14 @@ v1::WorkerStatus Ready(int slots, int running = 0) {
   return s;
 }
 
+v1::TokenEvent Event(int free_slots, int waiting = 0, int64_t waiting_tokens = 0) {
+  v1::TokenEvent ev;
+  ev.set_free_slots(free_slots);
+  ev.set_waiting_sequences(waiting);
+  ev.set_waiting_prefill_tokens(waiting_tokens);
+  return ev;
+}
+
 TEST(WorkerPoolTest, UnhealthyUntilFirstGoodStatus) {
   WorkerPool p({"a", "b"}, 2);
   EXPECT_EQ(p.healthy_count(), 0u);
@@ -32,7 +40,7 @@ TEST(WorkerPoolTest, PicksMostFreeCapacity) {
   p.AddInflight(1, 5);  // our own dispatches count before the worker reports them
   EXPECT_EQ(p.Free(1), 3);
   EXPECT_EQ(p.Pick(), 2u);
-  p.OnFreeSlots(2, 0, false);
+  p.OnEventLoad(2, Event(0), false);
   EXPECT_EQ(p.Pick(), 1u);
 }
 
@@ -53,9 +61,9 @@ TEST(WorkerPoolTest, ARefusingWorkerStaysFullUntilOneOfItsSequencesEnds) {
   WorkerPool p({"a"}, 2);
   p.OnStatus(0, Ready(4));
   p.MarkFull(0);
-  p.OnFreeSlots(0, 3, /*ended=*/false);  // a step of the sequences it runs: nothing freed
+  p.OnEventLoad(0, Event(3), /*ended=*/false);  // a step of the sequences it runs: nothing freed
   EXPECT_FALSE(p.Pick().has_value());
-  p.OnFreeSlots(0, 3, /*ended=*/true);
+  p.OnEventLoad(0, Event(3), /*ended=*/true);
   EXPECT_EQ(p.Pick(), 0u);
   EXPECT_EQ(p.Free(0), 3);
   p.MarkFull(0);
@@ -86,6 +94,67 @@ TEST(WorkerPoolTest, NotReadyOrBrokenStreamIsOutAtOnce) {
   EXPECT_TRUE(p.MarkDown(0));
   EXPECT_FALSE(p.healthy(0));
   EXPECT_FALSE(p.MarkDown(0));
+}
+
+
+v1::WorkerStatus Queued(int slots, int running, int max_waiting, int waiting, int64_t waiting_tokens, int budget,
+                        double step_p50) {
+  v1::WorkerStatus s = Ready(slots, running);
+  s.set_max_waiting(max_waiting);
+  s.set_waiting_sequences(waiting);
+  s.set_waiting_prefill_tokens(waiting_tokens);
+  s.set_step_token_budget(budget);
+  s.set_step_time_p50_seconds(step_p50);
+  return s;
+}
+
+TEST(WorkerPoolTest, AWaitingQueueIsCapacity) {
+  WorkerPool p({"a"}, 2);
+  p.OnStatus(0, Queued(4, 4, 8, 3, 0, 0, 0.01));
+  EXPECT_EQ(p.Free(0), 5);  // 4 slots + 8 places, 7 taken
+  p.OnEventLoad(0, Event(0, 7), false);
+  EXPECT_EQ(p.Free(0), 1);
+  p.MarkFull(0);
+  EXPECT_EQ(p.Free(0), 0);
+}
+
+TEST(WorkerPoolTest, PredictedTtft) {
+  WorkerPool p({"a"}, 2);
+  // 10 ms steps, 512-token budget, 1,000 prompt tokens waiting; 2 running and 1 waiting leave a
+  // slot for it.
+  p.OnStatus(0, Queued(4, 2, 8, 1, 1000, 512, 0.010));
+  struct Case {
+    int64_t prompt;
+    double remaining;
+    double want;
+  } cases[] = {
+      {24, 100, 0.010 * 2},      // 1,024 tokens ahead: two steps
+      {100, 100, 0.010 * 3},     // 1,100: three
+      {1, 0, 0.010 * 2},
+  };
+  for (const Case& c : cases) EXPECT_NEAR(p.PredictTtftSeconds(0, c.prompt, c.remaining), c.want, 1e-12) << c.prompt;
+  // Slots full (4 running, 2 waiting): three sequences ahead of it for one of 4 slots each, 100
+  // steps left on average: 3 · 100 / 4 = 75 steps more.
+  p.OnEventLoad(0, Event(0, 2, 1000), false);
+  EXPECT_NEAR(p.PredictTtftSeconds(0, 24, 100), 0.010 * (2 + 75), 1e-12);
+  // Without a budget every waiting prompt is a step.
+  p.OnStatus(0, Queued(4, 0, 8, 3, 1000, 0, 0.010));
+  EXPECT_NEAR(p.PredictTtftSeconds(0, 24, 0), 0.010 * 4, 1e-12);
+}
+
+TEST(WorkerPoolTest, PicksTheLeastPredictedTtftAndLearnsFromWhatComes) {
+  WorkerPool p({"a", "b"}, 2);
+  p.OnStatus(0, Queued(4, 1, 8, 0, 4000, 512, 0.010));  // a long prompt queued: 8 steps
+  p.OnStatus(1, Queued(4, 3, 8, 0, 0, 512, 0.020));     // slower steps, nothing queued: 1 step
+  EXPECT_EQ(p.PickByTtft(100, {0, 0}), 1u);
+  // b's first tokens come 10x later than predicted: its correction grows until a wins.
+  for (int i = 0; i < 40 && p.PickByTtft(100, {0, 0}) == 1u; ++i) p.ObserveTtft(1, 0.020, 0.200);
+  EXPECT_EQ(p.PickByTtft(100, {0, 0}), 0u);
+  EXPECT_GT(p.ttft_correction(1), 4.0);
+  EXPECT_DOUBLE_EQ(p.ttft_correction(0), 1.0);
+  // A full worker is never picked, however fast.
+  p.OnEventLoad(0, Event(0, 8, 4000), false);
+  EXPECT_EQ(p.PickByTtft(100, {0, 0}), 1u);
 }
 
 }  // namespace

@@ -544,6 +544,7 @@ void Scheduler::PublishCounts() {
   snapshot_.waiting = static_cast<int>(waiting_.size());
   snapshot_.max_waiting = max_waiting_;
   snapshot_.waiting_prefill_tokens = waiting_tokens;
+  snapshot_.step_token_budget = policy_.step_token_budget;
 }
 
 void Scheduler::PublishSnapshot() {

@@ -34,6 +34,7 @@ struct SchedulerSnapshot {
   int waiting = 0;
   int max_waiting = 0;
   int64_t waiting_prefill_tokens = 0;
+  int step_token_budget = 0;
   double step_p50_seconds = 0;
   double step_p95_seconds = 0;
 };
