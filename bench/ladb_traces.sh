@@ -1,25 +1,37 @@
 #!/usr/bin/env bash
-# LADB against the honest FCFS baseline (batching.mode fcfs: each request dispatched at once to
-# the least-loaded worker, as a stock vLLM-like cluster does) on the real traces: for each trace,
-# train the length predictor on its first 80% (time order), then replay a window of the held-out
-# last 20% against a router + WORKERS sim workers (4; the cost model issue 3 gives) at each of
-# SPEEDS times the trace's own arrival rate, once per mode in MODES ("fcfs ladb"; fifo, LADB's
-# batched fallback, may be added). Prints the table (bench/ladb_table.py) and keeps every run's
-# JSON summary and router metrics under OUT.
+# The schedulers against the honest FCFS baseline on the real traces: for each trace, train the
+# length predictor on its first 80% (time order), then replay a window of the held-out last 20%
+# against a router + WORKERS sim workers (4; the cost model issue 3 gives) at each of SPEEDS times
+# the trace's own arrival rate, once per arm in MODES. Prints the table (bench/ladb_table.py) and
+# keeps every run's JSON summary and router metrics under OUT. Arms (a router mode and the worker
+# mechanics it runs with):
+#   fcfs        the stock vLLM-like cluster: each request at once to the least-loaded worker, no
+#               prediction; workers queue (max_waiting 256), admit first come first served, run
+#               BUDGET-token steps (chunked prefill), grow KV on demand, preempt the newest
+#   slo         the same worker mechanics driven by the prediction: placement by predicted TTFT,
+#               admission by predicted remaining work with a 2 s aging bound, KV reserved for the
+#               prediction + 20%, preemption of the most predicted work left
+#   fcfs-today  fcfs with today's default workers: no queue, whole prompts before the next
+#               decode step, KV reserved for max_tokens
+#   ladb        length-aware batches at the router (today's default), default workers
 #
 #   bench/ladb_traces.sh [WINDOW_S=300] [FROM_S=start of the held-out 20%] [OUT=bench/out/ladb]
 #   (build first: scripts/build.sh)
 #
 # Requests end by a simulated EOS at the trace's output length with max_tokens capped at 4096
-# (tailserve-load --sim-eos), so the router never learns a length from max_tokens.
+# (tailserve-load --sim-eos), so the router never learns a length from max_tokens. The sim
+# workers account a paged KV cache the size an 8B model's FP8 cache has on an 80 GB card
+# (KV_BLOCKS, 53,000 blocks of 16 tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WINDOW_S=${WINDOW_S:-300}
 OUT=${OUT:-bench/out/ladb}
 SPEEDS=${SPEEDS:-"1 2 4"}
-MODES=${MODES:-"fcfs ladb"}
-# WORKER_FLAGS go to every worker (e.g. --set worker.step_token_budget=512); TAG is appended to the
-# mode in the output files, so such a run sits beside the defaults in one table.
+MODES=${MODES:-"fcfs slo"}
+BUDGET=${BUDGET:-512}
+KV_BLOCKS=${KV_BLOCKS:-53000}
+# WORKER_FLAGS go to every worker (e.g. --set worker.aging_ms=1000); TAG is appended to the arm in
+# the output files, so such a run sits beside the defaults in one table.
 WORKER_FLAGS=${WORKER_FLAGS:-}
 TAG=${TAG:-}
 WORKERS=${WORKERS:-4}
@@ -28,7 +40,17 @@ B=build/bin
 SHARED=../shared/traces
 mkdir -p "$OUT"
 
-start_cluster() {  # $1: batching mode, $2: model
+queued="--set worker.max_waiting=256 --set worker.step_token_budget=$BUDGET"
+arm_flags() {  # $1: arm → the worker flags it runs with
+  case "$1" in
+    fcfs) echo "$queued --set worker.admission=fcfs --set worker.kv_reservation=on_demand --set worker.preemption=newest" ;;
+    slo) echo "$queued --set worker.admission=predicted --set worker.kv_reservation=predicted --set worker.preemption=most_remaining" ;;
+    *) echo "" ;;
+  esac
+}
+arm_mode() { case "$1" in fcfs-today) echo fcfs ;; *) echo "$1" ;; esac; }
+
+start_cluster() {  # $1: arm, $2: model
   local d="$OUT/run"; rm -rf "$d"; mkdir -p "$d"
   pids=(); workers=""
   for i in $(seq "$WORKERS"); do
@@ -36,7 +58,8 @@ start_cluster() {  # $1: batching mode, $2: model
     "$B/tailserve-worker" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
       --log-level warn --ports-file "$d/w$i" --set worker.sim.step_base_ms=4.0 \
       --set worker.sim.step_per_sequence_ms=0.02 --set worker.sim.step_per_kv_token_ns=15 \
-      --set worker.sim.step_per_prefill_token_ms=0.03 $WORKER_FLAGS >"$d/w$i.log" 2>&1 &
+      --set worker.sim.step_per_prefill_token_ms=0.03 --set worker.sim.kv_blocks="$KV_BLOCKS" $(arm_flags "$1") \
+      $WORKER_FLAGS >"$d/w$i.log" 2>&1 &
     pids+=($!)
   done
   for i in $(seq "$WORKERS"); do
@@ -44,7 +67,7 @@ start_cluster() {  # $1: batching mode, $2: model
     workers+="${workers:+,}127.0.0.1:$(sed -n 's/grpc_port=//p' "$d/w$i")"
   done
   "$B/tailserve-router" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
-    --log-level warn --workers "$workers" --ports-file "$d/r" --set batching.mode="$1" \
+    --log-level warn --workers "$workers" --ports-file "$d/r" --set batching.mode="$(arm_mode "$1")" \
     --set predictor.model_path="$(realpath "$2")" --set predictor.warmup_steps=0 \
     --set router.max_prompt_tokens=16384 >"$d/r.log" 2>&1 &
   pids+=($!)
@@ -77,6 +100,9 @@ PY
         --duration-s "$WINDOW_S" --speed "$speed" --sim-eos --max-prompt-tokens 16384 \
         --json "$OUT/${trace}_${speed}x_${mode}${TAG}.json" >&2 || true
       curl -s "localhost:$router_http/metrics" > "$OUT/${trace}_${speed}x_${mode}${TAG}.metrics"
+      for i in $(seq "$WORKERS"); do
+        curl -s "localhost:$(sed -n 's/http_port=//p' "$OUT/run/w$i")/metrics"
+      done > "$OUT/${trace}_${speed}x_${mode}${TAG}.wmetrics"
       stop_cluster
     done
   done
