@@ -8,9 +8,11 @@
 #   fcfs        the stock vLLM-like cluster: each request at once to the least-loaded worker, no
 #               prediction; workers queue (max_waiting 256), admit first come first served, run
 #               BUDGET-token steps (chunked prefill), grow KV on demand, preempt the newest
-#   slo         the same worker mechanics driven by the prediction: placement by predicted TTFT,
-#               admission by predicted remaining work with a 2 s aging bound, KV reserved for the
-#               prediction + 20%, preemption of the most predicted work left
+#   fcfs-target fcfs with a step-time target (TARGET_MS, 40): steps prefill as much as the
+#               learned step cost fits in it, BUDGET a floor; no prediction
+#   slo         the same worker mechanics and target driven by the prediction: placement by
+#               predicted TTFT, admission by predicted remaining work with a 2 s aging bound, KV
+#               reserved for the prediction + 20%, preemption of the most predicted work left
 #   fcfs-today  fcfs with today's default workers: no queue, whole prompts before the next
 #               decode step, KV reserved for max_tokens
 #   ladb        length-aware batches at the router (today's default), default workers
@@ -29,6 +31,7 @@ OUT=${OUT:-bench/out/ladb}
 SPEEDS=${SPEEDS:-"1 2 4"}
 MODES=${MODES:-"fcfs slo"}
 BUDGET=${BUDGET:-512}
+TARGET_MS=${TARGET_MS:-40}
 KV_BLOCKS=${KV_BLOCKS:-53000}
 # WORKER_FLAGS go to every worker (e.g. --set worker.aging_ms=1000); TAG is appended to the arm in
 # the output files, so such a run sits beside the defaults in one table.
@@ -41,14 +44,17 @@ SHARED=../shared/traces
 mkdir -p "$OUT"
 
 queued="--set worker.max_waiting=256 --set worker.step_token_budget=$BUDGET"
+stock="$queued --set worker.admission=fcfs --set worker.kv_reservation=on_demand --set worker.preemption=newest"
+target="--set worker.step_time_target_ms=$TARGET_MS"
 arm_flags() {  # $1: arm → the worker flags it runs with
   case "$1" in
-    fcfs) echo "$queued --set worker.admission=fcfs --set worker.kv_reservation=on_demand --set worker.preemption=newest" ;;
-    slo) echo "$queued --set worker.admission=predicted --set worker.kv_reservation=predicted --set worker.preemption=most_remaining" ;;
+    fcfs) echo "$stock" ;;
+    fcfs-target) echo "$stock $target" ;;
+    slo) echo "$queued $target --set worker.admission=predicted --set worker.kv_reservation=predicted --set worker.preemption=most_remaining" ;;
     *) echo "" ;;
   esac
 }
-arm_mode() { case "$1" in fcfs-today) echo fcfs ;; *) echo "$1" ;; esac; }
+arm_mode() { case "$1" in fcfs-today | fcfs-target) echo fcfs ;; *) echo "$1" ;; esac; }
 
 start_cluster() {  # $1: arm, $2: model
   local d="$OUT/run"; rm -rf "$d"; mkdir -p "$d"

@@ -206,6 +206,13 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.Int("unhealthy_after_failures", &r.unhealthy_after_failures, 1, 1000);
     s.Double("metrics_window_seconds", &r.metrics_window_seconds, 1, 86400);
     s.String("model_path", &r.model_path);
+    s.Int("interactive_ttft_slo_ms", &r.interactive_ttft_slo_ms, 0, 3'600'000);
+    s.Int("interactive_tpot_slo_ms", &r.interactive_tpot_slo_ms, 0, 3'600'000);
+    s.Int("standard_ttft_slo_ms", &r.standard_ttft_slo_ms, 0, 3'600'000);
+    s.Int("standard_tpot_slo_ms", &r.standard_tpot_slo_ms, 0, 3'600'000);
+    s.Int("batch_ttft_slo_ms", &r.batch_ttft_slo_ms, 0, 3'600'000);
+    s.Int("batch_tpot_slo_ms", &r.batch_tpot_slo_ms, 0, 3'600'000);
+    s.Int("slo_reject_waiting", &r.slo_reject_waiting, 0, 10'000'000);
   }
   {
     Section s = top.Sub("worker");
@@ -228,6 +235,7 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
       s.Error("worker.step_token_budget", absl::StrCat("must be 0 or >= worker.slots (", w.slots, "), got ",
                                                        w.step_token_budget));
     }
+    s.Double("step_time_target_ms", &w.step_time_target_ms, 0, 60'000);
     s.Int("max_waiting", &w.max_waiting, 0, 1'000'000);
     s.String("admission", &w.admission, {"fcfs", "predicted"});
     s.Int("aging_ms", &w.aging_ms, 1, 3'600'000);

@@ -62,6 +62,18 @@ struct RouterConfig {
   int health_check_timeout_ms = 500;
   int unhealthy_after_failures = 2;
   double metrics_window_seconds = 60;
+  // Per-class SLO defaults in ms (a request's own ttft_slo_ms / tpot_slo_ms override them; 0: no
+  // objective), and the early rejection of batching.mode slo: once the best worker's waiting queue
+  // holds slo_reject_waiting sequences (0: never reject), a request whose predicted TTFT there
+  // misses its objective is refused at once (RESOURCE_EXHAUSTED, with a retry-after hint), and a
+  // batch-priority request is refused whatever its objective.
+  int interactive_ttft_slo_ms = 500;
+  int interactive_tpot_slo_ms = 50;
+  int standard_ttft_slo_ms = 1000;
+  int standard_tpot_slo_ms = 50;
+  int batch_ttft_slo_ms = 0;
+  int batch_tpot_slo_ms = 0;
+  int slo_reject_waiting = 0;
   // Checkpoint directory whose tokenizer.json (text prompts, streamed text) and context length the
   // router uses; empty: a byte tokenizer (sim clusters).
   std::string model_path;
@@ -99,6 +111,10 @@ struct WorkerConfig {
   // The most new tokens an engine step computes: decodes first, then prompts, a long one in chunks
   // over several steps. 0: every prompt whole in one step.
   int step_token_budget = 0;
+  // A step-time target in ms (0: none): each step prefills as many tokens as the worker's learned
+  // step cost says fit it (at least step_token_budget's share), so decoding sequences' time per
+  // output token stays near the target while prompts take all the room it leaves.
+  double step_time_target_ms = 0;
   // Sequences accepted beyond the free slots, waiting for a slot and KV cache (0: a batch that does
   // not fit the free slots now is refused, RESOURCE_EXHAUSTED).
   int max_waiting = 0;

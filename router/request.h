@@ -16,6 +16,9 @@ struct ParsedRequest {
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   v1::Priority priority = v1::PRIORITY_STANDARD;
+  // As sent (0: the class default, which the core fills in from router.slo).
+  int32_t ttft_slo_ms = 0;
+  int32_t tpot_slo_ms = 0;
   // Share of non-alphanumeric characters in the prompt text (a predictor feature).
   double non_alnum_ratio = 0;
 };

@@ -7,8 +7,18 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
 
 namespace tailserve {
+namespace {
+
+// The `class` label of the SLO metrics.
+const char* PriorityClass(v1::Priority p) {
+  return p == v1::PRIORITY_INTERACTIVE ? "interactive" : p == v1::PRIORITY_BATCH ? "batch" : "standard";
+}
+
+}  // namespace
 
 uint64_t FirstSequenceKey() {
   std::random_device rd;
@@ -88,6 +98,21 @@ void RouterCore::DoSubmit(uint64_t key, ParsedRequest req, std::shared_ptr<Clien
                       ? InitialStepBudget(config_.predictor, r.prediction.steps)
                       : 0;
   r.req = std::move(req);
+  // Objectives the request did not set come from its class's defaults.
+  const RouterConfig& rc = config_.router;
+  const bool interactive = r.req.priority == v1::PRIORITY_INTERACTIVE, batch = r.req.priority == v1::PRIORITY_BATCH;
+  if (r.req.ttft_slo_ms == 0) {
+    r.req.ttft_slo_ms = interactive ? rc.interactive_ttft_slo_ms : batch ? rc.batch_ttft_slo_ms : rc.standard_ttft_slo_ms;
+  }
+  if (r.req.tpot_slo_ms == 0) {
+    r.req.tpot_slo_ms = interactive ? rc.interactive_tpot_slo_ms : batch ? rc.batch_tpot_slo_ms : rc.standard_tpot_slo_ms;
+  }
+  if (absl::Status why = RejectEarly(r); !why.ok()) {
+    metrics_.requests.Labels({"resource_exhausted"}).Inc();
+    metrics_.slo_rejections.Labels({PriorityClass(r.req.priority)}).Inc();
+    sink->Finish(ToGrpcStatus(why));
+    return;
+  }
   r.sink = std::move(sink);
   r.arrival = arrival;
   r.decoder = std::make_unique<StreamingDecoder>(tokenizer_);
@@ -194,11 +219,13 @@ void RouterCore::Complete(uint64_t key, v1::FinishReason reason, const std::stri
     const double ttft = Seconds(*r.first_token - r.arrival);
     metrics_.ttft.Observe(ttft);
     metrics_.ttft_window.Observe(ttft);
+    double tpot = 0;
     if (r.generated.size() > 1) {
-      const double tpot = (total - ttft) / static_cast<double>(r.generated.size() - 1);
+      tpot = (total - ttft) / static_cast<double>(r.generated.size() - 1);
       metrics_.tpot.Observe(tpot);
       metrics_.tpot_window.Observe(tpot);
     }
+    CountSlo(r, ttft, tpot);
   }
   r.sink->Write(std::move(resp));
   r.sink->Finish(grpc::Status::OK);
@@ -344,6 +371,46 @@ void RouterCore::PollWorkers() {
                           commands_.Post([this, w, s = std::move(s)] { OnStatus(w, s); });
                         });
   }
+}
+
+absl::Status RouterCore::RejectEarly(const Request& r) const {
+  const int depth = config_.router.slo_reject_waiting;
+  if (config_.batching.mode != "slo" || depth <= 0) return absl::OkStatus();
+  const int64_t prompt = static_cast<int64_t>(r.req.prompt.size());
+  const std::vector<double> remaining = MeanRemainingSteps();
+  std::optional<double> best;
+  std::optional<size_t> best_worker;
+  for (size_t i = 0; i < pool_.size(); ++i) {
+    if (pool_.Free(i) <= 0) continue;
+    const double t = pool_.PredictTtftSeconds(i, prompt, remaining[i]);
+    if (!best || t < *best) best = t, best_worker = i;
+  }
+  // No worker with room: the router's own queue (router.max_queue_size) takes it.
+  if (!best_worker || pool_.waiting(*best_worker) < depth) return absl::OkStatus();
+  const double slo = r.req.ttft_slo_ms * 1e-3;
+  const bool batch = r.req.priority == v1::PRIORITY_BATCH;
+  if (!batch && (slo <= 0 || *best <= slo)) return absl::OkStatus();
+  // The hint: about when the best worker's queue has drained to where the objective holds.
+  const double retry_after = std::max(0.1, *best - slo);
+  return absl::ResourceExhaustedError(
+      batch ? absl::StrCat("workers are loaded (", pool_.waiting(*best_worker),
+                           " waiting): batch-priority work is refused first; retry after ",
+                           absl::StrFormat("%.1f", retry_after), " s")
+            : absl::StrCat("no worker can meet ttft_slo_ms ", r.req.ttft_slo_ms, " (predicted ",
+                           static_cast<int>(*best * 1000), " ms with ", pool_.waiting(*best_worker),
+                           " waiting); retry after ", absl::StrFormat("%.1f", retry_after), " s"));
+}
+
+void RouterCore::CountSlo(const Request& r, double ttft, double tpot) {
+  const bool has_ttft = r.req.ttft_slo_ms > 0, has_tpot = r.req.tpot_slo_ms > 0;
+  if (!has_ttft && !has_tpot) return;
+  const char* cls = PriorityClass(r.req.priority);
+  metrics_.slo_requests.Labels({cls}).Inc();
+  const bool ttft_met = !has_ttft || ttft <= r.req.ttft_slo_ms * 1e-3;
+  const bool tpot_met = !has_tpot || tpot <= r.req.tpot_slo_ms * 1e-3;
+  if (has_ttft && ttft_met) metrics_.slo_attained.Labels({cls, "ttft"}).Inc();
+  if (has_tpot && tpot_met) metrics_.slo_attained.Labels({cls, "tpot"}).Inc();
+  if (ttft_met && tpot_met) metrics_.slo_attained.Labels({cls, "both"}).Inc();
 }
 
 std::vector<double> RouterCore::MeanRemainingSteps() const {

@@ -109,6 +109,10 @@ class RouterCore {
   void Requeue(uint64_t key, Request& r, RequeueReason reason);
   v1::Timings TimingsOf(const Request& r, SteadyTime now) const;
   void UpdateGauges();
+  // batching.mode slo's early rejection: why no worker can take this request in time, or OK.
+  absl::Status RejectEarly(const Request& r) const;
+  // Counts the finished request against its objectives (tailserve_router_slo_*).
+  void CountSlo(const Request& r, double ttft, double tpot);
   // Per worker, the mean predicted decode steps left of this router's sequences there (slo
   // placement's estimate of how soon a slot frees).
   std::vector<double> MeanRemainingSteps() const;

@@ -60,6 +60,16 @@ RouterMetrics::RouterMetrics(Registry& r, double w)
                          "|predicted - actual| seconds from dispatch to the first token (batching.mode slo placement).",
                          LatencyBuckets())
               .Get()),
+      slo_requests(r.AddCounter("tailserve_router_slo_requests_total",
+                                "Finished requests with a TTFT or TPOT objective, by priority class.", {"class"})),
+      slo_attained(r.AddCounter("tailserve_router_slo_attained_total",
+                                "Finished requests that met their objective: ttft, tpot, or both (every objective "
+                                "they had: goodput), by priority class.",
+                                {"class", "slo"})),
+      slo_rejections(r.AddCounter("tailserve_router_slo_rejections_total",
+                                  "Requests refused at arrival (RESOURCE_EXHAUSTED) because no worker could meet their "
+                                  "TTFT objective with queues past router.slo_reject_waiting, by priority class.",
+                                  {"class"})),
       predictor_window_mape(r.AddGauge("tailserve_router_predictor_window_mape",
                                        "Mean absolute percentage error of the model over the drift window (0.3 = 30%).")
                                 .Get()),

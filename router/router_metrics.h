@@ -26,6 +26,9 @@ struct RouterMetrics {
   Registry::Family<Counter>& predictions;  // source
   Histogram& predictor_abs_error;
   Histogram& ttft_prediction_abs_error;
+  Registry::Family<Counter>& slo_requests;  // class
+  Registry::Family<Counter>& slo_attained;  // class, slo (ttft, tpot, both)
+  Registry::Family<Counter>& slo_rejections;  // class
   Gauge& predictor_window_mape;
   Gauge& drift_active;
   Counter& drift_events;

@@ -102,6 +102,10 @@ absl::StatusOr<ParsedRequest> ValidateRequest(const v1::GenerateRequest& req, co
     default:
       return Invalid("priority", absl::StrCat("unknown value ", static_cast<int>(req.priority())));
   }
+  if (req.ttft_slo_ms() < 0) return Invalid("ttft_slo_ms", absl::StrCat("must be >= 0, got ", req.ttft_slo_ms()));
+  if (req.tpot_slo_ms() < 0) return Invalid("tpot_slo_ms", absl::StrCat("must be >= 0, got ", req.tpot_slo_ms()));
+  out.ttft_slo_ms = req.ttft_slo_ms();
+  out.tpot_slo_ms = req.tpot_slo_ms();
   return out;
 }
 

@@ -57,6 +57,8 @@ class WorkerPool {
   // learns what the load fields miss (prompt cost, step time under load).
   void ObserveTtft(size_t i, double predicted, double actual);
   double ttft_correction(size_t i) const { return workers_[i].ttft_correction; }
+  // Sequences waiting in worker i's queue, as last reported (or assumed full after a refusal).
+  int waiting(size_t i) const { return workers_[i].waiting_reported; }
   // Mean of the healthy workers' reported median step time (0 before any report).
   double MeanStepSeconds() const;
 

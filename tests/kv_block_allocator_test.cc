@@ -66,6 +66,28 @@ TEST(KvBlockAllocatorTest, ReserveRefusesWhatCanNeverFitAndWhatDoesNotFitNow) {
   EXPECT_EQ(p.kv.unpromised_blocks(), 3);
 }
 
+// The scheduler grows a promise step by step (KV on demand): Reserve again asks only for the
+// blocks the sequence neither holds nor was promised.
+TEST(KvBlockAllocatorTest, ReserveAgainGrowsThePromise) {
+  Pool p;
+  ASSERT_TRUE(p.kv.Reserve(1, 5).ok());  // 2 blocks
+  EXPECT_EQ(p.kv.unpromised_blocks(), 6);
+  ASSERT_TRUE(p.kv.Reserve(1, 8).ok());  // still 2: nothing more
+  EXPECT_EQ(p.kv.unpromised_blocks(), 6);
+  auto s = p.kv.Acquire(1);
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(p.kv.EnsurePositions(**s, 8).ok());  // the promise becomes 2 blocks
+  EXPECT_EQ((*s)->reserved, 0);
+  ASSERT_TRUE(p.kv.Reserve(1, 13).ok());  // 4 blocks in all: 2 held, 2 more promised
+  EXPECT_EQ((*s)->reserved, 2);
+  EXPECT_EQ(p.kv.unpromised_blocks(), 4);
+  ASSERT_TRUE(p.kv.Reserve(1, 4).ok());  // less than it holds: nothing changes
+  EXPECT_EQ((*s)->reserved, 2);
+  ASSERT_TRUE(p.kv.Reserve(2, 16).ok());  // 4 blocks: every block is spoken for
+  EXPECT_EQ(p.kv.Reserve(1, 17).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*s)->reserved, 2) << "a refused growth promises nothing";
+}
+
 TEST(KvBlockAllocatorTest, UnreservedGrowthNeverTakesPromisedBlocks) {
   Pool p;
   ASSERT_TRUE(p.kv.Reserve(1, 24 - 4).ok());  // 5 of 8 promised

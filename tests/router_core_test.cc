@@ -50,6 +50,10 @@ class FakeWorker final : public WorkerClient {
   }
   void Status(std::chrono::milliseconds, std::function<void(absl::StatusOr<v1::WorkerStatus>)> done) override {
     v1::WorkerStatus s;
+    {
+      std::lock_guard lock(mu_);
+      s = status_extra_;
+    }
     s.set_ready(ready_);
     s.set_total_slots(slots_);
     done(s);
@@ -72,8 +76,14 @@ class FakeWorker final : public WorkerClient {
     });
   }
   std::atomic<bool> ready_{true};
+  // Load fields every Status answer carries (waiting queue, step time, ...).
+  void SetStatus(v1::WorkerStatus extra) {
+    std::lock_guard lock(mu_);
+    status_extra_ = std::move(extra);
+  }
 
  private:
+  v1::WorkerStatus status_extra_;
   const int slots_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -151,12 +161,15 @@ class RouterCoreTest : public ::testing::Test {
     for (int i = 0; i < 500 && !core_->ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     ASSERT_TRUE(core_->ready());
   }
-  std::shared_ptr<ClientRecorder> Send(uint64_t key, int max_tokens, std::vector<std::string> stop = {}) {
+  std::shared_ptr<ClientRecorder> Send(uint64_t key, int max_tokens, std::vector<std::string> stop = {},
+                                       v1::Priority priority = v1::PRIORITY_STANDARD, int ttft_slo_ms = 0) {
     ParsedRequest r;
     r.request_id = "r" + std::to_string(key);
     r.prompt = {'h', 'i'};
     r.max_tokens = max_tokens;
     r.stop = std::move(stop);
+    r.priority = priority;
+    r.ttft_slo_ms = ttft_slo_ms;
     auto sink = std::make_shared<ClientRecorder>();
     core_->Submit(key, r, sink, SystemClock::Get().Now());
     return sink;
@@ -238,6 +251,74 @@ TEST_F(RouterCoreTest, SloSendsThePredictionPriorityAndWait) {
   c.on_done(grpc::Status::OK);
   EXPECT_TRUE(client->WaitFinish().ok());
   EXPECT_EQ(CounterValue("tailserve_router_ttft_prediction_abs_error_seconds_count"), 1);
+}
+
+// Objectives come from the class defaults unless the request sets its own, and a finished request
+// is counted against them.
+TEST_F(RouterCoreTest, FinishedRequestsAreCountedAgainstTheirObjectives) {
+  config_.batching.mode = "fcfs";
+  config_.router.standard_ttft_slo_ms = 60'000;
+  config_.router.standard_tpot_slo_ms = 60'000;
+  config_.router.batch_ttft_slo_ms = config_.router.batch_tpot_slo_ms = 0;  // none
+  Start(1, 8);
+  auto met = Send(1, 5);
+  auto missed = Send(2, 5, {}, v1::PRIORITY_STANDARD, /*ttft_slo_ms=*/1);  // its own, unmeetable
+  auto none = Send(3, 5, {}, v1::PRIORITY_BATCH);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // request 2's 1 ms passes
+  for (size_t n = 0; n < 3; ++n) {
+    FakeWorker::Call c = fakes_[0]->WaitCall(n);
+    c.on_event(Event(c.batch.sequences(0).sequence_id(), {'a', 'b'}, v1::FINISH_STATE_LENGTH));
+    c.on_done(grpc::Status::OK);
+  }
+  for (auto* c : {&met, &missed, &none}) ASSERT_TRUE((*c)->WaitFinish().ok());
+  EXPECT_EQ(CounterValue("tailserve_router_slo_requests_total{class=\"standard\"}"), 2);
+  EXPECT_EQ(CounterValue("tailserve_router_slo_attained_total{class=\"standard\",slo=\"ttft\"}"), 1);
+  EXPECT_EQ(CounterValue("tailserve_router_slo_attained_total{class=\"standard\",slo=\"tpot\"}"), 2);
+  EXPECT_EQ(CounterValue("tailserve_router_slo_attained_total{class=\"standard\",slo=\"both\"}"), 1);
+  EXPECT_EQ(CounterValue("tailserve_router_slo_requests_total{class=\"batch\"}"), 0);
+}
+
+// slo mode refuses at arrival what no worker can serve in time once queues are deep, with the
+// documented status and a retry-after hint; batch priority goes first, whatever its objective.
+TEST_F(RouterCoreTest, SloRejectsEarlyWhatNoWorkerCanMeet) {
+  config_.batching.mode = "slo";
+  config_.router.slo_reject_waiting = 4;
+  config_.router.standard_ttft_slo_ms = 500;
+  config_.router.batch_ttft_slo_ms = 0;
+  Start(1, 8, /*poll_ms=*/5);
+  // 100 ms steps, every prompt whole in one step (no budget), 6 waiting: 0.7 s to a first token.
+  v1::WorkerStatus loaded;
+  loaded.set_max_waiting(64);
+  loaded.set_waiting_sequences(6);
+  loaded.set_step_time_p50_seconds(0.1);
+  fakes_[0]->SetStatus(loaded);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // polls see it
+  auto late = Send(1, 5);
+  EXPECT_EQ(late->WaitFinish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(late->WaitFinish().error_message().find("no worker can meet ttft_slo_ms 500 (predicted 700 ms"),
+            std::string::npos)
+      << late->WaitFinish().error_message();
+  EXPECT_NE(late->WaitFinish().error_message().find("retry after 0.2 s"), std::string::npos);
+  auto batch = Send(2, 5, {}, v1::PRIORITY_BATCH);
+  EXPECT_EQ(batch->WaitFinish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  auto relaxed = Send(3, 5, {}, v1::PRIORITY_STANDARD, /*ttft_slo_ms=*/2000);  // 0.7 s meets it
+  FakeWorker::Call c = fakes_[0]->WaitCall(0);
+  EXPECT_EQ(c.batch.sequences(0).sequence_id(), 3u);
+  c.on_event(Event(3, {'a'}, v1::FINISH_STATE_LENGTH));
+  c.on_done(grpc::Status::OK);
+  EXPECT_TRUE(relaxed->WaitFinish().ok());
+  EXPECT_EQ(CounterValue("tailserve_router_slo_rejections_total{class=\"standard\"}"), 1);
+  EXPECT_EQ(CounterValue("tailserve_router_slo_rejections_total{class=\"batch\"}"), 1);
+  // A shallow queue takes everything, however slow.
+  loaded.set_waiting_sequences(3);
+  fakes_[0]->SetStatus(loaded);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto shallow = Send(4, 5, {}, v1::PRIORITY_STANDARD, /*ttft_slo_ms=*/1);
+  FakeWorker::Call c2 = fakes_[0]->WaitCall(1);
+  EXPECT_EQ(c2.batch.sequences(0).sequence_id(), 4u);
+  c2.on_event(Event(4, {'a'}, v1::FINISH_STATE_LENGTH));
+  c2.on_done(grpc::Status::OK);
+  EXPECT_TRUE(shallow->WaitFinish().ok());
 }
 
 // A worker refuses one sequence alone (its model cannot run it): that client gets INVALID_ARGUMENT

@@ -3,7 +3,9 @@
 // decisions alone are table-tested in scheduling_policy_test.cc.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <vector>
 
 #include "tests/test_sinks.h"
@@ -187,6 +189,82 @@ TEST(SchedulerQueueTest, ASequenceLongerThanTheWholeCacheIsRefusedAlone) {
   const QueueRun run = RunAll(VllmLike(), 2, 4, /*kv_blocks=*/4, b);
   EXPECT_EQ(run.state.at(1), v1::FINISH_STATE_INVALID);
   EXPECT_EQ(run.state.at(2), v1::FINISH_STATE_LENGTH);
+}
+
+
+// A burst of long prompts arrives while eight sequences decode: whole prompts stall those
+// sequences for a whole prefill (their time per output token is the step's time), a step-token
+// budget bounds every step, and a step-time target lets steps grow to it and no further. Steps
+// cost what the sim's cost model says, on an injected clock; the step after which the burst is
+// submitted waits for it, so every arm sees the same moment.
+TEST(SchedulerQueueTest, ALongPromptBurstStaysWithinTheStepBound) {
+  SimBackendConfig cost = FreeSim();
+  cost.step_base_ms = 4, cost.step_per_sequence_ms = 0.02, cost.step_per_kv_token_ns = 15;
+  cost.step_per_prefill_token_ms = 0.03;
+  constexpr size_t kBurstAfter = 80;  // steps: the step cost is learned by then
+  struct Case {
+    const char* name;
+    int budget;
+    double target_ms;
+  } cases[] = {{"whole prompts", 0, 0}, {"budget 256", 256, 0}, {"target 25 ms", 64, 25}};
+  for (const Case& c : cases) {
+    FakeClock clock;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<double> steps;
+    bool burst_sent = false;
+    SimEngine engine(cost, "test", clock, [&](SteadyTime t) {
+      std::unique_lock lock(mu);
+      steps.push_back(Seconds(t - clock.Now()));
+      clock.Advance(t - clock.Now());
+      if (steps.size() == kBurstAfter) {
+        cv.notify_all();
+        cv.wait(lock, [&] { return burst_sent; });
+      }
+    });
+    Registry registry;
+    WorkerMetrics metrics(registry, 60);
+    Scheduler scheduler(engine, 16, metrics, clock);
+    SchedulingPolicy policy = VllmLike();
+    policy.step_token_budget = c.budget;
+    policy.step_time_target = c.target_ms * 1e-3;
+    scheduler.SetStepTokenBudget(c.budget);
+    scheduler.SetPolicy(policy, 16);
+    v1::Batch running;
+    for (uint64_t id = 1; id <= 8; ++id) *running.add_sequences() = Seq(id, 80, 400);
+    auto sink = std::make_shared<Sink>();
+    scheduler.Submit(sink, running);
+    scheduler.Start();
+    {
+      std::unique_lock lock(mu);
+      ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return steps.size() >= kBurstAfter; }));
+    }
+    v1::Batch burst;
+    for (uint64_t id = 11; id <= 13; ++id) *burst.add_sequences() = Seq(id, 2000, 2);
+    auto burst_sink = std::make_shared<Sink>();
+    scheduler.Submit(burst_sink, burst);
+    {
+      std::lock_guard lock(mu);
+      burst_sent = true;
+      cv.notify_all();
+    }
+    ASSERT_TRUE(burst_sink->WaitFinish().ok()) << c.name;
+    ASSERT_TRUE(sink->WaitFinish().ok()) << c.name;
+    scheduler.Stop();
+    std::lock_guard lock(mu);
+    const double worst = *std::max_element(steps.begin() + kBurstAfter, steps.end());
+    // Every step of the burst holds at most 11 sequences and 8·480 + 3·2000 KV tokens: with 256
+    // new tokens at most, a + 11b + c·kv + 256p = 12.0 ms.
+    const double budget_bound = 4e-3 + 11 * 2e-5 + 15e-9 * (8 * 480 + 3 * 2000) + 256 * 3e-5;
+    if (c.budget == 0) {
+      EXPECT_GT(worst, 2000 * 3e-5) << c.name << ": a whole 2,000-token prompt in one step";
+    } else if (c.target_ms == 0) {
+      EXPECT_LE(worst, budget_bound) << c.name;
+    } else {
+      EXPECT_LE(worst, c.target_ms * 1e-3 * 1.001) << c.name;
+      EXPECT_GT(worst, budget_bound) << c.name << ": the target's room is used";
+    }
+  }
 }
 
 }  // namespace

@@ -54,15 +54,20 @@ TEST(SchedulingPolicyTest, PredictedRemainingSteps) {
   }
 }
 
-TEST(SchedulingPolicyTest, RemainingWorkCountsPrefillStepsUnderTheBudget) {
+TEST(SchedulingPolicyTest, RemainingWorkWeighsPrefillTokens) {
   struct Case {
     int64_t uncached;
     int budget;
-    double want;  // prefill steps + 40 output steps
-  } cases[] = {{1, 512, 40}, {2, 512, 41}, {512, 512, 41}, {513, 512, 42}, {4000, 512, 48}, {4000, 0, 41}};
+    double weight;
+    double want;  // uncached · weight (or / budget) + 40 output steps
+  } cases[] = {{1, 512, 0, 40},     {2, 512, 0, 40 + 2.0 / 512}, {1024, 512, 0, 42}, {4000, 0, 0, 40},
+               {1000, 512, 0.3, 340}, {1, 512, 0.3, 40}};
   for (const Case& c : cases) {
-    EXPECT_DOUBLE_EQ(RemainingWork(Item(0, 1, c.uncached, 0, 100, 40), c.budget), c.want)
-        << c.uncached << " tokens, budget " << c.budget;
+    SchedulingPolicy p;
+    p.step_token_budget = c.budget;
+    p.prefill_token_weight = c.weight;
+    EXPECT_DOUBLE_EQ(RemainingWork(Item(0, 1, c.uncached, 0, 100, 40), p), c.want)
+        << c.uncached << " tokens, budget " << c.budget << ", weight " << c.weight;
   }
 }
 

@@ -74,6 +74,19 @@ TEST_F(ValidateTest, UnknownPriority) {
   EXPECT_TRUE(Check().ok());
 }
 
+TEST_F(ValidateTest, SloObjectives) {
+  req_.set_ttft_slo_ms(-5);
+  ExpectInvalid("ttft_slo_ms: must be >= 0, got -5");
+  req_.set_ttft_slo_ms(300);
+  req_.set_tpot_slo_ms(-1);
+  ExpectInvalid("tpot_slo_ms: must be >= 0, got -1");
+  req_.set_tpot_slo_ms(40);
+  auto p = ValidateRequest(req_, limits_, tok_);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->ttft_slo_ms, 300);
+  EXPECT_EQ(p->tpot_slo_ms, 40);
+}
+
 TEST_F(ValidateTest, Sampling) {
   req_.mutable_sampling()->set_temperature(-1);
   ExpectInvalid("sampling.temperature: must be in [0, 100], got -1");

@@ -410,15 +410,34 @@ void Scheduler::RunStep() {
   // while the step-token budget lasts: a prompt that does not fit runs a chunk and continues next
   // step, so a burst of long prompts never stalls the decodes for a whole prefill. No budget: all
   // of them.
-  const int budget = policy_.step_token_budget;
-  const bool budgeted = budget > 0;
-  int64_t left = budget;
+  int64_t budget = policy_.step_token_budget;
   std::vector<size_t> prefills;
+  int decodes = 0;
+  int64_t decode_kv = 0;
   for (size_t i = 0; i < running_.size(); ++i) {
     const int64_t uncached = static_cast<int64_t>(running_[i].tokens.size()) - running_[i].computed;
-    if (uncached == 1) --left;  // the decodes come out of it first
+    if (uncached == 1) ++decodes, decode_kv += static_cast<int64_t>(running_[i].tokens.size());
     if (uncached > 1) prefills.push_back(i);
   }
+  // A step-time target: the prefill tokens the learned cost says fit it, the budget a floor. The
+  // step is costed as if every waiting prompt joined it with its cached part (an overestimate when
+  // the room runs out first), so it stays within the target.
+  if (policy_.step_time_target > 0 && !prefills.empty()) {
+    int64_t cached = decode_kv;
+    for (size_t i : prefills) cached += running_[i].computed;
+    const int sequences = decodes + static_cast<int>(prefills.size());
+    if (const std::optional<int64_t> room =
+            step_cost_.PrefillTokensWithin(policy_.step_time_target, sequences, cached)) {
+      budget = std::max<int64_t>(budget, decodes + std::max<int64_t>(*room, 1));
+    }
+  }
+  // A prefill token against a decode step of one sequence, for the predicted order's work.
+  if (const std::optional<StepCostModel::Fit> f = step_cost_.fit(); f && decodes > 0) {
+    const double per_sequence_step = (f->a + f->b * decodes + f->c * static_cast<double>(decode_kv)) / decodes;
+    if (per_sequence_step > 0 && f->p + f->c > 0) policy_.prefill_token_weight = (f->p + f->c) / per_sequence_step;
+  }
+  const bool budgeted = budget > 0;
+  int64_t left = budget - decodes;  // the decodes come out of it first
   if (budgeted && prefills.size() > 1) {
     const SteadyTime now = clock_.Now();
     std::stable_sort(prefills.begin(), prefills.end(), [&](size_t a, size_t b) {
@@ -457,6 +476,11 @@ void Scheduler::RunStep() {
   metrics_.step_batch_size.Observe(static_cast<double>(batch.size()));
   metrics_.prefill_tokens.Inc(static_cast<double>(prefill));
   metrics_.step_prefill_tokens.Observe(static_cast<double>(prefill));
+  if (status.ok()) {
+    int64_t kv = 0;
+    for (const StepSequence& seq : batch) kv += seq.computed_after();
+    step_cost_.Observe(static_cast<int>(batch.size()), kv, prefill, seconds);
+  }
   if (const std::optional<EngineStats> stats = engine_.stats()) metrics_.Publish(*stats);
   if (!status.ok()) {
     // A device fault, not a request's (requests are validated at admission): every running

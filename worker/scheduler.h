@@ -21,6 +21,7 @@
 #include "tailserve/v1/worker.pb.h"
 #include "worker/engine/engine.h"
 #include "worker/scheduling_policy.h"
+#include "worker/step_cost_model.h"
 #include "worker/worker_metrics.h"
 
 namespace tailserve {
@@ -77,6 +78,8 @@ class Scheduler {
   // prefills in admission order, a prompt past the rest of the budget as a chunk. 0: every prompt
   // whole (the default). Set it before Start.
   void SetStepTokenBudget(int tokens) { policy_.step_token_budget = tokens; }
+  // The learned step cost (scheduler thread only; tests read it after Stop).
+  const StepCostModel& step_cost() const { return step_cost_; }
   // Admission order, KV reservation and preemption (its step_token_budget is SetStepTokenBudget's),
   // and how many sequences may wait for a slot (0: none wait; a batch that does not fit now is
   // refused). Set before Start.
@@ -134,6 +137,7 @@ class Scheduler {
   const int slots_;
   SchedulingPolicy policy_;
   int max_waiting_ = 0;
+  StepCostModel step_cost_;
   WorkerMetrics& metrics_;
   const Clock& clock_;
   CommandQueue commands_;

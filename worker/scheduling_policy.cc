@@ -17,6 +17,7 @@ SchedulingPolicy PolicyFromConfig(const WorkerConfig& w) {
   p.reservation_margin = w.kv_reservation_margin;
   p.victim = w.preemption == "most_remaining" ? PreemptionVictim::kMostRemaining : PreemptionVictim::kNewest;
   p.step_token_budget = w.step_token_budget;
+  p.step_time_target = w.step_time_target_ms * 1e-3;
   return p;
 }
 
@@ -27,12 +28,11 @@ double PredictedRemainingSteps(const WorkItem& w) {
   return std::min(cap, left >= 1 ? left : std::max(1, w.generated));
 }
 
-double RemainingWork(const WorkItem& w, int step_token_budget) {
-  const double prefill_steps =
-      w.uncached_tokens <= 1 ? 0
-      : step_token_budget > 0 ? std::ceil(static_cast<double>(w.uncached_tokens) / step_token_budget)
-                              : 1;
-  return prefill_steps + PredictedRemainingSteps(w);
+double RemainingWork(const WorkItem& w, const SchedulingPolicy& p) {
+  double per_token = p.prefill_token_weight;
+  if (per_token <= 0) per_token = p.step_token_budget > 0 ? 1.0 / p.step_token_budget : 0;
+  const double prefill = w.uncached_tokens > 1 ? static_cast<double>(w.uncached_tokens) * per_token : 0;
+  return prefill + PredictedRemainingSteps(w);
 }
 
 namespace {
@@ -47,7 +47,7 @@ bool AdmitsBefore(const WorkItem& a, const WorkItem& b, const SchedulingPolicy& 
   if (aged_a != aged_b) return aged_a;
   if (aged_a) return a.arrival < b.arrival;
   if (a.priority != b.priority) return a.priority < b.priority;
-  const double wa = RemainingWork(a, p.step_token_budget), wb = RemainingWork(b, p.step_token_budget);
+  const double wa = RemainingWork(a, p), wb = RemainingWork(b, p);
   if (wa != wb) return wa < wb;
   return a.arrival < b.arrival;
 }
@@ -67,7 +67,7 @@ size_t PickVictim(std::span<const WorkItem> running, const SchedulingPolicy& p, 
       } else if (a.priority != b.priority) {
         better = a.priority > b.priority;
       } else {
-        const double wa = RemainingWork(a, p.step_token_budget), wb = RemainingWork(b, p.step_token_budget);
+        const double wa = RemainingWork(a, p), wb = RemainingWork(b, p);
         better = wa != wb ? wa > wb : a.admitted > b.admitted;
       }
     }

@@ -34,6 +34,13 @@ struct SchedulingPolicy {
   PreemptionVictim victim = PreemptionVictim::kNewest;
   // New tokens an engine step computes (0: unbounded); prefill cost in slot-steps divides by it.
   int step_token_budget = 0;
+  // With a target (seconds, 0: none), a step takes as many prefill tokens as the learned step
+  // cost says keep it within the target, and never fewer than step_token_budget allows.
+  double step_time_target = 0;
+  // What one prefill token costs the worker against one decode step of one sequence (both take
+  // from the same steps); the scheduler sets it from its learned step cost. 0: not known yet, and
+  // a prompt counts as the steps it takes under step_token_budget (none without one).
+  double prefill_token_weight = 0;
 };
 
 // The worker.* settings (validated by ParseConfig) as a policy.
@@ -54,10 +61,11 @@ struct WorkItem {
 // its prediction, as many again as it has generated (a doubling estimate), and with no
 // prediction max_tokens; never past max_tokens.
 double PredictedRemainingSteps(const WorkItem& w);
-// Slot-steps the sequence still occupies: its remaining output steps plus the steps its uncached
-// tokens take to prefill under the step-token budget (slots, not FLOPs, are what waiting
-// sequences queue for).
-double RemainingWork(const WorkItem& w, int step_token_budget);
+// The worker time the sequence still needs, in decode steps of one sequence: its remaining
+// output steps plus its uncached tokens at the policy's prefill_token_weight (a prompt of a
+// thousand tokens costs as much as ~300 output tokens on the sim's 8B cost model, so ordering
+// by output length alone would put long prompts first whenever they are predicted short).
+double RemainingWork(const WorkItem& w, const SchedulingPolicy& p);
 // Whether `a` is admitted (and prefilled) before `b`. kFcfs: arrival. kPredicted: aged sequences
 // first (oldest first), then priority, then least remaining work, then arrival.
 bool AdmitsBefore(const WorkItem& a, const WorkItem& b, const SchedulingPolicy& p, SteadyTime now);
