@@ -13,6 +13,8 @@
 #   slo         the same worker mechanics and target driven by the prediction: placement by
 #               predicted TTFT, admission by predicted remaining work with a 2 s aging bound, KV
 #               reserved for the prediction + 20%, preemption of the most predicted work left
+#   slo-budget  slo without the step-time target (BUDGET-token steps, as fcfs): what the
+#               prediction alone adds
 #   fcfs-today  fcfs with today's default workers: no queue, whole prompts before the next
 #               decode step, KV reserved for max_tokens
 #   ladb        length-aware batches at the router (today's default), default workers
@@ -46,15 +48,17 @@ mkdir -p "$OUT"
 queued="--set worker.max_waiting=256 --set worker.step_token_budget=$BUDGET"
 stock="$queued --set worker.admission=fcfs --set worker.kv_reservation=on_demand --set worker.preemption=newest"
 target="--set worker.step_time_target_ms=$TARGET_MS"
+predicted="$queued --set worker.admission=predicted --set worker.kv_reservation=predicted --set worker.preemption=most_remaining"
 arm_flags() {  # $1: arm → the worker flags it runs with
   case "$1" in
     fcfs) echo "$stock" ;;
     fcfs-target) echo "$stock $target" ;;
-    slo) echo "$queued $target --set worker.admission=predicted --set worker.kv_reservation=predicted --set worker.preemption=most_remaining" ;;
+    slo) echo "$predicted $target" ;;
+    slo-budget) echo "$predicted" ;;
     *) echo "" ;;
   esac
 }
-arm_mode() { case "$1" in fcfs-today | fcfs-target) echo fcfs ;; *) echo "$1" ;; esac; }
+arm_mode() { case "$1" in fcfs-today | fcfs-target) echo fcfs ;; slo-budget) echo slo ;; *) echo "$1" ;; esac; }
 
 start_cluster() {  # $1: arm, $2: model
   local d="$OUT/run"; rm -rf "$d"; mkdir -p "$d"
