@@ -13,6 +13,7 @@
 #   slo         the same worker mechanics and target driven by the prediction: placement by
 #               predicted TTFT, admission by predicted remaining work with a 2 s aging bound, KV
 #               reserved for the prediction + 20%, preemption of the most predicted work left
+#               and early rejection past REJECT_WAITING waiting sequences (32)
 #   slo-budget  slo without the step-time target (BUDGET-token steps, as fcfs): what the
 #               prediction alone adds
 #   fcfs-today  fcfs with today's default workers: no queue, whole prompts before the next
@@ -34,6 +35,9 @@ SPEEDS=${SPEEDS:-"1 2 4"}
 MODES=${MODES:-"fcfs slo"}
 BUDGET=${BUDGET:-512}
 TARGET_MS=${TARGET_MS:-40}
+# slo arms: the router refuses at arrival what no worker can serve within its TTFT objective once
+# the best worker's queue holds this many (0: never).
+REJECT_WAITING=${REJECT_WAITING:-32}
 KV_BLOCKS=${KV_BLOCKS:-53000}
 # WORKER_FLAGS go to every worker (e.g. --set worker.aging_ms=1000); TAG is appended to the arm in
 # the output files, so such a run sits beside the defaults in one table.
@@ -58,6 +62,12 @@ arm_flags() {  # $1: arm → the worker flags it runs with
     *) echo "" ;;
   esac
 }
+arm_router_flags() {  # $1: arm → the router flags it runs with
+  case "$1" in
+    slo | slo-budget) echo "--set router.slo_reject_waiting=$REJECT_WAITING" ;;
+    *) echo "" ;;
+  esac
+}
 arm_mode() { case "$1" in fcfs-today | fcfs-target) echo fcfs ;; slo-budget) echo slo ;; *) echo "$1" ;; esac; }
 
 start_cluster() {  # $1: arm, $2: model
@@ -79,7 +89,7 @@ start_cluster() {  # $1: arm, $2: model
   "$B/tailserve-router" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
     --log-level warn --workers "$workers" --ports-file "$d/r" --set batching.mode="$(arm_mode "$1")" \
     --set predictor.model_path="$(realpath "$2")" --set predictor.warmup_steps=0 \
-    --set router.max_prompt_tokens=16384 >"$d/r.log" 2>&1 &
+    --set router.max_prompt_tokens=16384 $(arm_router_flags "$1") >"$d/r.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do [ -s "$d/r" ] && break; sleep 0.05; done
   router_grpc=$(sed -n 's/grpc_port=//p' "$d/r"); router_http=$(sed -n 's/http_port=//p' "$d/r")

@@ -462,6 +462,7 @@ bool RouterCore::Dispatch(SteadyTime now) {
       if (config_.batching.mode != "fcfs") s->set_predicted_steps(r.remaining_steps);
       s->set_priority(r.req.priority);
       s->set_waited_ms(std::chrono::duration_cast<std::chrono::milliseconds>(now - r.arrival).count());
+      s->set_ttft_slo_ms(r.req.ttft_slo_ms);
       r.worker = *w;
       r.dispatched_at = now;
       r.predicted_ttft = r.first_token ? 0 : predicted_ttft;

@@ -24,6 +24,12 @@ WorkItem Item(int waited_ms, int priority, int64_t uncached, int generated, int 
   return w;
 }
 
+// The same with a TTFT objective.
+WorkItem WithTtft(WorkItem w, int ttft_slo_ms) {
+  w.ttft_slo = milliseconds(ttft_slo_ms);
+  return w;
+}
+
 SchedulingPolicy Predicted(int budget = 0) {
   SchedulingPolicy p;
   p.order = AdmissionOrder::kPredicted;
@@ -90,6 +96,16 @@ TEST(SchedulingPolicyTest, AdmissionOrder) {
       {"predicted: aged among themselves by arrival", pred, Item(2100, 1, 10, 0, 500, 5),
        Item(3000, 1, 10, 0, 500, 400), false},
       {"predicted: ties by arrival", pred, Item(60, 1, 10, 0, 500, 20), Item(50, 1, 10, 0, 500, 20), true},
+      {"predicted: half the TTFT objective gone is urgent", pred, WithTtft(Item(600, 1, 10, 0, 500, 400), 1000),
+       Item(10, 0, 10, 0, 500, 5), true},
+      {"predicted: less than half is not", pred, WithTtft(Item(400, 1, 10, 0, 500, 400), 1000),
+       Item(10, 1, 10, 0, 500, 5), false},
+      {"predicted: started sequences have no TTFT to keep", pred, WithTtft(Item(600, 1, 1, 3, 500, 400), 1000),
+       Item(10, 1, 10, 0, 500, 5), false},
+      {"predicted: urgent ones earliest deadline first", pred, WithTtft(Item(600, 1, 10, 0, 500, 5), 1000),
+       Item(2500, 2, 10, 0, 500, 400), false},  // 400 ms left against 500 ms past
+      {"predicted: a tighter objective first", pred, WithTtft(Item(300, 1, 10, 0, 500, 400), 500),
+       WithTtft(Item(700, 1, 10, 0, 500, 5), 1000), true},  // 200 ms left against 300 ms
   };
   for (const Case& c : cases) {
     EXPECT_EQ(AdmitsBefore(c.a, c.b, c.policy, kNow), c.a_first) << c.name;
@@ -112,6 +128,8 @@ TEST(SchedulingPolicyTest, PreemptionVictim) {
        {Item(0, 1, 1, 5, 500, 50, 3), Item(0, 1, 1, 5, 500, 400, 1), Item(0, 1, 1, 5, 500, 20, 5)}, 1},
       {"lowest priority before work", pred, {Item(0, 1, 1, 5, 500, 400, 1), Item(0, 2, 1, 5, 500, 20, 2)}, 1},
       {"aged spared", pred, {Item(3000, 1, 1, 5, 500, 400, 1), Item(0, 1, 1, 5, 500, 20, 2)}, 1},
+      {"urgent prefill spared", pred,
+       {WithTtft(Item(600, 1, 900, 0, 500, 400, 1), 1000), Item(0, 1, 1, 5, 500, 20, 2)}, 1},
       {"only aged left: the most work", pred, {Item(3000, 1, 1, 5, 500, 40, 1), Item(2500, 1, 1, 5, 500, 90, 2)}, 1},
       {"ties: newest", pred, {Item(0, 1, 1, 5, 500, 50, 4), Item(0, 1, 1, 5, 500, 50, 3)}, 0},
   };

@@ -135,6 +135,7 @@ WorkItem Scheduler::ItemOf(const Slot& s) const {
   w.max_tokens = s.max_tokens;
   w.predicted_steps = s.predicted_steps;
   w.admitted = s.admitted;
+  w.ttft_slo = s.ttft_slo;
   return w;
 }
 
@@ -251,6 +252,7 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
     // Interactive 0, standard (or unset) 1, batch 2.
     slot.priority = s.priority() == v1::PRIORITY_INTERACTIVE ? 0 : s.priority() == v1::PRIORITY_BATCH ? 2 : 1;
     slot.predicted_steps = s.predicted_steps();
+    slot.ttft_slo = std::chrono::milliseconds(std::max(0, s.ttft_slo_ms()));
     slot.sampling = ToSampling(s.sampling());
     slot.stop_ids.insert(s.stop_token_ids().begin(), s.stop_token_ids().end());
     slot.stop_ids.insert(eos_ids_.begin(), eos_ids_.end());

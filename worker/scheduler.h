@@ -100,6 +100,7 @@ class Scheduler {
     int priority = 1;
     double predicted_steps = 0;
     uint64_t admitted = 0;
+    Duration ttft_slo{};
     Sampling sampling;
     std::unordered_set<int32_t> stop_ids;
     std::shared_ptr<BatchSink> sink;

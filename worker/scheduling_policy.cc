@@ -37,15 +37,25 @@ double RemainingWork(const WorkItem& w, const SchedulingPolicy& p) {
 
 namespace {
 
-bool Aged(const WorkItem& w, const SchedulingPolicy& p, SteadyTime now) { return now - w.arrival >= p.aging; }
+bool TtftBound(const WorkItem& w) { return w.generated == 0 && w.ttft_slo > Duration::zero(); }
+
+// When an urgent sequence's time is up: its TTFT objective, or the aging bound.
+SteadyTime Deadline(const WorkItem& w, const SchedulingPolicy& p) {
+  return w.arrival + (TtftBound(w) ? w.ttft_slo : p.aging);
+}
 
 }  // namespace
 
+bool Urgent(const WorkItem& w, const SchedulingPolicy& p, SteadyTime now) {
+  const Duration waited = now - w.arrival;
+  return TtftBound(w) ? waited >= w.ttft_slo / 2 : waited >= p.aging;
+}
+
 bool AdmitsBefore(const WorkItem& a, const WorkItem& b, const SchedulingPolicy& p, SteadyTime now) {
   if (p.order == AdmissionOrder::kFcfs) return std::tie(a.arrival, a.admitted) < std::tie(b.arrival, b.admitted);
-  const bool aged_a = Aged(a, p, now), aged_b = Aged(b, p, now);
-  if (aged_a != aged_b) return aged_a;
-  if (aged_a) return a.arrival < b.arrival;
+  const bool urgent_a = Urgent(a, p, now), urgent_b = Urgent(b, p, now);
+  if (urgent_a != urgent_b) return urgent_a;
+  if (urgent_a && Deadline(a, p) != Deadline(b, p)) return Deadline(a, p) < Deadline(b, p);
   if (a.priority != b.priority) return a.priority < b.priority;
   const double wa = RemainingWork(a, p), wb = RemainingWork(b, p);
   if (wa != wb) return wa < wb;
@@ -61,9 +71,9 @@ size_t PickVictim(std::span<const WorkItem> running, const SchedulingPolicy& p, 
     if (p.victim == PreemptionVictim::kNewest) {
       better = a.admitted > b.admitted;
     } else {
-      const bool aged_a = Aged(a, p, now), aged_b = Aged(b, p, now);
-      if (aged_a != aged_b) {
-        better = !aged_a;
+      const bool urgent_a = Urgent(a, p, now), urgent_b = Urgent(b, p, now);
+      if (urgent_a != urgent_b) {
+        better = !urgent_a;
       } else if (a.priority != b.priority) {
         better = a.priority > b.priority;
       } else {

@@ -55,6 +55,7 @@ struct WorkItem {
   int32_t max_tokens = 0;       // output tokens allowed in all
   double predicted_steps = 0;   // the router's prediction of its output length; 0: none
   uint64_t admitted = 0;        // admission counter: larger is newer
+  Duration ttft_slo{};          // the request's time-to-first-token objective; 0: none
 };
 
 // Output steps still to come: the prediction less what is generated; once a sequence outlives
@@ -66,11 +67,15 @@ double PredictedRemainingSteps(const WorkItem& w);
 // thousand tokens costs as much as ~300 output tokens on the sim's 8B cost model, so ordering
 // by output length alone would put long prompts first whenever they are predicted short).
 double RemainingWork(const WorkItem& w, const SchedulingPolicy& p);
-// Whether `a` is admitted (and prefilled) before `b`. kFcfs: arrival. kPredicted: aged sequences
-// first (oldest first), then priority, then least remaining work, then arrival.
+// Whether a sequence is urgent: one without a token yet and with a TTFT objective once half of the
+// objective has passed since its request arrived, any other once it has waited the aging bound.
+bool Urgent(const WorkItem& w, const SchedulingPolicy& p, SteadyTime now);
+// Whether `a` is admitted (and prefilled) before `b`. kFcfs: arrival. kPredicted: urgent
+// sequences first, earliest deadline first (arrival plus the TTFT objective, or plus the aging
+// bound), then priority, then least remaining work, then arrival.
 bool AdmitsBefore(const WorkItem& a, const WorkItem& b, const SchedulingPolicy& p, SteadyTime now);
 // Index of the running sequence that gives up its KV cache. kNewest: the latest admitted.
-// kMostRemaining: the lowest priority, then the most remaining work, then the newest. Aged
+// kMostRemaining: the lowest priority, then the most remaining work, then the newest. Urgent
 // sequences are taken only when nothing else is left. `running` must not be empty.
 size_t PickVictim(std::span<const WorkItem> running, const SchedulingPolicy& p, SteadyTime now);
 // Tokens of KV cache promised at admission to a sequence holding `tokens` tokens now, capped at
