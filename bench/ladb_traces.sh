@@ -13,7 +13,7 @@
 #   slo         the same worker mechanics and target driven by the prediction: placement by
 #               predicted TTFT, admission by predicted remaining work with a 2 s aging bound, KV
 #               reserved for the prediction + 20%, preemption of the most predicted work left
-#               and early rejection past REJECT_WAITING waiting sequences (32)
+#               and early rejection past REJECT_WAITING waiting sequences (8)
 #   slo-budget  slo without the step-time target (BUDGET-token steps, as fcfs): what the
 #               prediction alone adds
 #   fcfs-today  fcfs with today's default workers: no queue, whole prompts before the next
@@ -37,7 +37,7 @@ BUDGET=${BUDGET:-512}
 TARGET_MS=${TARGET_MS:-40}
 # slo arms: the router refuses at arrival what no worker can serve within its TTFT objective once
 # the best worker's queue holds this many (0: never).
-REJECT_WAITING=${REJECT_WAITING:-32}
+REJECT_WAITING=${REJECT_WAITING:-8}
 KV_BLOCKS=${KV_BLOCKS:-53000}
 # WORKER_FLAGS go to every worker (e.g. --set worker.aging_ms=1000); TAG is appended to the arm in
 # the output files, so such a run sits beside the defaults in one table.

@@ -104,6 +104,10 @@ TEST(SchedulingPolicyTest, AdmissionOrder) {
        Item(10, 1, 10, 0, 500, 5), false},
       {"predicted: urgent ones earliest deadline first", pred, WithTtft(Item(600, 1, 10, 0, 500, 5), 1000),
        Item(2500, 2, 10, 0, 500, 400), false},  // 400 ms left against 500 ms past
+      {"predicted: a missed objective waits its turn", pred, WithTtft(Item(1200, 1, 10, 0, 500, 400), 1000),
+       Item(10, 1, 10, 0, 500, 5), false},
+      {"predicted: until the aging bound", pred, WithTtft(Item(2100, 1, 10, 0, 500, 400), 1000),
+       WithTtft(Item(600, 1, 10, 0, 500, 5), 1000), true},  // 100 ms past against 400 ms left
       {"predicted: a tighter objective first", pred, WithTtft(Item(300, 1, 10, 0, 500, 400), 500),
        WithTtft(Item(700, 1, 10, 0, 500, 5), 1000), true},  // 200 ms left against 300 ms
   };

@@ -39,23 +39,28 @@ namespace {
 
 bool TtftBound(const WorkItem& w) { return w.generated == 0 && w.ttft_slo > Duration::zero(); }
 
-// When an urgent sequence's time is up: its TTFT objective, or the aging bound.
-SteadyTime Deadline(const WorkItem& w, const SchedulingPolicy& p) {
-  return w.arrival + (TtftBound(w) ? w.ttft_slo : p.aging);
+// When an urgent sequence's time is up: its TTFT objective while it can still meet it, else the
+// aging bound.
+SteadyTime Deadline(const WorkItem& w, const SchedulingPolicy& p, SteadyTime now) {
+  return w.arrival + (TtftBound(w) && now - w.arrival < w.ttft_slo ? w.ttft_slo : p.aging);
 }
 
 }  // namespace
 
 bool Urgent(const WorkItem& w, const SchedulingPolicy& p, SteadyTime now) {
   const Duration waited = now - w.arrival;
-  return TtftBound(w) ? waited >= w.ttft_slo / 2 : waited >= p.aging;
+  // At risk of missing its TTFT objective: urgent until it has missed it anyway. Then it waits its
+  // turn by work like any other until the aging bound, rather than push the next ones past their
+  // objectives too (under overload, deadline order alone makes every request late).
+  if (TtftBound(w) && waited >= w.ttft_slo / 2 && waited < w.ttft_slo) return true;
+  return waited >= p.aging;
 }
 
 bool AdmitsBefore(const WorkItem& a, const WorkItem& b, const SchedulingPolicy& p, SteadyTime now) {
   if (p.order == AdmissionOrder::kFcfs) return std::tie(a.arrival, a.admitted) < std::tie(b.arrival, b.admitted);
   const bool urgent_a = Urgent(a, p, now), urgent_b = Urgent(b, p, now);
   if (urgent_a != urgent_b) return urgent_a;
-  if (urgent_a && Deadline(a, p) != Deadline(b, p)) return Deadline(a, p) < Deadline(b, p);
+  if (urgent_a && Deadline(a, p, now) != Deadline(b, p, now)) return Deadline(a, p, now) < Deadline(b, p, now);
   if (a.priority != b.priority) return a.priority < b.priority;
   const double wa = RemainingWork(a, p), wb = RemainingWork(b, p);
   if (wa != wb) return wa < wb;

@@ -67,8 +67,9 @@ double PredictedRemainingSteps(const WorkItem& w);
 // thousand tokens costs as much as ~300 output tokens on the sim's 8B cost model, so ordering
 // by output length alone would put long prompts first whenever they are predicted short).
 double RemainingWork(const WorkItem& w, const SchedulingPolicy& p);
-// Whether a sequence is urgent: one without a token yet and with a TTFT objective once half of the
-// objective has passed since its request arrived, any other once it has waited the aging bound.
+// Whether a sequence is urgent: one without a token yet and with a TTFT objective from half of the
+// objective until the whole has passed since its request arrived (then it has missed it), and any
+// sequence once it has waited the aging bound.
 bool Urgent(const WorkItem& w, const SchedulingPolicy& p, SteadyTime now);
 // Whether `a` is admitted (and prefilled) before `b`. kFcfs: arrival. kPredicted: urgent
 // sequences first, earliest deadline first (arrival plus the TTFT objective, or plus the aging
