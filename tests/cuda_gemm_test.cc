@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -119,16 +120,25 @@ TEST(CudaKernelTest, StreamFfnMatchesCpu) {
             absl::StatusCode::kInvalidArgument);  // a last chunk needs another chunk beside it
 }
 
+// GemmRunner tests share a runner over a 32 MB workspace (one per test).
+class GemmRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    REQUIRE_GPU();
+    absl::StatusOr<TestGemm> made = MakeTestGemm();
+    ASSERT_TRUE(made.ok()) << made.status();
+    gemm_ = *std::move(made);
+  }
+  std::optional<TestGemm> gemm_;
+};
+
 // Past one row, projections go through cuBLASLt: with the heuristic's algorithm, and
 // with the one timing picked (the timing runs accumulate into y when beta = 1, so y is reset).
 // W also as a column slice of a wider matrix (ldw > k: one row goes to cuBLASLt then too).
-TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
-  REQUIRE_GPU();
+TEST_F(GemmRunnerTest, MatchesCpu) {
   const unsigned seed = 78;
   std::mt19937 rng(seed);
-  absl::StatusOr<TestGemm> gemm = MakeTestGemm();
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
-  cuda::GemmRunner& runner = *gemm->runner;
+  cuda::GemmRunner& runner = *gemm_->runner;
   for (bool tuning : {false, true}) {
     runner.set_tuning(tuning);
     for (int rows : {1, 3, 19, 64}) {  // 1: the Gemv
@@ -162,13 +172,10 @@ TEST(CudaKernelTest, GemmRunnerMatchesCpu) {
 
 // In-situ tuning's handles: every candidate PrepareCandidates lists computes the same product, and
 // the shapes listed are those of the rows asked for.
-TEST(CudaKernelTest, GemmRunnerEveryCandidateMatchesCpu) {
-  REQUIRE_GPU();
+TEST_F(GemmRunnerTest, EveryCandidateMatchesCpu) {
   const unsigned seed = 91;
   std::mt19937 rng(seed);
-  absl::StatusOr<TestGemm> gemm = MakeTestGemm();
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
-  cuda::GemmRunner& runner = *gemm->runner;
+  cuda::GemmRunner& runner = *gemm_->runner;
   const int rows = 19, k = 200, n = 77;
   auto xf = Random(size_t(rows) * k, rng), wf = Random(size_t(n) * k, rng, 0.05f);
   Dev<__half> dx(RoundToHalf(xf)), dw(RoundToHalf(wf));
@@ -194,13 +201,10 @@ TEST(CudaKernelTest, GemmRunnerEveryCandidateMatchesCpu) {
 
 // RunSplitK: k in chunks, each chunk's product an array `stride` floats apart whose sum is X·Wᵀ;
 // a k the chunks would not split into whole 16-byte vectors falls back to one chunk.
-TEST(CudaKernelTest, GemmRunnerSplitKPartialsSumToTheProduct) {
-  REQUIRE_GPU();
+TEST_F(GemmRunnerTest, SplitKPartialsSumToTheProduct) {
   const unsigned seed = 79;
   std::mt19937 rng(seed);
-  absl::StatusOr<TestGemm> gemm = MakeTestGemm();
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
-  cuda::GemmRunner& runner = *gemm->runner;
+  cuda::GemmRunner& runner = *gemm_->runner;
   for (bool tuning : {false, true}) {
     runner.set_tuning(tuning);
     for (int rows : {1, 3, 19, 64}) {
@@ -238,13 +242,10 @@ TEST(CudaKernelTest, GemmRunnerSplitKPartialsSumToTheProduct) {
 // Tuning over the layers (set_tuning_layers) times a first-layer W's counterparts in every
 // layer, yet each call computes with the W it was given: here three layers, W a slice 40 columns
 // into each, tuned on layer 0 (rotating) and then run on layers 0 and 2.
-TEST(CudaKernelTest, GemmRunnerTunedOverLayersUsesTheGivenW) {
-  REQUIRE_GPU();
+TEST_F(GemmRunnerTest, TunedOverLayersUsesTheGivenW) {
   const unsigned seed = 80;
   std::mt19937 rng(seed);
-  absl::StatusOr<TestGemm> gemm = MakeTestGemm();
-  ASSERT_TRUE(gemm.ok()) << gemm.status();
-  cuda::GemmRunner& runner = *gemm->runner;
+  cuda::GemmRunner& runner = *gemm_->runner;
   const int rows = 19, k = 200, n = 77, layers = 3;
   const size_t layer_elems = size_t(n) * k + 40;  // W's rows, then 40 elements of padding
   auto xf = Random(size_t(rows) * k, rng), wf = Random(layer_elems * layers, rng, 0.05f);
