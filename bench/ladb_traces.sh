@@ -8,7 +8,7 @@
 #   fcfs        the stock vLLM-like cluster: each request at once to the least-loaded worker, no
 #               prediction; workers queue (max_waiting 256), admit first come first served, run
 #               BUDGET-token steps (chunked prefill), grow KV on demand, preempt the newest
-#   fcfs-target fcfs with a step-time target (TARGET_MS, 40): steps prefill as much as the
+#   fcfs-target fcfs with a step-time target (TARGET_MS, 25): steps prefill as much as the
 #               learned step cost fits in it, BUDGET a floor; no prediction
 #   slo         the same worker mechanics and target driven by the prediction: placement by
 #               predicted TTFT, admission by predicted remaining work with a 2 s aging bound, KV
@@ -34,7 +34,7 @@ OUT=${OUT:-bench/out/ladb}
 SPEEDS=${SPEEDS:-"1 2 4"}
 MODES=${MODES:-"fcfs slo"}
 BUDGET=${BUDGET:-512}
-TARGET_MS=${TARGET_MS:-40}
+TARGET_MS=${TARGET_MS:-25}
 # slo arms: the router refuses at arrival what no worker can serve within its TTFT objective once
 # the best worker's queue holds this many (0: never).
 REJECT_WAITING=${REJECT_WAITING:-8}

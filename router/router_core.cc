@@ -157,7 +157,7 @@ bool RouterCore::Relay(Request& r, const v1::SequenceEvent& se) {
     r.first_token = now;
     if (r.predicted_ttft > 0) {
       const double actual = Seconds(now - r.dispatched_at);
-      pool_.ObserveTtft(r.worker, r.predicted_ttft, actual);
+      pool_.ObserveTtft(r.predicted_ttft, actual);
       metrics_.ttft_prediction_abs_error.Observe(std::abs(actual - r.predicted_ttft));
     }
   }

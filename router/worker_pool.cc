@@ -77,7 +77,7 @@ double WorkerPool::PredictTtftSeconds(size_t i, int64_t prompt_tokens, double re
   const int load = std::max(w.inflight, w.running_reported + w.waiting_reported);
   const int over = std::max(0, load + 1 - w.total_slots);
   const double slot_wait_steps = w.total_slots > 0 ? over * std::max(0.0, remaining_steps) / w.total_slots : 0;
-  return w.ttft_correction * step * (prefill_steps + slot_wait_steps);
+  return ttft_correction_ * step * (prefill_steps + slot_wait_steps);
 }
 
 std::optional<size_t> WorkerPool::PickByTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps) {
@@ -88,16 +88,19 @@ std::optional<size_t> WorkerPool::PickByTtft(int64_t prompt_tokens, const std::v
     const size_t i = (rotate_ + k) % n;
     if (Free(i) <= 0) continue;
     const double t = PredictTtftSeconds(i, prompt_tokens, i < remaining_steps.size() ? remaining_steps[i] : 0);
-    if (!best || t < best_ttft) best = i, best_ttft = t;
+    const auto load = [&](size_t w) { return std::max(workers_[w].inflight, workers_[w].running_reported + workers_[w].waiting_reported); };
+    const bool tie = best && std::abs(t - best_ttft) <= 0.05 * std::max(t, best_ttft);
+    if (!best || (tie ? load(i) < load(*best) : t < best_ttft)) best = i, best_ttft = t;
   }
   if (best) rotate_ = (*best + 1) % n;
   return best;
 }
 
-void WorkerPool::ObserveTtft(size_t i, double predicted, double actual) {
+void WorkerPool::ObserveTtft(double predicted, double actual) {
   if (predicted <= 0 || actual < 0) return;
-  const double ratio = std::clamp(actual / predicted, 0.1, 10.0);
-  workers_[i].ttft_correction = 0.9 * workers_[i].ttft_correction + 0.1 * ratio;
+  // The prediction without the correction, so the correction converges to the ratio itself.
+  const double ratio = std::clamp(actual / (predicted / ttft_correction_), 0.1, 100.0);
+  ttft_correction_ = 0.95 * ttft_correction_ + 0.05 * ratio;
 }
 
 double WorkerPool::MeanStepSeconds() const {

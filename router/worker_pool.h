@@ -47,16 +47,19 @@ class WorkerPool {
   // Predicted seconds from dispatch to the first token of a `prompt_tokens` prompt on worker i:
   // the steps to prefill what waits ahead of it and itself under the worker's step-token budget,
   // plus, when its slots are full, a share of the steps until one frees (`remaining_steps`: the
-  // mean predicted steps left of what runs there), at its median step time, times the worker's
+  // mean predicted steps left of what runs there), at its median step time, times the pool's
   // learned correction (ObserveTtft).
   double PredictTtftSeconds(size_t i, int64_t prompt_tokens, double remaining_steps) const;
-  // The worker with room and the least predicted TTFT; `remaining_steps[i]` as above.
+  // The worker with room and the least predicted TTFT (within 5%, the least loaded: predictions
+  // of one step or two tie often, and the load breaks the tie); `remaining_steps[i]` as above.
   std::optional<size_t> PickByTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps);
   // A first token came `actual` seconds after dispatch where `predicted` was predicted: the
-  // worker's correction moves toward their ratio (an exponential average), so the prediction
-  // learns what the load fields miss (prompt cost, step time under load).
-  void ObserveTtft(size_t i, double predicted, double actual);
-  double ttft_correction(size_t i) const { return workers_[i].ttft_correction; }
+  // correction moves toward their ratio (an exponential average), so the prediction learns what
+  // the load fields miss (prompt cost, step time under load). One for the pool: a correction per
+  // worker let the one that happened to learn the lowest draw every request until it was
+  // overloaded (herding); differences between workers come in through their own step times.
+  void ObserveTtft(double predicted, double actual);
+  double ttft_correction() const { return ttft_correction_; }
   // Sequences waiting in worker i's queue, as last reported (or assumed full after a refusal).
   int waiting(size_t i) const { return workers_[i].waiting_reported; }
   // Mean of the healthy workers' reported median step time (0 before any report).
@@ -73,7 +76,6 @@ class WorkerPool {
     int max_waiting = 0;
     int64_t waiting_prefill_tokens = 0;
     int step_token_budget = 0;
-    double ttft_correction = 1;
     int inflight = 0;          // sequences this router has on it
     bool refused = false;      // MarkFull: full until a sequence ends or a poll
     double step_p50_seconds = 0;
@@ -81,6 +83,7 @@ class WorkerPool {
   const int unhealthy_after_;
   std::vector<Worker> workers_;
   size_t rotate_ = 0;
+  double ttft_correction_ = 1;
 };
 
 }  // namespace tailserve

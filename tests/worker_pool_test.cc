@@ -144,17 +144,28 @@ TEST(WorkerPoolTest, PredictedTtft) {
 
 TEST(WorkerPoolTest, PicksTheLeastPredictedTtftAndLearnsFromWhatComes) {
   WorkerPool p({"a", "b"}, 2);
-  p.OnStatus(0, Queued(4, 1, 8, 0, 4000, 512, 0.010));  // a long prompt queued: 8 steps
+  p.OnStatus(0, Queued(4, 1, 8, 0, 4000, 512, 0.010));  // a long prompt queued: 8 steps of 10 ms
   p.OnStatus(1, Queued(4, 3, 8, 0, 0, 512, 0.020));     // slower steps, nothing queued: 1 step
   EXPECT_EQ(p.PickByTtft(100, {0, 0}), 1u);
-  // b's first tokens come 10x later than predicted: its correction grows until a wins.
-  for (int i = 0; i < 40 && p.PickByTtft(100, {0, 0}) == 1u; ++i) p.ObserveTtft(1, 0.020, 0.200);
-  EXPECT_EQ(p.PickByTtft(100, {0, 0}), 0u);
-  EXPECT_GT(p.ttft_correction(1), 4.0);
-  EXPECT_DOUBLE_EQ(p.ttft_correction(0), 1.0);
+  // First tokens on b come after 0.2 s where its load says 0.02: the correction learns the
+  // ratio, for both.
+  for (int i = 0; i < 200; ++i) p.ObserveTtft(p.PredictTtftSeconds(1, 100, 0), 0.2);
+  EXPECT_NEAR(p.ttft_correction(), 10.0, 0.01);
+  EXPECT_NEAR(p.PredictTtftSeconds(1, 100, 0), 0.2, 1e-3);
+  EXPECT_EQ(p.PickByTtft(100, {0, 0}), 1u);  // the ranking stands
   // A full worker is never picked, however fast.
-  p.OnEventLoad(0, Event(0, 8, 4000), false);
-  EXPECT_EQ(p.PickByTtft(100, {0, 0}), 1u);
+  p.OnEventLoad(1, Event(0, 8, 0), false);
+  EXPECT_EQ(p.PickByTtft(100, {0, 0}), 0u);
+}
+
+TEST(WorkerPoolTest, NearTiesInPredictedTtftGoToTheLeastLoaded) {
+  WorkerPool p({"a", "b", "c"}, 2);
+  p.OnStatus(0, Queued(8, 5, 8, 0, 0, 512, 0.0100));
+  p.OnStatus(1, Queued(8, 2, 8, 0, 0, 512, 0.0102));  // 2% slower steps, 3 fewer sequences
+  p.OnStatus(2, Queued(8, 1, 8, 0, 0, 512, 0.0200));  // half the speed: no tie
+  EXPECT_EQ(p.PickByTtft(10, {0, 0, 0}), 1u);
+  p.AddInflight(1, 6);  // our own dispatches count at once
+  EXPECT_EQ(p.PickByTtft(10, {0, 0, 0}), 0u);
 }
 
 }  // namespace
