@@ -24,7 +24,7 @@ bool WorkerPool::OnStatus(size_t i, const absl::StatusOr<v1::WorkerStatus>& stat
     w.running_reported = status->running_sequences();
     w.waiting_reported = status->waiting_sequences();
     w.max_waiting = status->max_waiting();
-    w.waiting_prefill_tokens = status->waiting_prefill_tokens();
+    w.queued_prefill_tokens = status->queued_prefill_tokens();
     w.step_token_budget = status->step_token_budget();
     w.refused = false;
     w.step_p50_seconds = status->step_time_p50_seconds();
@@ -56,7 +56,7 @@ void WorkerPool::OnEventLoad(size_t i, const v1::TokenEvent& ev, bool ended) {
   w.refused = false;
   w.running_reported = std::max(0, w.total_slots - ev.free_slots());
   w.waiting_reported = ev.waiting_sequences();
-  w.waiting_prefill_tokens = ev.waiting_prefill_tokens();
+  w.queued_prefill_tokens = ev.queued_prefill_tokens();
 }
 
 int WorkerPool::Free(size_t i) const {
@@ -71,7 +71,7 @@ double WorkerPool::PredictTtftSeconds(size_t i, int64_t prompt_tokens, double re
   double step = w.step_p50_seconds;
   if (step <= 0) step = MeanStepSeconds();
   if (step <= 0) step = 0.01;
-  const int64_t ahead = w.waiting_prefill_tokens + std::max<int64_t>(1, prompt_tokens);
+  const int64_t ahead = w.queued_prefill_tokens + std::max<int64_t>(1, prompt_tokens);
   const double prefill_steps =
       w.step_token_budget > 0 ? std::ceil(static_cast<double>(ahead) / w.step_token_budget) : w.waiting_reported + 1;
   const int load = std::max(w.inflight, w.running_reported + w.waiting_reported);

@@ -37,7 +37,7 @@ class WorkerPool {
 
   void AddInflight(size_t i, int delta) { workers_[i].inflight += delta; }
   // A prompt just sent to worker i waits there until its next report says otherwise.
-  void AddQueuedPrompt(size_t i, int64_t tokens) { workers_[i].waiting_prefill_tokens += tokens; }
+  void AddQueuedPrompt(size_t i, int64_t tokens) { workers_[i].queued_prefill_tokens += tokens; }
   int inflight(size_t i) const { return workers_[i].inflight; }
   // Sequences a new batch may add to worker i: free slots plus free places in its waiting queue
   // (0 when unhealthy).
@@ -74,7 +74,7 @@ class WorkerPool {
     int running_reported = 0;  // sequences the worker said it runs (all routers)
     int waiting_reported = 0;  // and holds in its waiting queue
     int max_waiting = 0;
-    int64_t waiting_prefill_tokens = 0;
+    int64_t queued_prefill_tokens = 0;
     int step_token_budget = 0;
     int inflight = 0;          // sequences this router has on it
     bool refused = false;      // MarkFull: full until a sequence ends or a poll

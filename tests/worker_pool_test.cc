@@ -17,7 +17,7 @@ v1::TokenEvent Event(int free_slots, int waiting = 0, int64_t waiting_tokens = 0
   v1::TokenEvent ev;
   ev.set_free_slots(free_slots);
   ev.set_waiting_sequences(waiting);
-  ev.set_waiting_prefill_tokens(waiting_tokens);
+  ev.set_queued_prefill_tokens(waiting_tokens);
   return ev;
 }
 
@@ -102,7 +102,7 @@ v1::WorkerStatus Queued(int slots, int running, int max_waiting, int waiting, in
   v1::WorkerStatus s = Ready(slots, running);
   s.set_max_waiting(max_waiting);
   s.set_waiting_sequences(waiting);
-  s.set_waiting_prefill_tokens(waiting_tokens);
+  s.set_queued_prefill_tokens(waiting_tokens);
   s.set_step_token_budget(budget);
   s.set_step_time_p50_seconds(step_p50);
   return s;

@@ -143,9 +143,18 @@ void Scheduler::SetLoad(v1::TokenEvent& ev, int free_slots) const {
   ev.set_simulated(engine_.simulated());
   ev.set_free_slots(free_slots);
   ev.set_waiting_sequences(static_cast<int32_t>(waiting_.size()));
+  ev.set_queued_prefill_tokens(QueuedPrefillTokens());
+}
+
+int64_t Scheduler::QueuedPrefillTokens() const {
   int64_t tokens = 0;
-  for (const Slot& s : waiting_) tokens += static_cast<int64_t>(s.tokens.size()) - s.computed;
-  ev.set_waiting_prefill_tokens(tokens);
+  for (const std::vector<Slot>* list : {&waiting_, &running_}) {
+    for (const Slot& s : *list) {
+      const int64_t uncached = static_cast<int64_t>(s.tokens.size()) - s.computed;
+      if (uncached > 1) tokens += uncached;
+    }
+  }
+  return tokens;
 }
 
 SchedulerSnapshot Scheduler::Snapshot() const {
@@ -561,15 +570,14 @@ void Scheduler::PublishCounts() {
   metrics_.running_sequences.Set(running);
   metrics_.free_slots.Set(slots_ - running);
   metrics_.waiting_sequences.Set(static_cast<double>(waiting_.size()));
-  int64_t waiting_tokens = 0;
-  for (const Slot& s : waiting_) waiting_tokens += static_cast<int64_t>(s.tokens.size()) - s.computed;
+  const int64_t queued_tokens = QueuedPrefillTokens();
   std::lock_guard lock(snapshot_mu_);
   snapshot_.total_slots = slots_;
   snapshot_.free_slots = slots_ - running;
   snapshot_.running = running;
   snapshot_.waiting = static_cast<int>(waiting_.size());
   snapshot_.max_waiting = max_waiting_;
-  snapshot_.waiting_prefill_tokens = waiting_tokens;
+  snapshot_.queued_prefill_tokens = queued_tokens;
   snapshot_.step_token_budget = policy_.step_token_budget;
 }
 

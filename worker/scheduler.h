@@ -34,7 +34,7 @@ struct SchedulerSnapshot {
   int running = 0;
   int waiting = 0;
   int max_waiting = 0;
-  int64_t waiting_prefill_tokens = 0;
+  int64_t queued_prefill_tokens = 0;
   int step_token_budget = 0;
   double step_p50_seconds = 0;
   double step_p95_seconds = 0;
@@ -123,6 +123,8 @@ class Scheduler {
   void Retire(size_t index, const char* reason);
   void RetireWaiting(size_t index, const char* reason);
   void Finished(Slot slot, const char* reason);
+  // Prompt tokens not yet prefilled, of waiting and running sequences (decodes' one excluded).
+  int64_t QueuedPrefillTokens() const;
   // Load fields every event carries.
   void SetLoad(v1::TokenEvent& ev, int free_slots) const;
   // Ends every running sequence's stream with `status` (UNAVAILABLE: a router runs them elsewhere).
