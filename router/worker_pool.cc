@@ -59,10 +59,15 @@ void WorkerPool::OnEventLoad(size_t i, const v1::TokenEvent& ev, bool ended) {
   w.queued_prefill_tokens = ev.queued_prefill_tokens();
 }
 
+int WorkerPool::Load(size_t i) const {
+  const Worker& w = workers_[i];
+  return std::max(w.inflight, w.running_reported + w.waiting_reported);
+}
+
 int WorkerPool::Free(size_t i) const {
   const Worker& w = workers_[i];
   if (!w.healthy) return 0;
-  return std::max(0, w.total_slots + w.max_waiting - std::max(w.inflight, w.running_reported + w.waiting_reported));
+  return std::max(0, w.total_slots + w.max_waiting - Load(i));
 }
 
 double WorkerPool::PredictTtftSeconds(size_t i, int64_t prompt_tokens, double remaining_steps) const {
@@ -74,8 +79,7 @@ double WorkerPool::PredictTtftSeconds(size_t i, int64_t prompt_tokens, double re
   const int64_t ahead = w.queued_prefill_tokens + std::max<int64_t>(1, prompt_tokens);
   const double prefill_steps =
       w.step_token_budget > 0 ? std::ceil(static_cast<double>(ahead) / w.step_token_budget) : w.waiting_reported + 1;
-  const int load = std::max(w.inflight, w.running_reported + w.waiting_reported);
-  const int over = std::max(0, load + 1 - w.total_slots);
+  const int over = std::max(0, Load(i) + 1 - w.total_slots);
   const double slot_wait_steps = w.total_slots > 0 ? over * std::max(0.0, remaining_steps) / w.total_slots : 0;
   return ttft_correction_ * step * (prefill_steps + slot_wait_steps);
 }
@@ -88,9 +92,8 @@ std::optional<size_t> WorkerPool::PickByTtft(int64_t prompt_tokens, const std::v
     const size_t i = (rotate_ + k) % n;
     if (Free(i) <= 0) continue;
     const double t = PredictTtftSeconds(i, prompt_tokens, i < remaining_steps.size() ? remaining_steps[i] : 0);
-    const auto load = [&](size_t w) { return std::max(workers_[w].inflight, workers_[w].running_reported + workers_[w].waiting_reported); };
     const bool tie = best && std::abs(t - best_ttft) <= 0.05 * std::max(t, best_ttft);
-    if (!best || (tie ? load(i) < load(*best) : t < best_ttft)) best = i, best_ttft = t;
+    if (!best || (tie ? Load(i) < Load(*best) : t < best_ttft)) best = i, best_ttft = t;
   }
   if (best) rotate_ = (*best + 1) % n;
   return best;

@@ -66,6 +66,9 @@ class WorkerPool {
   double MeanStepSeconds() const;
 
  private:
+  // Sequences on worker i, running or waiting: what it reported, or our own dispatches if more.
+  int Load(size_t i) const;
+
   struct Worker {
     std::string address;
     bool healthy = false;

@@ -192,6 +192,20 @@ TEST(SchedulerQueueTest, ASequenceLongerThanTheWholeCacheIsRefusedAlone) {
 }
 
 
+// Grown on demand, a sequence can outgrow the whole cache (here 4 blocks, 64 positions, for 3 +
+// 100): it ends there alone, with the cache's reason, after the tokens it could make; its batch
+// mate is untouched.
+TEST(SchedulerQueueTest, ASequenceOutgrowingTheWholeCacheEndsAloneWithTheReason) {
+  v1::Batch b;
+  *b.add_sequences() = Seq(1, 3, 100);
+  *b.add_sequences() = Seq(2, 3, 10);
+  const QueueRun run = RunAll(VllmLike(), 2, 4, /*kv_blocks=*/4, b);
+  EXPECT_EQ(run.state.at(1), v1::FINISH_STATE_INVALID);
+  EXPECT_EQ(run.tokens.at(1).size(), 61u);  // 64 positions: 3 prompt tokens and 61 generated
+  EXPECT_EQ(run.state.at(2), v1::FINISH_STATE_LENGTH);
+  EXPECT_EQ(run.tokens.at(2).size(), 10u);
+}
+
 // A burst of long prompts arrives while eight sequences decode: whole prompts stall those
 // sequences for a whole prefill (their time per output token is the step's time), a step-token
 // budget bounds every step, and a step-time target lets steps grow to it and no further. Steps

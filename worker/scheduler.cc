@@ -370,8 +370,13 @@ void Scheduler::EnsureKv() {
       Slot& s = running_[*i];
       const int64_t need = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) + 1, engine_.max_context());
       if (need <= s.reserved) break;
-      if (engine_.Reserve(s.id, need).ok()) {
+      const absl::Status r = engine_.Reserve(s.id, need);
+      if (r.ok()) {
         s.reserved = need;
+        break;
+      }
+      if (r.code() == absl::StatusCode::kInvalidArgument) {  // past the whole cache: no victim helps
+        Preempt(*i);  // refused with the engine's reason when admission tries it again
         break;
       }
       items.clear();
