@@ -63,8 +63,8 @@ struct RouterConfig {
   int unhealthy_after_failures = 2;
   double metrics_window_seconds = 60;
   // Per-class SLO defaults in ms (a request's own ttft_slo_ms / tpot_slo_ms override them; 0: no
-  // objective), and the early rejection of batching.mode slo: once the best worker's waiting queue
-  // holds slo_reject_waiting sequences (0: never reject), a request whose predicted TTFT there
+  // objective), and the early rejection of batching.mode slo: once slo_reject_waiting requests are
+  // queued on the best worker for their first token (0: never reject), a request whose predicted TTFT there
   // misses its objective is refused at once (RESOURCE_EXHAUSTED, with a retry-after hint), and a
   // batch-priority request is refused whatever its objective.
   int interactive_ttft_slo_ms = 500;

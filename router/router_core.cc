@@ -386,19 +386,19 @@ absl::Status RouterCore::RejectEarly(const Request& r) const {
     if (!best || t < *best) best = t, best_worker = i;
   }
   // No worker with room: the router's own queue (router.max_queue_size) takes it.
-  if (!best_worker || pool_.waiting(*best_worker) < depth) return absl::OkStatus();
+  if (!best_worker || pool_.queued(*best_worker) < depth) return absl::OkStatus();
   const double slo = r.req.ttft_slo_ms * 1e-3;
   const bool batch = r.req.priority == v1::PRIORITY_BATCH;
   if (!batch && (slo <= 0 || *best <= slo)) return absl::OkStatus();
   // The hint: about when the best worker's queue has drained to where the objective holds.
   const double retry_after = std::max(0.1, *best - slo);
   return absl::ResourceExhaustedError(
-      batch ? absl::StrCat("workers are loaded (", pool_.waiting(*best_worker),
-                           " waiting): batch-priority work is refused first; retry after ",
+      batch ? absl::StrCat("workers are loaded (", pool_.queued(*best_worker),
+                           " queued): batch-priority work is refused first; retry after ",
                            absl::StrFormat("%.1f", retry_after), " s")
             : absl::StrCat("no worker can meet ttft_slo_ms ", r.req.ttft_slo_ms, " (predicted ",
-                           static_cast<int>(*best * 1000), " ms with ", pool_.waiting(*best_worker),
-                           " waiting); retry after ", absl::StrFormat("%.1f", retry_after), " s"));
+                           static_cast<int>(*best * 1000), " ms with ", pool_.queued(*best_worker),
+                           " queued); retry after ", absl::StrFormat("%.1f", retry_after), " s"));
 }
 
 void RouterCore::CountSlo(const Request& r, double ttft, double tpot) {

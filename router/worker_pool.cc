@@ -23,6 +23,7 @@ bool WorkerPool::OnStatus(size_t i, const absl::StatusOr<v1::WorkerStatus>& stat
     w.total_slots = status->total_slots();
     w.running_reported = status->running_sequences();
     w.waiting_reported = status->waiting_sequences();
+    w.prefilling_reported = status->prefilling_sequences();
     w.max_waiting = status->max_waiting();
     w.queued_prefill_tokens = status->queued_prefill_tokens();
     w.step_token_budget = status->step_token_budget();
@@ -56,6 +57,7 @@ void WorkerPool::OnEventLoad(size_t i, const v1::TokenEvent& ev, bool ended) {
   w.refused = false;
   w.running_reported = std::max(0, w.total_slots - ev.free_slots());
   w.waiting_reported = ev.waiting_sequences();
+  w.prefilling_reported = ev.prefilling_sequences();
   w.queued_prefill_tokens = ev.queued_prefill_tokens();
 }
 

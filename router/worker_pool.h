@@ -60,8 +60,9 @@ class WorkerPool {
   // overloaded (herding); differences between workers come in through their own step times.
   void ObserveTtft(double predicted, double actual);
   double ttft_correction() const { return ttft_correction_; }
-  // Sequences waiting in worker i's queue, as last reported (or assumed full after a refusal).
-  int waiting(size_t i) const { return workers_[i].waiting_reported; }
+  // Requests queued on worker i for their first token: waiting for a slot, or holding one while
+  // their prompt is prefilled in chunks; as last reported (or assumed full after a refusal).
+  int queued(size_t i) const { return workers_[i].waiting_reported + workers_[i].prefilling_reported; }
   // Mean of the healthy workers' reported median step time (0 before any report).
   double MeanStepSeconds() const;
 
@@ -76,6 +77,7 @@ class WorkerPool {
     int total_slots = 0;
     int running_reported = 0;  // sequences the worker said it runs (all routers)
     int waiting_reported = 0;  // and holds in its waiting queue
+    int prefilling_reported = 0;  // running, prompt not all prefilled yet
     int max_waiting = 0;
     int64_t queued_prefill_tokens = 0;
     int step_token_budget = 0;

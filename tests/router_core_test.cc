@@ -319,6 +319,21 @@ TEST_F(RouterCoreTest, SloRejectsEarlyWhatNoWorkerCanMeet) {
   c2.on_event(Event(4, {'a'}, v1::FINISH_STATE_LENGTH));
   c2.on_done(grpc::Status::OK);
   EXPECT_TRUE(shallow->WaitFinish().ok());
+  // Prompts prefilling in chunks are queued for their first token too: 1 waiting + 3 prefilling
+  // reach the depth, 3,000 queued prompt tokens at 512 a 100 ms step miss 500 ms.
+  v1::WorkerStatus chunking;
+  chunking.set_max_waiting(64);
+  chunking.set_waiting_sequences(1);
+  chunking.set_prefilling_sequences(3);
+  chunking.set_queued_prefill_tokens(3000);
+  chunking.set_step_token_budget(512);
+  chunking.set_step_time_p50_seconds(0.1);
+  fakes_[0]->SetStatus(chunking);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto chunked = Send(5, 5);
+  EXPECT_EQ(chunked->WaitFinish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(chunked->WaitFinish().error_message().find(" ms with 4 queued); retry after "), std::string::npos)
+      << chunked->WaitFinish().error_message();
 }
 
 // A worker refuses one sequence alone (its model cannot run it): that client gets INVALID_ARGUMENT

@@ -144,6 +144,7 @@ void Scheduler::SetLoad(v1::TokenEvent& ev, int free_slots) const {
   ev.set_free_slots(free_slots);
   ev.set_waiting_sequences(static_cast<int32_t>(waiting_.size()));
   ev.set_queued_prefill_tokens(QueuedPrefillTokens());
+  ev.set_prefilling_sequences(PrefillingSequences());
 }
 
 int64_t Scheduler::QueuedPrefillTokens() const {
@@ -155,6 +156,12 @@ int64_t Scheduler::QueuedPrefillTokens() const {
     }
   }
   return tokens;
+}
+
+int Scheduler::PrefillingSequences() const {
+  int n = 0;
+  for (const Slot& s : running_) n += static_cast<int64_t>(s.tokens.size()) - s.computed > 1 ? 1 : 0;
+  return n;
 }
 
 SchedulerSnapshot Scheduler::Snapshot() const {
@@ -576,6 +583,7 @@ void Scheduler::PublishCounts() {
   metrics_.free_slots.Set(slots_ - running);
   metrics_.waiting_sequences.Set(static_cast<double>(waiting_.size()));
   const int64_t queued_tokens = QueuedPrefillTokens();
+  const int prefilling = PrefillingSequences();
   std::lock_guard lock(snapshot_mu_);
   snapshot_.total_slots = slots_;
   snapshot_.free_slots = slots_ - running;
@@ -583,6 +591,7 @@ void Scheduler::PublishCounts() {
   snapshot_.waiting = static_cast<int>(waiting_.size());
   snapshot_.max_waiting = max_waiting_;
   snapshot_.queued_prefill_tokens = queued_tokens;
+  snapshot_.prefilling = prefilling;
   snapshot_.step_token_budget = policy_.step_token_budget;
 }
 

@@ -35,6 +35,7 @@ struct SchedulerSnapshot {
   int waiting = 0;
   int max_waiting = 0;
   int64_t queued_prefill_tokens = 0;
+  int prefilling = 0;
   int step_token_budget = 0;
   double step_p50_seconds = 0;
   double step_p95_seconds = 0;
@@ -125,6 +126,8 @@ class Scheduler {
   void Finished(Slot slot, const char* reason);
   // Prompt tokens not yet prefilled, of waiting and running sequences (decodes' one excluded).
   int64_t QueuedPrefillTokens() const;
+  // Running sequences whose prompt is not all in the cache yet.
+  int PrefillingSequences() const;
   // Load fields every event carries.
   void SetLoad(v1::TokenEvent& ev, int free_slots) const;
   // Ends every running sequence's stream with `status` (UNAVAILABLE: a router runs them elsewhere).

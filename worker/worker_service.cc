@@ -39,6 +39,7 @@ grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx
   resp->set_waiting_sequences(s.waiting);
   resp->set_queued_prefill_tokens(s.queued_prefill_tokens);
   resp->set_max_waiting(s.max_waiting);
+  resp->set_prefilling_sequences(s.prefilling);
   resp->set_step_token_budget(s.step_token_budget);
   resp->set_step_time_p50_seconds(s.step_p50_seconds);
   resp->set_step_time_p95_seconds(s.step_p95_seconds);
