@@ -377,28 +377,22 @@ absl::Status RouterCore::RejectEarly(const Request& r) const {
   const int depth = config_.router.slo_reject_waiting;
   if (config_.batching.mode != "slo" || depth <= 0) return absl::OkStatus();
   const int64_t prompt = static_cast<int64_t>(r.req.prompt.size());
-  const std::vector<double> remaining = MeanRemainingSteps();
-  std::optional<double> best;
-  std::optional<size_t> best_worker;
-  for (size_t i = 0; i < pool_.size(); ++i) {
-    if (pool_.Free(i) <= 0) continue;
-    const double t = pool_.PredictTtftSeconds(i, prompt, remaining[i]);
-    if (!best || t < *best) best = t, best_worker = i;
-  }
-  // No worker with room: the router's own queue (router.max_queue_size) takes it.
-  if (!best_worker || pool_.queued(*best_worker) < depth) return absl::OkStatus();
+  // The worker placement would pick; none with room: the router's own queue
+  // (router.max_queue_size) takes it.
+  const std::optional<WorkerPool::TtftPick> best = pool_.BestTtft(prompt, MeanRemainingSteps());
+  if (!best || pool_.queued(best->worker) < depth) return absl::OkStatus();
   const double slo = r.req.ttft_slo_ms * 1e-3;
   const bool batch = r.req.priority == v1::PRIORITY_BATCH;
-  if (!batch && (slo <= 0 || *best <= slo)) return absl::OkStatus();
+  if (!batch && (slo <= 0 || best->ttft_seconds <= slo)) return absl::OkStatus();
   // The hint: about when the best worker's queue has drained to where the objective holds.
-  const double retry_after = std::max(0.1, *best - slo);
+  const double retry_after = std::max(0.1, best->ttft_seconds - slo);
+  const int queued = pool_.queued(best->worker);
   return absl::ResourceExhaustedError(
-      batch ? absl::StrCat("workers are loaded (", pool_.queued(*best_worker),
-                           " queued): batch-priority work is refused first; retry after ",
+      batch ? absl::StrCat("workers are loaded (", queued, " queued): batch-priority work is refused first; retry after ",
                            absl::StrFormat("%.1f", retry_after), " s")
             : absl::StrCat("no worker can meet ttft_slo_ms ", r.req.ttft_slo_ms, " (predicted ",
-                           static_cast<int>(*best * 1000), " ms with ", pool_.queued(*best_worker),
-                           " queued); retry after ", absl::StrFormat("%.1f", retry_after), " s"));
+                           static_cast<int>(best->ttft_seconds * 1000), " ms with ", queued, " queued); retry after ",
+                           absl::StrFormat("%.1f", retry_after), " s"));
 }
 
 void RouterCore::CountSlo(const Request& r, double ttft, double tpot) {
@@ -439,8 +433,11 @@ bool RouterCore::Dispatch(SteadyTime now) {
       if (remaining.empty()) remaining = MeanRemainingSteps();
       const Request& r = requests_.at(ids.front());
       const int64_t prompt = static_cast<int64_t>(r.req.prompt.size() + r.generated.size());
-      w = pool_.PickByTtft(prompt, remaining);
-      predicted_ttft = pool_.PredictTtftSeconds(*w, prompt, remaining[*w]);
+      // Pick found room, so this finds a worker too.
+      if (const std::optional<WorkerPool::TtftPick> pick = pool_.PickByTtft(prompt, remaining)) {
+        w = pick->worker;
+        predicted_ttft = pick->ttft_seconds;
+      }
       pool_.AddQueuedPrompt(*w, prompt);
     }
     const uint64_t batch_id = next_batch_++;

@@ -51,8 +51,15 @@ class WorkerPool {
   // learned correction (ObserveTtft).
   double PredictTtftSeconds(size_t i, int64_t prompt_tokens, double remaining_steps) const;
   // The worker with room and the least predicted TTFT (within 5%, the least loaded: predictions
-  // of one step or two tie often, and the load breaks the tie); `remaining_steps[i]` as above.
-  std::optional<size_t> PickByTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps);
+  // of one step or two tie often, and the load breaks the tie), with that prediction; nullopt
+  // when none has room. `remaining_steps[i]` as above. BestTtft only looks; PickByTtft also moves
+  // the rotation past the pick, as Pick does.
+  struct TtftPick {
+    size_t worker;
+    double ttft_seconds;
+  };
+  std::optional<TtftPick> BestTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps) const;
+  std::optional<TtftPick> PickByTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps);
   // A first token came `actual` seconds after dispatch where `predicted` was predicted: the
   // correction moves toward their ratio (an exponential average), so the prediction learns what
   // the load fields miss (prompt cost, step time under load). One for the pool: a correction per

@@ -146,16 +146,16 @@ TEST(WorkerPoolTest, PicksTheLeastPredictedTtftAndLearnsFromWhatComes) {
   WorkerPool p({"a", "b"}, 2);
   p.OnStatus(0, Queued(4, 1, 8, 0, 4000, 512, 0.010));  // a long prompt queued: 8 steps of 10 ms
   p.OnStatus(1, Queued(4, 3, 8, 0, 0, 512, 0.020));     // slower steps, nothing queued: 1 step
-  EXPECT_EQ(p.PickByTtft(100, {0, 0}), 1u);
+  EXPECT_EQ(p.PickByTtft(100, {0, 0}).value().worker, 1u);
   // First tokens on b come after 0.2 s where its load says 0.02: the correction learns the
   // ratio, for both.
   for (int i = 0; i < 200; ++i) p.ObserveTtft(p.PredictTtftSeconds(1, 100, 0), 0.2);
   EXPECT_NEAR(p.ttft_correction(), 10.0, 0.01);
   EXPECT_NEAR(p.PredictTtftSeconds(1, 100, 0), 0.2, 1e-3);
-  EXPECT_EQ(p.PickByTtft(100, {0, 0}), 1u);  // the ranking stands
+  EXPECT_EQ(p.PickByTtft(100, {0, 0}).value().worker, 1u);  // the ranking stands
   // A full worker is never picked, however fast.
   p.OnEventLoad(1, Event(0, 8, 0), false);
-  EXPECT_EQ(p.PickByTtft(100, {0, 0}), 0u);
+  EXPECT_EQ(p.PickByTtft(100, {0, 0}).value().worker, 0u);
 }
 
 TEST(WorkerPoolTest, NearTiesInPredictedTtftGoToTheLeastLoaded) {
@@ -163,9 +163,9 @@ TEST(WorkerPoolTest, NearTiesInPredictedTtftGoToTheLeastLoaded) {
   p.OnStatus(0, Queued(8, 5, 8, 0, 0, 512, 0.0100));
   p.OnStatus(1, Queued(8, 2, 8, 0, 0, 512, 0.0102));  // 2% slower steps, 3 fewer sequences
   p.OnStatus(2, Queued(8, 1, 8, 0, 0, 512, 0.0200));  // half the speed: no tie
-  EXPECT_EQ(p.PickByTtft(10, {0, 0, 0}), 1u);
+  EXPECT_EQ(p.PickByTtft(10, {0, 0, 0}).value().worker, 1u);
   p.AddInflight(1, 6);  // our own dispatches count at once
-  EXPECT_EQ(p.PickByTtft(10, {0, 0, 0}), 0u);
+  EXPECT_EQ(p.PickByTtft(10, {0, 0, 0}).value().worker, 0u);
 }
 
 }  // namespace
