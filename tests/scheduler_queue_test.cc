@@ -242,7 +242,6 @@ TEST(SchedulerQueueTest, ALongPromptBurstStaysWithinTheStepBound) {
     SchedulingPolicy policy = VllmLike();
     policy.step_token_budget = c.budget;
     policy.step_time_target = c.target_ms * 1e-3;
-    scheduler.SetStepTokenBudget(c.budget);
     scheduler.SetPolicy(policy, 16);
     v1::Batch running;
     for (uint64_t id = 1; id <= 8; ++id) *running.add_sequences() = Seq(id, 80, 400);

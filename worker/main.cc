@@ -60,7 +60,8 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const WorkerConfig& wc) {
 #ifdef TAILSERVE_HAVE_CUDA
     TAILSERVE_ASSIGN_OR_RETURN(const KvDtype kv, ParseKvDtype(wc.kv_cache_dtype));
     CudaEngineOptions o{.kv_dtype = kv, .kv_memory_fraction = wc.kv_memory_fraction,
-                        .max_sequences = std::max(256, wc.slots), .max_context = wc.max_context, .device = wc.cuda_device};
+                        .max_sequences = std::max(256, wc.slots), .max_context = wc.max_context, .device = wc.cuda_device,
+                        .tuning = {}};
     TAILSERVE_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> cuda, CudaEngine::Load(wc.model_path, o));
     LogLoaded(cuda->config(), wc.model_path, start);
     for (const auto& [what, bytes] : cuda->memory()) spdlog::info("device memory: {} {:.2f} GiB", what, bytes / double(1 << 30));
@@ -109,8 +110,7 @@ int Main(int argc, char** argv) {
   }
   Engine& engine = **loaded;
   Scheduler scheduler(engine, wc.slots, metrics);
-  scheduler.SetStepTokenBudget(wc.step_token_budget);
-  scheduler.SetPolicy(PolicyFromConfig(wc), wc.max_waiting);
+  scheduler.SetPolicy(PolicyFromConfig(wc), wc.max_waiting);  // the step-token budget with it
 
   std::atomic<bool> ready{false};
   WorkerService service(scheduler, engine, ready);

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -50,32 +51,23 @@ void Scheduler::Cancel(std::vector<uint64_t> ids, std::function<void(int)> done)
     int n = 0;
     for (uint64_t id : ids) {
       bool found = false;
-      for (size_t i = 0; i < running_.size(); ++i) {
-        if (running_[i].id != id) continue;
+      for (std::vector<Slot>* list : {&running_, &waiting_}) {
+        const auto it = std::find_if(list->begin(), list->end(), [id](const Slot& s) { return s.id == id; });
+        if (it == list->end()) continue;
         found = true;
+        const bool running = list == &running_;
         v1::TokenEvent ev;
         // What is free once it is gone: a router reads every event's free_slots, and 0 here
         // made an idle worker look full until its next Status poll.
-        SetLoad(ev, slots_ - static_cast<int>(running_.size()) + 1);
+        SetLoad(ev, slots_ - static_cast<int>(running_.size()) + (running ? 1 : 0));
         auto* se = ev.add_sequences();
         se->set_sequence_id(id);
         se->set_state(v1::FINISH_STATE_CANCELLED);
-        running_[i].sink->Write(std::move(ev));
-        Retire(i, "cancelled");
+        it->sink->Write(std::move(ev));  // before its stream can end
+        const size_t index = static_cast<size_t>(it - list->begin());
+        running ? Retire(index, "cancelled") : RetireWaiting(index, "cancelled");
         ++n;
         break;
-      }
-      for (size_t i = 0; !found && i < waiting_.size(); ++i) {
-        if (waiting_[i].id != id) continue;
-        found = true;
-        v1::TokenEvent ev;
-        auto* se = ev.add_sequences();
-        se->set_sequence_id(id);
-        se->set_state(v1::FINISH_STATE_CANCELLED);
-        SetLoad(ev, slots_ - static_cast<int>(running_.size()));
-        waiting_[i].sink->Write(std::move(ev));  // before its stream can end
-        RetireWaiting(i, "cancelled");
-        ++n;
       }
       if (!found) RememberEarlyCancel(id);
     }
@@ -107,9 +99,7 @@ absl::Status Scheduler::EngineHealth() const {
 }
 
 void Scheduler::SetPolicy(const SchedulingPolicy& policy, int max_waiting) {
-  const int budget = policy_.step_token_budget;
   policy_ = policy;
-  policy_.step_token_budget = budget;
   max_waiting_ = max_waiting;
 }
 
@@ -126,29 +116,26 @@ WorkItem Scheduler::ItemOf(const Slot& s) const {
   return w;
 }
 
-void Scheduler::SetLoad(v1::TokenEvent& ev, int free_slots) const {
+void Scheduler::SetLoad(v1::TokenEvent& ev, int free_slots, const QueueLoad& load) const {
   ev.set_simulated(engine_.simulated());
   ev.set_free_slots(free_slots);
-  ev.set_waiting_sequences(static_cast<int32_t>(waiting_.size()));
-  ev.set_queued_prefill_tokens(QueuedPrefillTokens());
-  ev.set_prefilling_sequences(PrefillingSequences());
+  ev.set_waiting_sequences(load.waiting);
+  ev.set_queued_prefill_tokens(load.prefill_tokens);
+  ev.set_prefilling_sequences(load.prefilling);
 }
 
-int64_t Scheduler::QueuedPrefillTokens() const {
-  int64_t tokens = 0;
+Scheduler::QueueLoad Scheduler::CurrentLoad() const {
+  QueueLoad load;
+  load.waiting = static_cast<int>(waiting_.size());
   for (const std::vector<Slot>* list : {&waiting_, &running_}) {
     for (const Slot& s : *list) {
       const int64_t uncached = static_cast<int64_t>(s.tokens.size()) - s.computed;
-      if (uncached > 1) tokens += uncached;
+      if (uncached <= 1) continue;
+      load.prefill_tokens += uncached;
+      if (list == &running_) ++load.prefilling;
     }
   }
-  return tokens;
-}
-
-int Scheduler::PrefillingSequences() const {
-  int n = 0;
-  for (const Slot& s : running_) n += static_cast<int64_t>(s.tokens.size()) - s.computed > 1 ? 1 : 0;
-  return n;
+  return load;
 }
 
 SchedulerSnapshot Scheduler::Snapshot() const {
@@ -186,14 +173,22 @@ void Scheduler::RunStep() {
   // step, so a burst of long prompts never stalls the decodes for a whole prefill. No budget: all
   // of them.
   int64_t budget = policy_.step_token_budget;
+  std::vector<StepSequence> batch;
+  std::vector<size_t> slot_of;  // batch[k] is running_[slot_of[k]]
+  batch.reserve(running_.size());
   std::vector<size_t> prefills;
-  int decodes = 0;
   int64_t decode_kv = 0;
   for (size_t i = 0; i < running_.size(); ++i) {
-    const int64_t uncached = static_cast<int64_t>(running_[i].tokens.size()) - running_[i].computed;
-    if (uncached == 1) ++decodes, decode_kv += static_cast<int64_t>(running_[i].tokens.size());
-    if (uncached > 1) prefills.push_back(i);
+    Slot& s = running_[i];
+    if (static_cast<int64_t>(s.tokens.size()) - s.computed > 1) {
+      prefills.push_back(i);
+      continue;
+    }
+    batch.push_back(StepSequence{s.id, &s.tokens, s.prompt_len, s.computed, &s.sampling});
+    slot_of.push_back(i);
+    decode_kv += static_cast<int64_t>(s.tokens.size());
   }
+  const int decodes = static_cast<int>(batch.size());
   // A step-time target: the prefill tokens the learned cost says fit it, the budget a floor. The
   // step is costed as if every waiting prompt joined it with its cached part (an overestimate when
   // the room runs out first), so it stays within the target.
@@ -218,15 +213,6 @@ void Scheduler::RunStep() {
     std::stable_sort(prefills.begin(), prefills.end(), [&](size_t a, size_t b) {
       return AdmitsBefore(ItemOf(running_[a]), ItemOf(running_[b]), policy_, now);
     });
-  }
-  std::vector<StepSequence> batch;
-  std::vector<size_t> slot_of;  // batch[k] is running_[slot_of[k]]
-  batch.reserve(running_.size());
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Slot& s = running_[i];
-    if (static_cast<int64_t>(s.tokens.size()) - s.computed != 1) continue;
-    batch.push_back(StepSequence{s.id, &s.tokens, s.prompt_len, s.computed, &s.sampling});
-    slot_of.push_back(i);
   }
   int64_t prefill = 0;
   for (size_t i : prefills) {
@@ -303,7 +289,8 @@ void Scheduler::RunStep() {
     }
   }
   const int free_after = slots_ - static_cast<int>(running_.size() - retire.size());
-  for (auto& [sink, ev] : events) SetLoad(ev, free_after);
+  const QueueLoad load = CurrentLoad();  // once, not once a sink
+  for (auto& [sink, ev] : events) SetLoad(ev, free_after, load);
   // Write events before retiring so each sink sees its last tokens before it finishes.
   for (size_t i = 0; i < running_.size(); ++i) {
     auto it = events.find(running_[i].sink.get());
@@ -334,16 +321,15 @@ void Scheduler::PublishCounts() {
   metrics_.running_sequences.Set(running);
   metrics_.free_slots.Set(slots_ - running);
   metrics_.waiting_sequences.Set(static_cast<double>(waiting_.size()));
-  const int64_t queued_tokens = QueuedPrefillTokens();
-  const int prefilling = PrefillingSequences();
+  const QueueLoad load = CurrentLoad();
   std::lock_guard lock(snapshot_mu_);
   snapshot_.total_slots = slots_;
   snapshot_.free_slots = slots_ - running;
   snapshot_.running = running;
   snapshot_.waiting = static_cast<int>(waiting_.size());
   snapshot_.max_waiting = max_waiting_;
-  snapshot_.queued_prefill_tokens = queued_tokens;
-  snapshot_.prefilling = prefilling;
+  snapshot_.queued_prefill_tokens = load.prefill_tokens;
+  snapshot_.prefilling = load.prefilling;
   snapshot_.step_token_budget = policy_.step_token_budget;
 }
 

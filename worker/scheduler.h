@@ -81,7 +81,8 @@ class Scheduler {
   void SetStepTokenBudget(int tokens) { policy_.step_token_budget = tokens; }
   // The learned step cost (scheduler thread only; tests read it after Stop).
   const StepCostModel& step_cost() const { return step_cost_; }
-  // Admission order, KV reservation and preemption (its step_token_budget is SetStepTokenBudget's),
+  // Admission order, KV reservation, preemption and step composition (its step_token_budget
+  // replaces SetStepTokenBudget's),
   // and how many sequences may wait for a slot (0: none wait; a batch that does not fit now is
   // refused). Set before Start.
   void SetPolicy(const SchedulingPolicy& policy, int max_waiting);
@@ -124,12 +125,18 @@ class Scheduler {
   void Retire(size_t index, const char* reason);
   void RetireWaiting(size_t index, const char* reason);
   void Finished(Slot slot, const char* reason);
-  // Prompt tokens not yet prefilled, of waiting and running sequences (decodes' one excluded).
-  int64_t QueuedPrefillTokens() const;
-  // Running sequences whose prompt is not all in the cache yet.
-  int PrefillingSequences() const;
+  // What is queued for a first token, as events and Status report it: sequences waiting for a
+  // slot, running sequences whose prompt is not all in the cache yet, and the prompt tokens of
+  // both not yet prefilled (decodes' one excluded). One pass over the sequences.
+  struct QueueLoad {
+    int waiting = 0;
+    int prefilling = 0;
+    int64_t prefill_tokens = 0;
+  };
+  QueueLoad CurrentLoad() const;
   // Load fields every event carries.
-  void SetLoad(v1::TokenEvent& ev, int free_slots) const;
+  void SetLoad(v1::TokenEvent& ev, int free_slots, const QueueLoad& load) const;
+  void SetLoad(v1::TokenEvent& ev, int free_slots) const { SetLoad(ev, free_slots, CurrentLoad()); }
   // Ends every running sequence's stream with `status` (UNAVAILABLE: a router runs them elsewhere).
   void HandBackAll(const grpc::Status& status, const char* reason);
   // Slot counts (cheap) / counts plus step-time quantiles (sorts the window).

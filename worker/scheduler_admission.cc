@@ -173,7 +173,7 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
 }
 
 void Scheduler::AdmitWaiting() {
-  if (waiting_.empty()) return;
+  if (waiting_.empty() || static_cast<int>(running_.size()) >= slots_) return;  // nothing to order for
   const SteadyTime now = clock_.Now();
   std::stable_sort(waiting_.begin(), waiting_.end(),
                    [&](const Slot& a, const Slot& b) { return AdmitsBefore(ItemOf(a), ItemOf(b), policy_, now); });
@@ -209,26 +209,29 @@ void Scheduler::AdmitWaiting() {
 
 void Scheduler::EnsureKv() {
   if (policy_.reservation == KvReservation::kMaxTokens) return;  // all promised at admission
+  auto need_of = [&](const Slot& s) {
+    return std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) + 1, engine_.max_context());
+  };
+  if (std::none_of(running_.begin(), running_.end(), [&](const Slot& s) { return need_of(s) > s.reserved; })) return;
   const SteadyTime now = clock_.Now();
   // The most important first, so a short cache goes to them and the victims are the others.
-  std::vector<uint64_t> order;
-  for (const Slot& s : running_) order.push_back(s.id);
-  std::vector<WorkItem> items;
+  std::vector<std::pair<WorkItem, uint64_t>> order;
+  for (const Slot& s : running_) order.emplace_back(ItemOf(s), s.id);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const auto& a, const auto& b) { return AdmitsBefore(a.first, b.first, policy_, now); });
   auto index_of = [&](uint64_t id) -> std::optional<size_t> {
     for (size_t i = 0; i < running_.size(); ++i) {
       if (running_[i].id == id) return i;
     }
     return std::nullopt;
   };
-  std::stable_sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) {
-    return AdmitsBefore(ItemOf(running_[*index_of(a)]), ItemOf(running_[*index_of(b)]), policy_, now);
-  });
-  for (uint64_t id : order) {
+  std::vector<WorkItem> items;
+  for (const auto& [item, id] : order) {
     while (true) {
       const std::optional<size_t> i = index_of(id);
       if (!i) break;  // preempted for one before it
       Slot& s = running_[*i];
-      const int64_t need = std::min<int64_t>(static_cast<int64_t>(s.tokens.size()) + 1, engine_.max_context());
+      const int64_t need = need_of(s);
       if (need <= s.reserved) break;
       const absl::Status r = engine_.Reserve(s.id, need);
       if (r.ok()) {
