@@ -16,9 +16,9 @@
 #               and early rejection past REJECT_WAITING waiting sequences (8)
 #   slo-budget  slo without the step-time target (BUDGET-token steps, as fcfs): what the
 #               prediction alone adds
-#   fcfs-today  fcfs with today's default workers: no queue, whole prompts before the next
+#   fcfs-noqueue fcfs with the default workers: no queue, whole prompts before the next
 #               decode step, KV reserved for max_tokens
-#   ladb        length-aware batches at the router (today's default), default workers
+#   ladb        length-aware batches at the router (the default mode), default workers
 #
 #   bench/ladb_traces.sh [WINDOW_S=300] [FROM_S=start of the held-out 20%] [OUT=bench/out/ladb]
 #   (build first: scripts/build.sh)
@@ -68,7 +68,7 @@ arm_router_flags() {  # $1: arm → the router flags it runs with
     *) echo "" ;;
   esac
 }
-arm_mode() { case "$1" in fcfs-today | fcfs-target) echo fcfs ;; slo-budget) echo slo ;; *) echo "$1" ;; esac; }
+arm_mode() { case "$1" in fcfs-noqueue | fcfs-target) echo fcfs ;; slo-budget) echo slo ;; *) echo "$1" ;; esac; }
 
 start_cluster() {  # $1: arm, $2: model
   local d="$OUT/run"; rm -rf "$d"; mkdir -p "$d"
