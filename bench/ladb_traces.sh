@@ -3,22 +3,8 @@
 # length predictor on its first 80% (time order), then replay a window of the held-out last 20%
 # against a router + WORKERS sim workers (4; the cost model issue 3 gives) at each of SPEEDS times
 # the trace's own arrival rate, once per arm in MODES. Prints the table (bench/ladb_table.py) and
-# keeps every run's JSON summary and router metrics under OUT. Arms (a router mode and the worker
-# mechanics it runs with):
-#   fcfs        the stock vLLM-like cluster: each request at once to the least-loaded worker, no
-#               prediction; workers queue (max_waiting 256), admit first come first served, run
-#               BUDGET-token steps (chunked prefill), grow KV on demand, preempt the newest
-#   fcfs-target fcfs with a step-time target (TARGET_MS, 25): steps prefill as much as the
-#               learned step cost fits in it, BUDGET a floor; no prediction
-#   slo         the same worker mechanics and target driven by the prediction: placement by
-#               predicted TTFT, admission by predicted remaining work with a 2 s aging bound, KV
-#               reserved for the prediction + 20%, preemption of the most predicted work left
-#               and early rejection past REJECT_WAITING waiting sequences (8)
-#   slo-budget  slo without the step-time target (BUDGET-token steps, as fcfs): what the
-#               prediction alone adds
-#   fcfs-noqueue fcfs with the default workers: no queue, whole prompts before the next
-#               decode step, KV reserved for max_tokens
-#   ladb        length-aware batches at the router (the default mode), default workers
+# keeps every run's JSON summary and router metrics under OUT. The arms, each a router mode and
+# the worker mechanics it runs with, are bench/ladb_arms.sh's.
 #
 #   bench/ladb_traces.sh [WINDOW_S=300] [FROM_S=start of the held-out 20%] [OUT=bench/out/ladb]
 #   (build first: scripts/build.sh)
@@ -49,26 +35,8 @@ B=build/bin
 SHARED=../shared/traces
 mkdir -p "$OUT"
 
-queued="--set worker.max_waiting=256 --set worker.step_token_budget=$BUDGET"
-stock="$queued --set worker.admission=fcfs --set worker.kv_reservation=on_demand --set worker.preemption=newest"
-target="--set worker.step_time_target_ms=$TARGET_MS"
-predicted="$queued --set worker.admission=predicted --set worker.kv_reservation=predicted --set worker.preemption=most_remaining"
-arm_flags() {  # $1: arm → the worker flags it runs with
-  case "$1" in
-    fcfs) echo "$stock" ;;
-    fcfs-target) echo "$stock $target" ;;
-    slo) echo "$predicted $target" ;;
-    slo-budget) echo "$predicted" ;;
-    *) echo "" ;;
-  esac
-}
-arm_router_flags() {  # $1: arm → the router flags it runs with
-  case "$1" in
-    slo | slo-budget) echo "--set router.slo_reject_waiting=$REJECT_WAITING" ;;
-    *) echo "" ;;
-  esac
-}
-arm_mode() { case "$1" in fcfs-noqueue | fcfs-target) echo fcfs ;; slo-budget) echo slo ;; *) echo "$1" ;; esac; }
+# shellcheck source=bench/ladb_arms.sh
+source bench/ladb_arms.sh
 
 start_cluster() {  # $1: arm, $2: model
   local d="$OUT/run"; rm -rf "$d"; mkdir -p "$d"

@@ -241,6 +241,12 @@ void Scheduler::RunStep() {
     int64_t kv = 0;
     for (const StepSequence& seq : batch) kv += seq.computed_after();
     step_cost_.Observe(static_cast<int>(batch.size()), kv, prefill, seconds);
+    if (const std::optional<StepCostModel::Fit> f = step_cost_.fit()) {
+      metrics_.step_cost.Labels({"base"}).Set(f->a);
+      metrics_.step_cost.Labels({"per_sequence"}).Set(f->b);
+      metrics_.step_cost.Labels({"per_kv_token"}).Set(f->c);
+      metrics_.step_cost.Labels({"per_prefill_token"}).Set(f->p);
+    }
   }
   if (const std::optional<EngineStats> stats = engine_.stats()) metrics_.Publish(*stats);
   if (!status.ok()) {

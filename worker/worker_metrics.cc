@@ -38,6 +38,10 @@ WorkerMetrics::WorkerMetrics(Registry& r, double window_seconds)
       sequences(r.AddCounter("tailserve_worker_sequences_total",
                              "Sequences that left their slot, by reason (stop, length, budget, cancelled, error), or were refused (invalid).",
                              {"reason"})),
+      step_cost(r.AddGauge("tailserve_worker_step_cost_seconds",
+                           "The step cost learned from recent steps, seconds = base + per_sequence x sequences + "
+                           "per_kv_token x KV tokens + per_prefill_token x prefill tokens, by term.",
+                           {"term"})),
       kv_blocks(r.AddGauge("tailserve_worker_kv_blocks", "Paged KV-cache blocks by state (used, free).", {"state"})),
       kv_clamps(r.AddCounter("tailserve_worker_kv_clamps_total",
                              "KV-cache values clamped to the cache dtype's range (FP8/FP16) instead of overflowing.")

@@ -22,6 +22,9 @@ struct WorkerMetrics {
   Counter& generated_tokens;
   Registry::Family<Counter>& batches;    // outcome
   Registry::Family<Counter>& sequences;  // reason
+  // The learned step cost (StepCostModel's fit), by term: base, per_sequence, per_kv_token,
+  // per_prefill_token; the sim's cost model takes these constants.
+  Registry::Family<Gauge>& step_cost;
   // Backends with device state (cuda) report these; zero otherwise.
   Registry::Family<Gauge>& kv_blocks;  // state: used, free
   Counter& kv_clamps;

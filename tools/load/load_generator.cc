@@ -41,9 +41,10 @@ std::optional<double> ParseTimestamp(const std::string& s) {
 
 class Call final : public grpc::ClientReadReactor<v1::GenerateResponse> {
  public:
-  Call(v1::Generation::Stub* stub, v1::GenerateRequest req, double timeout_s, RequestResult* out,
+  // stop_after > 0: the client hangs up once it holds that many tokens (LoadOptions::client_stop).
+  Call(v1::Generation::Stub* stub, v1::GenerateRequest req, double timeout_s, int32_t stop_after, RequestResult* out,
        std::function<void()> done)
-      : req_(std::move(req)), out_(out), done_(std::move(done)) {
+      : req_(std::move(req)), out_(out), done_(std::move(done)), stop_after_(stop_after) {
     ctx_.set_deadline(std::chrono::system_clock::now() +
                       std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)));
     start_ = std::chrono::steady_clock::now();
@@ -59,11 +60,18 @@ class Call final : public grpc::ClientReadReactor<v1::GenerateResponse> {
       out_->queue_s = resp_.timings().queue_seconds();
       out_->dispatches = resp_.timings().dispatches();
     }
+    if (stop_after_ > 0 && out_->tokens >= stop_after_ && !stopped_) {
+      // The request ends here for the client; what the server still streams is not counted.
+      stopped_ = true;
+      out_->tokens = stop_after_;
+      out_->e2e_s = Since();
+      ctx_.TryCancel();
+    }
     StartRead(&resp_);
   }
   void OnDone(const grpc::Status& s) override {
-    out_->code = s.error_code();
-    out_->e2e_s = Since();
+    out_->code = stopped_ ? grpc::StatusCode::OK : s.error_code();
+    if (!stopped_) out_->e2e_s = Since();
     // Delete before signalling: once the caller hears the last call is done it tears down the
     // channel, and no ClientContext may outlive that.
     auto done = std::move(done_);
@@ -78,6 +86,8 @@ class Call final : public grpc::ClientReadReactor<v1::GenerateResponse> {
   v1::GenerateResponse resp_;
   RequestResult* out_;
   std::function<void()> done_;
+  const int32_t stop_after_;
+  bool stopped_ = false;
   std::chrono::steady_clock::time_point start_;
 };
 
@@ -176,13 +186,16 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<PlannedRequest>& plan
       req.mutable_sampling()->set_seed(seed);
       req.add_stop_token_ids(eos);
       req.set_max_tokens(std::max(o.max_tokens_cap, plan[i].max_tokens));
+    } else if (o.client_stop) {
+      req.set_max_tokens(std::max(o.max_tokens_cap, plan[i].max_tokens));
+      req.mutable_sampling()->set_seed(rng());
     } else {
       req.set_max_tokens(plan[i].max_tokens);
       req.mutable_sampling()->set_seed(rng());
     }
     req.set_priority(static_cast<v1::Priority>(o.priority));
     report.results[i].expected_tokens = plan[i].max_tokens;
-    new Call(stub.get(), std::move(req), o.timeout_s, &report.results[i], [&] {
+    new Call(stub.get(), std::move(req), o.timeout_s, o.client_stop ? plan[i].max_tokens : 0, &report.results[i], [&] {
       std::lock_guard lock(mu);
       if (--remaining == 0) cv.notify_all();
     });

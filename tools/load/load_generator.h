@@ -42,6 +42,11 @@ struct LoadOptions {
   // output length, the way a real model ends with EOS. Without it, max_tokens is the planned
   // length itself (the usual benchmark convention, which hands the length to the router).
   bool sim_eos = false;
+  // Against real engines whose weights never emit EOS (random or untrained): each request asks for
+  // up to max_tokens_cap tokens and the client hangs up (cancels) once it holds the planned
+  // length, which it reports as a success ending there. The server learns the length only from
+  // the hang-up, as with sim_eos.
+  bool client_stop = false;
   int32_t max_tokens_cap = 4096;
   // The service-level objective the report's attainment and goodput count against: a request
   // meets it when it succeeds with its first token within ttft_slo_s and every later one, on

@@ -25,9 +25,12 @@ int main(int argc, char** argv) {
   app.add_option("--limit", window.limit, "replay at most this many trace rows (0: all)");
   app.add_option("--from-s", window.from_s, "start the replay this many seconds into the trace");
   app.add_option("--duration-s", window.duration_s, "replay this many seconds of trace time (0: to the end)");
-  app.add_flag("--sim-eos", o.sim_eos, "sim workers: end each request at its planned length by a stop token, "
+  auto* sim_eos = app.add_flag("--sim-eos", o.sim_eos, "sim workers: end each request at its planned length by a stop token, "
                "with max_tokens = --max-tokens-cap (so the length is not handed to the router)");
-  app.add_option("--max-tokens-cap", o.max_tokens_cap, "max_tokens sent with --sim-eos");
+  auto* client_stop = app.add_flag("--client-stop", o.client_stop, "real engines: ask for --max-tokens-cap tokens and hang up at the "
+               "planned length, counted as a success ending there (the length is not handed to the router)");
+  client_stop->excludes(sim_eos);
+  app.add_option("--max-tokens-cap", o.max_tokens_cap, "max_tokens sent with --sim-eos or --client-stop");
   app.add_option("--max-prompt-tokens", max_prompt_tokens, "clip trace prompts to this many tokens");
   app.add_option("--timeout-s", o.timeout_s, "per-request deadline in seconds");
   app.add_option("--vocab", o.vocab, "prompt token ids are drawn from [0, vocab)");
