@@ -12,9 +12,9 @@
 #               and early rejection past REJECT_WAITING waiting sequences
 #   slo-budget  slo without the step-time target (BUDGET-token steps, as fcfs): what the
 #               prediction alone adds
-#   fcfs-noqueue fcfs with the default workers: no queue, whole prompts before the next
-#               decode step, KV reserved for max_tokens
-#   ladb        length-aware batches at the router (the default mode), default workers
+#   fcfs-noqueue fcfs with the workers before the queue: whole prompts before the next decode
+#               step, KV reserved for max_tokens
+#   ladb        length-aware batches at the router, with the same workers as fcfs-noqueue
 # shellcheck shell=bash
 
 arm_flags() {  # $1: arm → the worker flags it runs with
@@ -22,20 +22,23 @@ arm_flags() {  # $1: arm → the worker flags it runs with
   local stock="$queued --set worker.admission=fcfs --set worker.kv_reservation=on_demand --set worker.preemption=newest"
   local predicted="$queued --set worker.admission=predicted --set worker.kv_reservation=predicted"
   predicted+=" --set worker.preemption=most_remaining"
-  local target="--set worker.step_time_target_ms=$TARGET_MS"
+  local target="--set worker.step_time_target_ms=$TARGET_MS" untargeted="--set worker.step_time_target_ms=0"
+  # The workers before the queue: every prompt whole before the next decode step, KV for max_tokens.
+  local whole="--set worker.max_waiting=0 --set worker.step_token_budget=0 $untargeted --set worker.admission=fcfs"
+  whole+=" --set worker.kv_reservation=max_tokens --set worker.preemption=newest"
   case "$1" in
-    fcfs) echo "$stock" ;;
+    fcfs) echo "$stock $untargeted" ;;
     fcfs-target) echo "$stock $target" ;;
     slo) echo "$predicted $target" ;;
-    slo-budget) echo "$predicted" ;;
-    *) echo "" ;;
+    slo-budget) echo "$predicted $untargeted" ;;
+    *) echo "$whole" ;;
   esac
 }
 
 arm_router_flags() {  # $1: arm → the router flags it runs with
   case "$1" in
     slo | slo-budget) echo "--set router.slo_reject_waiting=$REJECT_WAITING" ;;
-    *) echo "" ;;
+    *) echo "--set router.slo_reject_waiting=0" ;;
   esac
 }
 

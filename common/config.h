@@ -12,7 +12,7 @@ struct BatchingConfig {
   // ladb (length-aware batches), fifo (arrival order, batched), fcfs (each request at once, no
   // prediction: the stock baseline) or slo (each request at once to the worker with the least
   // predicted TTFT, its prediction, priority and wait sent for the worker's queue to order by).
-  std::string mode = "ladb";
+  std::string mode = "slo";
   int max_batch_size = 32;
   int min_batch_size = 4;
   int target_latency_ms = 350;
@@ -73,7 +73,7 @@ struct RouterConfig {
   int standard_tpot_slo_ms = 50;
   int batch_ttft_slo_ms = 0;
   int batch_tpot_slo_ms = 0;
-  int slo_reject_waiting = 0;
+  int slo_reject_waiting = 8;
   // Checkpoint directory whose tokenizer.json (text prompts, streamed text) and context length the
   // router uses; empty: a byte tokenizer (sim clusters).
   std::string model_path;
@@ -110,26 +110,26 @@ struct WorkerConfig {
   int slots = 64;
   // The most new tokens an engine step computes: decodes first, then prompts, a long one in chunks
   // over several steps. 0: every prompt whole in one step.
-  int step_token_budget = 0;
+  int step_token_budget = 512;
   // A step-time target in ms (0: none): each step prefills as many tokens as the worker's learned
   // step cost says fit it (at least step_token_budget's share), so decoding sequences' time per
   // output token stays near the target while prompts take all the room it leaves.
-  double step_time_target_ms = 0;
+  double step_time_target_ms = 25;
   // Sequences accepted beyond the free slots, waiting for a slot and KV cache (0: a batch that does
   // not fit the free slots now is refused, RESOURCE_EXHAUSTED).
-  int max_waiting = 0;
+  int max_waiting = 256;
   // The waiting queue's order: fcfs (arrival) or predicted (least predicted remaining work first,
   // by priority; aged sequences first). worker/scheduling_policy.h.
-  std::string admission = "fcfs";
+  std::string admission = "predicted";
   // A sequence waiting this long since its request arrived goes first (predicted admission).
   int aging_ms = 2000;
   // KV cache promised at admission: max_tokens (all of it), on_demand (grown a block at a time) or
   // predicted (the predicted output plus kv_reservation_margin, then on demand).
-  std::string kv_reservation = "max_tokens";
+  std::string kv_reservation = "predicted";
   double kv_reservation_margin = 0.2;
   // Which running sequence gives up its KV cache (and is recomputed later) when it runs out:
   // newest, or most_remaining (lowest priority, then most predicted work left).
-  std::string preemption = "newest";
+  std::string preemption = "most_remaining";
   double metrics_window_seconds = 60;
   SimBackendConfig sim;
 };

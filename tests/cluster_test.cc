@@ -137,9 +137,11 @@ TEST(ClusterTest, ClientDeadlineIsHonoured) {
 }
 
 TEST(ClusterTest, FullQueueAnswersResourceExhausted) {
-  // One slot per worker and room for two waiting requests: the fifth concurrent request is refused.
-  Cluster cluster({2, {"--slots", "1", "--set", "worker.sim.step_base_ms=2"},
-                   {"--set", "router.max_queue_size=2", "--set", "batching.min_batch_size=1"}});
+  // One slot per worker, no worker queue and room for two waiting requests in the router's: the
+  // fifth concurrent request is refused.
+  Cluster cluster({2, {"--slots", "1", "--set", "worker.sim.step_base_ms=2", "--set", "worker.max_waiting=0"},
+                   {"--set", "router.max_queue_size=2", "--set", "batching.min_batch_size=1", "--set",
+                    "batching.mode=fifo"}});
   ASSERT_TRUE(cluster.Start().ok());
   auto stub = GenerationStub(cluster.router_target());
   std::vector<std::unique_ptr<Stream>> running;
@@ -334,9 +336,10 @@ TEST(ClusterTest, MalformedRequestsGetTheDocumentedStatus) {
 }
 
 TEST(ClusterTest, StepBudgetOverrunIsRedispatchedSeamlessly) {
-  // Budget = ceil(5 * 1.0) = 5 steps per dispatch, doubling: 5 + 10 + 20 > 30 tokens.
+  // Budget = ceil(5 * 1.0) = 5 steps per dispatch, doubling: 5 + 10 + 20 > 30 tokens (ladb: slo
+  // sends no budget).
   Cluster cluster({2, kFastSim,
-                   {"--set", "predictor.steps_per_prompt_token=0", "--set", "predictor.base_steps=5", "--set",
+                   {"--set", "batching.mode=ladb", "--set", "predictor.steps_per_prompt_token=0", "--set", "predictor.base_steps=5", "--set",
                     "predictor.step_budget_margin=0", "--set", "predictor.min_step_budget=1"}});
   ASSERT_TRUE(cluster.Start().ok());
   auto stub = GenerationStub(cluster.router_target());

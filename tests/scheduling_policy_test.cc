@@ -175,10 +175,13 @@ TEST(SchedulingPolicyTest, FromConfig) {
   EXPECT_EQ(p.victim, PreemptionVictim::kMostRemaining);
   EXPECT_EQ(p.aging, milliseconds(750));
   EXPECT_EQ(p.step_token_budget, 256);
+  // The defaults are the predicted scheduler's.
   const SchedulingPolicy d = PolicyFromConfig(WorkerConfig{});
-  EXPECT_EQ(d.order, AdmissionOrder::kFcfs);
-  EXPECT_EQ(d.reservation, KvReservation::kMaxTokens);
-  EXPECT_EQ(d.victim, PreemptionVictim::kNewest);
+  EXPECT_EQ(d.order, AdmissionOrder::kPredicted);
+  EXPECT_EQ(d.reservation, KvReservation::kPredicted);
+  EXPECT_EQ(d.victim, PreemptionVictim::kMostRemaining);
+  EXPECT_EQ(d.step_token_budget, 512);
+  EXPECT_DOUBLE_EQ(d.step_time_target, 0.025);
 }
 
 }  // namespace
