@@ -2,6 +2,8 @@
 """Trains a small Llama-architecture model from scratch on a document corpus and writes a
 HuggingFace checkpoint (config.json, generation_config.json, bf16 model.safetensors, tokenizer
 files) with its held-out loss and perplexity beside unigram and bigram baselines on the same split.
+Half the held-out documents choose the kept step (lowest validation loss); the other half is
+what the perplexity is reported on.
 
 Every document is [BOS] + tokens + [EOS], so the model learns to end. Training fits a wall-clock
 budget (--max-seconds): the first steps measure the step time, and the schedule (warm-up, cosine
@@ -123,7 +125,9 @@ def main():
     ap.add_argument("--heads", type=int, default=6)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--ffn", type=int, default=1024)
-    ap.add_argument("--eval-tokens", type=int, default=2_000_000)
+    ap.add_argument("--eval-tokens", type=int, default=2_000_000, help="held-out (test half) tokens reported")
+    ap.add_argument("--valid-tokens", type=int, default=200_000, help="validation tokens at each evaluation")
+    ap.add_argument("--eval-every", type=int, default=500, help="steps between validation evaluations")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (torch 2)")
     args = ap.parse_args()
@@ -152,6 +156,10 @@ def main():
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), **({"fused": True} if device.type == "cuda" else {}))
+    # The held-out documents split in two: the first half picks the checkpoint (the step with the
+    # lowest loss on it, evaluated every --eval-every steps), the second half is reported.
+    valid, test = held[:len(held) // 2], held[len(held) // 2:]
+    best = (float("inf"), 0, None)
     g = torch.Generator().manual_seed(args.seed)
     warmup, total_steps, step = 100, None, 0
     start = time.time()
@@ -179,15 +187,22 @@ def main():
             total_steps = max(step + 1, int(args.max_seconds / per_step))
             print(f"{per_step * 1000:.0f} ms a step: {total_steps} steps, "
                   f"{total_steps * args.batch * args.seq / 1e6:.0f} M tokens", flush=True)
-        if step % 200 == 0 or step == total_steps:
-            log.append({"step": step, "loss": round(loss.item(), 4), "lr": lr, "s": round(time.time() - start, 1)})
+        if step % args.eval_every == 0 or step == total_steps:
+            v = evaluate(model, valid, args.seq, device, args.valid_tokens)
+            if v < best[0]:
+                best = (v, step, {k: t.detach().clone().cpu() for k, t in model.state_dict().items()})
+            log.append({"step": step, "loss": round(loss.item(), 4), "valid_loss": round(v, 4), "lr": lr,
+                        "s": round(time.time() - start, 1)})
             print(log[-1], flush=True)
     train_s = time.time() - start
+    model.load_state_dict(best[2])
+    print(f"kept step {best[1]} (validation loss {best[0]:.4f})", flush=True)
 
-    held_ce = evaluate(model, held, args.seq, device, args.eval_tokens)
-    uni_ce, bi_ce, lam = ngram_baselines(train, held[:args.eval_tokens], vocab)
+    held_ce = evaluate(model, test, args.seq, device, args.eval_tokens)
+    uni_ce, bi_ce, lam = ngram_baselines(train, test[:args.eval_tokens], vocab)
     results = {
-        "parameters": params, "train_tokens": len(train), "heldout_tokens": min(len(held), args.eval_tokens),
+        "parameters": params, "train_tokens": len(train), "heldout_tokens": min(len(test), args.eval_tokens),
+        "validation_tokens": min(len(valid), args.valid_tokens), "kept_step": best[1],
         "tokens_seen": step * args.batch * args.seq, "steps": step, "train_seconds": round(train_s, 1),
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "heldout_loss": held_ce, "heldout_perplexity": math.exp(held_ce),
