@@ -80,10 +80,9 @@ std::unique_ptr<BpeTokenizer> BpeTokenizerTest::qwen3_;
 #define REQUIRE_TOKENIZER(tok) \
   if (!(tok)) GTEST_SKIP() << "tokenizer file missing (run scripts/fetch-tokenizers.sh)"
 
-// Every case of the HF reference output: same ids, same decode, and a lossless round trip.
-void ExpectMatchesReference(const BpeTokenizer& tokenizer, const std::string& name) {
-  const std::string path = ::tailserve::testing::SharedDir() + "/reference/tokenizer/tokenizer-" +
-                           name + "-visible.json";
+// Every case of a HF reference output (`path`: {"cases": [{"text", "ids", "decoded"}]}): same ids,
+// same decode, and a lossless round trip.
+void ExpectMatchesReferenceFile(const BpeTokenizer& tokenizer, const std::string& name, const std::string& path) {
   std::ifstream in(path);
   ASSERT_TRUE(in) << "cannot open " << path;
   const nlohmann::json reference = nlohmann::json::parse(in);
@@ -106,6 +105,11 @@ void ExpectMatchesReference(const BpeTokenizer& tokenizer, const std::string& na
   EXPECT_EQ(passed, cases.size()) << name;
 }
 
+void ExpectMatchesReference(const BpeTokenizer& tokenizer, const std::string& name) {
+  ExpectMatchesReferenceFile(tokenizer, name,
+                             ::tailserve::testing::SharedDir() + "/reference/tokenizer/tokenizer-" + name + "-visible.json");
+}
+
 TEST_F(BpeTokenizerTest, Llama3MatchesHuggingFaceReference) {
   TAILSERVE_REQUIRE_SHARED();
   REQUIRE_TOKENIZER(llama3_);
@@ -116,6 +120,16 @@ TEST_F(BpeTokenizerTest, Qwen3MatchesHuggingFaceReference) {
   TAILSERVE_REQUIRE_SHARED();
   REQUIRE_TOKENIZER(qwen3_);
   ExpectMatchesReference(*qwen3_, "qwen3");
+}
+
+// The default model's own tokenizer (tools/lm/bpe_train.py) against HuggingFace tokenizers on its
+// edge cases and held-out corpus documents (tools/lm/tokenizer_cases.py).
+TEST(ShippedTokenizerTest, TinyEnMatchesHuggingFaceReference) {
+  const std::string dir = ::tailserve::testing::DefaultModelDir();
+  if (!std::filesystem::exists(dir + "/reference/tokenizer_cases.json")) GTEST_SKIP() << dir << " is not trained yet";
+  absl::StatusOr<std::unique_ptr<BpeTokenizer>> tok = BpeTokenizer::Load(dir + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  ExpectMatchesReferenceFile(**tok, "tiny-en", dir + "/reference/tokenizer_cases.json");
 }
 
 TEST_F(BpeTokenizerTest, Llama3AddedTokens) {

@@ -14,6 +14,12 @@ inline std::string SharedDir() {
 
 inline std::string ReferenceDir(const std::string& name) { return SharedDir() + "/reference/" + name; }
 
+// The default model shipped in the repository (tools/lm), with its reference outputs in reference/.
+inline std::string DefaultModelDir() {
+  if (const char* env = std::getenv("TAILSERVE_DEFAULT_MODEL"); env && *env) return env;
+  return std::string(TAILSERVE_SOURCE_DIR) + "/models/tiny-en";
+}
+
 // name: "llama3" or "qwen3".
 inline std::string TokenizerDir(const std::string& name) {
   return std::string(TAILSERVE_SOURCE_DIR) + "/.deps/tokenizers/" + name;
