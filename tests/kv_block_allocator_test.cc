@@ -1,15 +1,17 @@
-// The CUDA backend's KV block allocator (plan/kv_block_allocator.h): plain C++, checked without a GPU.
-#include "worker/backends/cuda/plan/kv_block_allocator.h"
+// The paged KV cache's block allocator (worker/kv/kv_block_allocator.h).
+#include "worker/kv/kv_block_allocator.h"
 
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string_view>
 #include <vector>
+
+#include "worker/kv/block_hash.h"
 
 namespace tailserve {
 namespace {
 
-using cuda::KvBlockAllocator;
 
 // 9 blocks of 4 positions (8 usable), 3 sequences of at most 5 blocks (20 positions).
 struct Pool {
@@ -153,6 +155,165 @@ TEST(KvBlockAllocatorTest, ExhaustionKeepsWhatWasTaken) {
   EXPECT_EQ(p.kv.unpromised_blocks(), 0);
   p.kv.Release(1);
   ASSERT_TRUE(p.kv.EnsurePositions(**b, 20).ok());
+}
+
+}  // namespace
+}  // namespace tailserve
+
+namespace tailserve {
+namespace {
+
+// Prefix caching: 9 blocks of 4 positions (8 usable), sequences of up to 8 blocks, rows unlimited
+// (no device table).
+struct CachingPool {
+  KvBlockAllocator kv{9, 4, 8, 3, 32, {}, BlockHashSalt(std::string_view("model|fp8"))};
+
+  // A sequence that attaches what is cached, computes the rest and publishes it; returns the
+  // positions it found cached.
+  int64_t Run(uint64_t id, const std::vector<int32_t>& tokens) {
+    absl::StatusOr<int64_t> hit = kv.AttachCachedPrefix(id, tokens);
+    EXPECT_TRUE(hit.ok()) << hit.status();
+    KvBlockAllocator::Sequence* s = kv.Find(id);
+    EXPECT_TRUE(kv.EnsurePositions(*s, static_cast<int64_t>(tokens.size())).ok());
+    kv.PublishComputed(*s, tokens, static_cast<int64_t>(tokens.size()));
+    return hit.ok() ? *hit : -1;
+  }
+  std::vector<int32_t> Blocks(uint64_t id) { return kv.Find(id)->blocks; }
+};
+
+std::vector<int32_t> Tokens(std::initializer_list<int32_t> head, int total, int32_t fill) {
+  std::vector<int32_t> t(head);
+  while (static_cast<int>(t.size()) < total) t.push_back(fill + static_cast<int32_t>(t.size()));
+  return t;
+}
+
+TEST(KvPrefixCacheTest, ASharedPrefixIsAttachedNotComputed) {
+  struct Case {
+    const char* name;
+    std::vector<int32_t> second;  // the first sequence is 0..11 (three full blocks)
+    int64_t attached;
+  };
+  const std::vector<int32_t> first = Tokens({}, 12, 0);
+  const std::vector<Case> cases = {
+      {"same two blocks, then different", Tokens({0, 1, 2, 3, 4, 5, 6, 7, 99}, 14, 50), 8},
+      {"identical: the last token is always computed", first, 8},
+      {"one more token: all three blocks", Tokens({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, 13, 0), 12},
+      {"first block differs: nothing, though block 2 is equal", Tokens({9, 1, 2, 3, 4, 5, 6, 7}, 12, 0), 0},
+      {"shorter than a block", {0, 1, 2}, 0},
+      {"empty", {}, 0},
+  };
+  for (const Case& c : cases) {
+    CachingPool p;
+    EXPECT_EQ(p.Run(1, first), 0) << c.name;
+    EXPECT_EQ(p.Run(2, c.second), c.attached) << c.name;
+    if (c.attached == 0) continue;
+    const std::vector<int32_t> a = p.Blocks(1), b = p.Blocks(2);
+    for (int64_t i = 0; i < c.attached / 4; ++i) EXPECT_EQ(a[i], b[i]) << c.name << ": block " << i << " shared";
+    EXPECT_EQ(p.kv.Find(2)->cached, c.attached) << c.name;
+  }
+}
+
+TEST(KvPrefixCacheTest, TheSaltSeparatesContextsAndTheChainCoversEveryEarlierToken) {
+  const std::vector<int32_t> block = {1, 2, 3, 4};
+  const uint64_t model_a = BlockHashSalt(std::string_view("a|fp8")), model_b = BlockHashSalt(std::string_view("a|fp16"));
+  EXPECT_NE(model_a, model_b);
+  EXPECT_NE(ChainBlockHash(model_a, block), ChainBlockHash(model_b, block));
+  EXPECT_EQ(ChainBlockHash(model_a, block), ChainBlockHash(model_a, block));
+  const std::vector<int32_t> before = {5, 6, 7, 8}, swapped = {1, 2, 4, 3};
+  EXPECT_NE(ChainBlockHash(ChainBlockHash(model_a, before), block), ChainBlockHash(model_a, block));
+  EXPECT_NE(ChainBlockHash(model_a, block), ChainBlockHash(model_a, swapped));
+}
+
+TEST(KvPrefixCacheTest, ReleasedBlocksStayCachedUntilEvictedTailFirst) {
+  CachingPool p;
+  const std::vector<int32_t> tokens = Tokens({}, 12, 0);
+  p.Run(1, tokens);
+  p.kv.Release(1);
+  EXPECT_EQ(p.kv.cached_blocks(), 3);
+  EXPECT_EQ(p.kv.unpromised_blocks(), 8) << "cached blocks nobody uses can be taken";
+  // Another sequence needs 6 blocks: the 5 free ones, then the cached tail block is evicted.
+  auto other = p.kv.AttachCachedPrefix(2, Tokens({100}, 24, 100));
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(*other, 0);
+  ASSERT_TRUE(p.kv.EnsurePositions(*p.kv.Find(2), 24).ok());
+  EXPECT_EQ(p.kv.evictions(), 1);
+  EXPECT_EQ(p.kv.cached_blocks(), 2);
+  p.kv.Release(2);
+  EXPECT_EQ(p.Run(3, tokens), 8) << "the first two blocks are still cached";
+}
+
+TEST(KvPrefixCacheTest, BlocksInUseAreNeverEvicted) {
+  CachingPool p;
+  p.Run(1, Tokens({}, 20, 0));  // 5 blocks, held
+  auto other = p.kv.AttachCachedPrefix(2, Tokens({100}, 16, 100));
+  ASSERT_TRUE(other.ok());
+  const absl::Status full = p.kv.EnsurePositions(*p.kv.Find(2), 16);  // 4 blocks, 3 free
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_EQ(p.kv.evictions(), 0);
+  p.kv.Release(2);
+  EXPECT_EQ(p.Run(3, Tokens({}, 20, 0)), 16) << "the running sequence's blocks are intact and shared";
+}
+
+TEST(KvPrefixCacheTest, AttachingTakesCachedBlocksOffTheEvictionList) {
+  CachingPool p;
+  p.Run(1, Tokens({}, 12, 0));
+  p.kv.Release(1);
+  EXPECT_EQ(p.Run(2, Tokens({}, 13, 0)), 12);
+  EXPECT_EQ(p.kv.cached_blocks(), 0);
+  // Shared blocks stay while any holder runs.
+  EXPECT_EQ(p.Run(3, Tokens({}, 9, 0)), 8);
+  p.kv.Release(2);
+  EXPECT_EQ(p.kv.cached_blocks(), 1) << "block 2 is unused; blocks 0 and 1 are held by sequence 3";
+  p.kv.Release(3);
+  EXPECT_EQ(p.kv.cached_blocks(), 3);
+  EXPECT_EQ(p.kv.unpromised_blocks(), 8);
+}
+
+TEST(KvPrefixCacheTest, ContentComputedTwiceIsCachedOnce) {
+  CachingPool p;
+  const std::vector<int32_t> tokens = Tokens({}, 8, 0);
+  // Both start before either has published: each computes its own copy.
+  ASSERT_EQ(*p.kv.AttachCachedPrefix(1, tokens), 0);
+  ASSERT_EQ(*p.kv.AttachCachedPrefix(2, tokens), 0);
+  for (uint64_t id : {1, 2}) {
+    ASSERT_TRUE(p.kv.EnsurePositions(*p.kv.Find(id), 8).ok());
+    p.kv.PublishComputed(*p.kv.Find(id), tokens, 8);
+  }
+  p.kv.Release(2);
+  EXPECT_EQ(p.kv.cached_blocks(), 0) << "the second copy was never published: freed";
+  p.kv.Release(1);
+  EXPECT_EQ(p.kv.cached_blocks(), 2);
+}
+
+TEST(KvPrefixCacheTest, PublishingFollowsTheComputedPositionsOnly) {
+  CachingPool p;
+  const std::vector<int32_t> tokens = Tokens({}, 16, 0);
+  ASSERT_EQ(*p.kv.AttachCachedPrefix(1, tokens), 0);
+  KvBlockAllocator::Sequence* s = p.kv.Find(1);
+  ASSERT_TRUE(p.kv.EnsurePositions(*s, 16).ok());
+  p.kv.PublishComputed(*s, tokens, 6);  // a prefill chunk of 6: one full block
+  EXPECT_EQ(s->hashed, 1);
+  EXPECT_EQ(p.Run(2, tokens), 4);
+  p.kv.PublishComputed(*s, tokens, 16);
+  EXPECT_EQ(p.Run(3, tokens), 12);
+}
+
+TEST(KvPrefixCacheTest, OffAttachesNothingAndFreesEverything) {
+  std::vector<int32_t> table(4 * 5);
+  KvBlockAllocator kv{9, 4, 5, 3, 20, table};
+  const std::vector<int32_t> tokens = Tokens({}, 12, 0);
+  for (uint64_t id : {1, 2}) {
+    auto hit = kv.AttachCachedPrefix(id, tokens);
+    ASSERT_TRUE(hit.ok());
+    EXPECT_EQ(*hit, 0);
+    ASSERT_TRUE(kv.EnsurePositions(*kv.Find(id), 12).ok());
+    kv.PublishComputed(*kv.Find(id), tokens, 12);
+  }
+  kv.Release(1);
+  kv.Release(2);
+  EXPECT_EQ(kv.cached_blocks(), 0);
+  EXPECT_EQ(kv.unpromised_blocks(), 8);
+  EXPECT_FALSE(kv.prefix_caching());
 }
 
 }  // namespace

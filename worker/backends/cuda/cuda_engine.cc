@@ -92,7 +92,7 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   // The KV pool takes what is left, times the configured fraction.
   TAILSERVE_ASSIGN_OR_RETURN(pool_, cuda::AllocateKvPool(c, kv_, options_.kv_memory_fraction));
   memory_["kv_cache"] = pool_.bytes;
-  blocks_ = std::make_unique<cuda::KvBlockAllocator>(
+  blocks_ = std::make_unique<KvBlockAllocator>(
       pool_.num_blocks, kv_.block_size, kv_.max_blocks_per_seq, options_.max_sequences, max_context_,
       std::span<int32_t>(static_cast<int32_t*>(buf_->host_table.get()),
                          static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq));
@@ -192,7 +192,7 @@ absl::Status CudaEngine::Prefill(std::span<const StepSequence> batch) {
     return absl::OkStatus();
   };
   for (const StepSequence& seq : batch) {
-    TAILSERVE_ASSIGN_OR_RETURN(cuda::KvBlockAllocator::Sequence * st, blocks_->Acquire(seq.id));
+    TAILSERVE_ASSIGN_OR_RETURN(KvBlockAllocator::Sequence * st, blocks_->Acquire(seq.id));
     // A prefill chunk computes tokens up to its end; otherwise all but the last, which the decode
     // graph takes.
     const int64_t n = static_cast<int64_t>(seq.tokens->size());
@@ -223,7 +223,7 @@ absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t
       continue;
     }
     const StepSequence& seq = batch[first + i];
-    const cuda::KvBlockAllocator::Sequence* st = blocks_->Find(seq.id);
+    const KvBlockAllocator::Sequence* st = blocks_->Find(seq.id);
     const int64_t last = static_cast<int64_t>(seq.tokens->size()) - 1;
     b.h_tokens[i] = (*seq.tokens)[last];
     b.h_pos[i] = static_cast<int32_t>(last);
@@ -302,7 +302,7 @@ absl::Status CudaEngine::ForwardAllLogits(std::span<const int32_t> tokens, std::
   }
   TAILSERVE_RETURN_IF_ERROR(UseDevice());
   const uint64_t id = ~0ull - 1;
-  TAILSERVE_ASSIGN_OR_RETURN(cuda::KvBlockAllocator::Sequence * st, blocks_->Acquire(id));
+  TAILSERVE_ASSIGN_OR_RETURN(KvBlockAllocator::Sequence * st, blocks_->Acquire(id));
   if (absl::Status s = blocks_->EnsurePositions(*st, n); !s.ok()) {
     Release(id);
     return s;

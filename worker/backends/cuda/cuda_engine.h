@@ -19,7 +19,7 @@
 #include "worker/backends/cuda/forward.h"
 #include "worker/backends/cuda/gemm.h"
 #include "worker/backends/cuda/plan/decode_plan.h"
-#include "worker/backends/cuda/plan/kv_block_allocator.h"
+#include "worker/kv/kv_block_allocator.h"
 #include "worker/backends/cuda/weights.h"
 #include "worker/backends/cuda/workspaces.h"
 #include "worker/engine/engine.h"
@@ -117,7 +117,7 @@ class CudaEngine final : public Engine {
   // Decode above batch 1: the FFN's second half runs on the side stream beside the first.
   std::unique_ptr<cuda::GemmRunner> side_gemm_;
   cuda::KvPool pool_;
-  std::unique_ptr<cuda::KvBlockAllocator> blocks_;
+  std::unique_ptr<KvBlockAllocator> blocks_;
   std::unique_ptr<cuda::ForwardPass> forward_;
   std::unique_ptr<cuda::DecodeGraphs> graphs_;
   std::map<std::string, size_t> memory_;

@@ -1,10 +1,19 @@
 #pragma once
 // The host side of the paged KV cache: which blocks are free, which are promised to admitted
 // sequences, and each sequence's row of the block table the attention kernels read. Plain C++ (no
-// CUDA), so it is tested on the CPU; the engine owns one and uploads the table rows it marks dirty.
+// CUDA), so it is tested on the CPU; the engine owns one and uploads the table rows it marks dirty
+// (a backend without a device table passes an empty one: rows are then unlimited and unwritten).
 // Block 0 is never handed out: padded graph rows write their K/V there, through the trash row.
+//
+// Prefix caching (with a salt): a full block, once computed, is published under its chained
+// content hash (block_hash.h); a new sequence attaches the longest run of published blocks its
+// tokens begin with and computes only the rest. Blocks are reference-counted: one in use is never
+// taken; one nobody uses stays cached, and is evicted least recently used first when the pool
+// needs a block and none is free.
 // Not thread-safe: the scheduler's thread owns the engine and with it this allocator.
 #include <cstdint>
+#include <list>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -12,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace tailserve::cuda {
+namespace tailserve {
 
 class KvBlockAllocator {
  public:
@@ -21,6 +30,8 @@ class KvBlockAllocator {
     std::vector<int32_t> blocks;
     int64_t cached = 0;    // positions whose K/V the engine has written (the allocator never reads it)
     int64_t reserved = 0;  // blocks promised at admission (Reserve) and not yet taken
+    int64_t hashed = 0;    // leading full blocks whose content hash is known (published or attached)
+    uint64_t last_hash = 0;  // the chain hash of block hashed - 1
   };
 
   // `num_blocks` blocks of `block_size` positions (block 0 included), `max_sequences` table rows
@@ -28,8 +39,10 @@ class KvBlockAllocator {
   // ((max_sequences + 1) · max_blocks_per_seq entries, zeroed here); the caller owns it (pinned
   // memory in the engine, so the rows upload asynchronously). `max_context` only names the limit
   // in errors.
+  // `prefix_salt`: prefix caching on, with this salt (BlockHashSalt of the model and KV format);
+  // nullopt: off.
   KvBlockAllocator(int64_t num_blocks, int block_size, int max_blocks_per_seq, int max_sequences, int64_t max_context,
-                   std::span<int32_t> table);
+                   std::span<int32_t> table, std::optional<uint64_t> prefix_salt = std::nullopt);
 
   // Promises sequence `id` (creating its state) the blocks `max_tokens` positions need, beyond
   // what it holds or was promised already (so calling it again with more grows the promise):
@@ -45,8 +58,23 @@ class KvBlockAllocator {
   // beyond it takes only blocks nobody was promised (RESOURCE_EXHAUSTED otherwise; OUT_OF_RANGE
   // past the table row's length). Blocks already taken stay taken on an error.
   absl::Status EnsurePositions(Sequence& s, int64_t positions);
-  // Frees the sequence's blocks, reservation and table row; unknown ids are ignored.
+  // Frees the sequence's blocks, reservation and table row; unknown ids are ignored. Its published
+  // blocks that no other sequence uses stay cached (most recently used).
   void Release(uint64_t id);
+
+  // Prefix caching: attaches to sequence `id` (created if new; it must hold no blocks yet) the
+  // longest run of cached blocks that `tokens` begins with, leaving at least the last token to
+  // compute, and returns the positions attached (whole blocks; 0 with caching off). The sequence's
+  // `cached` becomes that; its later blocks are its own. RESOURCE_EXHAUSTED when no table row is free.
+  absl::StatusOr<int64_t> AttachCachedPrefix(uint64_t id, std::span<const int32_t> tokens);
+  // Publishes the sequence's full blocks within its first `computed` positions of `tokens`, so
+  // later sequences with the same prefix share them. A block whose content another block already
+  // holds stays private (freed on Release). Nothing with caching off.
+  void PublishComputed(Sequence& s, std::span<const int32_t> tokens, int64_t computed);
+  bool prefix_caching() const { return salt_.has_value(); }
+  // Blocks that nobody uses and that stay cached until evicted.
+  int64_t cached_blocks() const { return static_cast<int64_t>(evictable_.size()); }
+  int64_t evictions() const { return evictions_; }
 
   // Calls f(row) for each table row changed since the last call, and forgets them.
   template <typename F>
@@ -61,12 +89,16 @@ class KvBlockAllocator {
   int block_size() const { return block_size_; }
   // Blocks that can ever be handed out (all but block 0).
   int64_t usable_blocks() const { return num_blocks_ - 1; }
-  // Blocks neither taken nor promised.
-  int64_t unpromised_blocks() const { return static_cast<int64_t>(free_.size()) - reserved_; }
+  // Blocks neither taken nor promised (cached blocks nobody uses count: they are evicted for it).
+  int64_t unpromised_blocks() const { return available() - reserved_; }
   size_t sequences() const { return seqs_.size(); }
 
  private:
   int64_t BlocksFor(int64_t positions) const { return (positions + block_size_ - 1) / block_size_; }
+  int64_t available() const { return static_cast<int64_t>(free_.size() + evictable_.size()); }
+  // A block for a sequence: a free one, else the least recently used cached one (evicted).
+  int32_t TakeBlock();
+  void AppendBlock(Sequence& s, int32_t block);
 
   int64_t num_blocks_;
   int block_size_;
@@ -79,6 +111,14 @@ class KvBlockAllocator {
   std::vector<int> free_rows_;
   std::vector<char> dirty_;
   std::unordered_map<uint64_t, Sequence> seqs_;
+  // Prefix caching.
+  std::optional<uint64_t> salt_;
+  std::vector<int32_t> refs_;                          // per block: sequences holding it
+  std::vector<uint64_t> hash_;                         // per block: its published hash, 0 if none
+  std::unordered_map<uint64_t, int32_t> by_hash_;      // published blocks
+  std::list<int32_t> evictable_;                       // published, unused: least recently used first
+  std::vector<std::list<int32_t>::iterator> lru_pos_;  // per block: its place in evictable_
+  int64_t evictions_ = 0;
 };
 
-}  // namespace tailserve::cuda
+}  // namespace tailserve

@@ -1,0 +1,17 @@
+#pragma once
+// Content hashes of full KV blocks for prefix caching, chained as vLLM's are: a block's hash covers
+// its own tokens and, through its parent's hash, every token before it, so two sequences share a
+// block only when everything up to its end is equal. The salt separates contexts that must never
+// share (model, KV dtype, adapter).
+#include <cstdint>
+#include <span>
+
+namespace tailserve {
+
+// The hash of a block of `tokens` whose predecessors hash to `parent` (the salt for the first block).
+uint64_t ChainBlockHash(uint64_t parent, std::span<const int32_t> tokens);
+
+// A salt from a context's identifying text (e.g. "model|kv dtype|adapter").
+uint64_t BlockHashSalt(std::span<const char> context);
+
+}  // namespace tailserve
