@@ -54,6 +54,17 @@ class Section {
       *out = v;
     }
   }
+  void Bool(const std::string& key, bool* out) {
+    std::optional<YAML::Node> found = Find(key);
+    if (!found) return;
+    const YAML::Node& n = *found;
+    bool v;
+    if (!n.IsScalar() || !YAML::convert<bool>::decode(n, v)) {
+      Error(Join(key), absl::StrCat("expected true or false, got ", Show(n)));
+    } else {
+      *out = v;
+    }
+  }
   void String(const std::string& key, std::string* out, const std::set<std::string>& allowed = {}) {
     std::optional<YAML::Node> found = Find(key);
     if (!found) return;
@@ -242,6 +253,7 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.String("kv_reservation", &w.kv_reservation, {"max_tokens", "on_demand", "predicted"});
     s.Double("kv_reservation_margin", &w.kv_reservation_margin, 0, 100);
     s.String("preemption", &w.preemption, {"newest", "most_remaining"});
+    s.Bool("prefix_caching", &w.prefix_caching);
     s.Double("metrics_window_seconds", &w.metrics_window_seconds, 1, 86400);
     Section sim = s.Sub("sim");
     sim.Double("step_base_ms", &w.sim.step_base_ms, 0, 60'000);

@@ -130,6 +130,9 @@ struct WorkerConfig {
   // Which running sequence gives up its KV cache (and is recomputed later) when it runs out:
   // newest, or most_remaining (lowest priority, then most predicted work left).
   std::string preemption = "most_remaining";
+  // Automatic prefix caching: a new sequence reuses the KV blocks of any earlier sequence whose
+  // tokens it begins with (worker/kv/kv_block_allocator.h); the sim needs sim.kv_blocks for it.
+  bool prefix_caching = true;
   double metrics_window_seconds = 60;
   SimBackendConfig sim;
 };

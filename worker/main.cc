@@ -53,7 +53,9 @@ void LogLoaded(const ModelConfig& c, const std::string& path, SteadyTime start) 
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const WorkerConfig& wc) {
-  if (wc.backend == "sim") return std::make_unique<SimEngine>(wc.sim, wc.model_id);
+  if (wc.backend == "sim") {
+    return std::make_unique<SimEngine>(wc.sim, wc.model_id, SystemClock::Get(), nullptr, wc.prefix_caching);
+  }
   if (wc.model_path.empty()) return absl::InvalidArgumentError("worker.model_path (--model) is required");
   const SteadyTime start = SystemClock::Get().Now();
   if (wc.backend == "cuda") {

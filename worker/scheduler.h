@@ -115,6 +115,9 @@ class Scheduler {
   // Moves waiting sequences into free slots in the policy's order while the KV cache promises
   // them their admission reservation.
   void AdmitWaiting();
+  // Reserves the KV a sequence is admitted with (AdmissionReservation), after attaching the cached
+  // prefix its tokens begin with (counted as computed); on an error nothing stays attached.
+  absl::Status ReserveForAdmission(Slot& s, int64_t want);
   // Grows each running sequence's KV promise to what this step computes plus the token it
   // samples; when the cache is short, preempts the policy's victim (it waits to be recomputed).
   void EnsureKv();

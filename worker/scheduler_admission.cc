@@ -136,7 +136,7 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
       Slot slot = make_slot(*batch.mutable_sequences(i));
       const int64_t want = AdmissionReservation(ItemOf(slot), static_cast<int64_t>(slot.tokens.size()),
                                                 engine_.max_context(), policy_);
-      absl::Status r = engine_.Reserve(slot.id, want);
+      absl::Status r = ReserveForAdmission(slot, want);
       if (r.code() == absl::StatusCode::kInvalidArgument) {
         refuse(batch.sequences(i), r);
         continue;
@@ -172,6 +172,26 @@ void Scheduler::Admit(std::shared_ptr<BatchSink> sink, v1::Batch batch) {
   PublishCounts();
 }
 
+absl::Status Scheduler::ReserveForAdmission(Slot& s, int64_t want) {
+  int32_t hit = 0;
+  if (s.computed == 0) {
+    absl::StatusOr<int32_t> attached = engine_.AttachCachedPrefix(s.id, s.tokens);
+    if (!attached.ok()) return attached.status();
+    hit = *attached;
+  }
+  const absl::Status r = engine_.Reserve(s.id, want);
+  if (!r.ok()) {
+    engine_.Release(s.id);  // the attached blocks go back (cached) until it is admitted
+    return r;
+  }
+  if (s.computed == 0) {
+    s.computed = hit;
+    metrics_.prefix_queried_tokens.Inc(static_cast<double>(s.tokens.size()));
+    metrics_.prefix_hit_tokens.Inc(static_cast<double>(hit));
+  }
+  return absl::OkStatus();
+}
+
 void Scheduler::AdmitWaiting() {
   if (waiting_.empty() || static_cast<int>(running_.size()) >= slots_) return;  // nothing to order for
   const SteadyTime now = clock_.Now();
@@ -182,7 +202,7 @@ void Scheduler::AdmitWaiting() {
     Slot& s = waiting_[taken];
     const int64_t want =
         AdmissionReservation(ItemOf(s), static_cast<int64_t>(s.tokens.size()), engine_.max_context(), policy_);
-    const absl::Status r = engine_.Reserve(s.id, want);
+    const absl::Status r = ReserveForAdmission(s, want);
     if (!r.ok() && r.code() != absl::StatusCode::kInvalidArgument && !running_.empty()) break;  // waits for KV
     if (!r.ok()) {
       // Longer than the whole cache (or, with nothing running, more than it will ever have free):

@@ -32,6 +32,18 @@ WorkerMetrics::WorkerMetrics(Registry& r, double window_seconds)
       preemptions(r.AddCounter("tailserve_worker_preemptions_total",
                                "Running sequences that gave up their KV cache for another and wait to be recomputed.")
                       .Get()),
+      prefix_queried_tokens(r.AddCounter("tailserve_worker_prefix_cache_queried_tokens_total",
+                                         "Tokens of admitted sequences looked up in the prefix cache.")
+                                .Get()),
+      prefix_hit_tokens(r.AddCounter("tailserve_worker_prefix_cache_hit_tokens_total",
+                                     "Tokens of admitted sequences found in the prefix cache (not computed).")
+                            .Get()),
+      kv_blocks_cached(r.AddGauge("tailserve_worker_kv_blocks_cached",
+                                  "Free KV blocks that still hold a cached prefix (counted as free).")
+                           .Get()),
+      kv_evictions(r.AddCounter("tailserve_worker_kv_evictions_total",
+                                "Cached KV blocks evicted to make room for new ones.")
+                       .Get()),
       generated_tokens(r.AddCounter("tailserve_worker_generated_tokens_total", "Tokens generated.").Get()),
       batches(r.AddCounter("tailserve_worker_batches_total", "Execute calls by outcome (admitted, rejected_full, rejected_kv, rejected_engine_failed, invalid).",
                            {"outcome"})),
@@ -52,6 +64,8 @@ WorkerMetrics::WorkerMetrics(Registry& r, double window_seconds)
 void WorkerMetrics::Publish(const EngineStats& s) {
   kv_blocks.Labels({"used"}).Set(static_cast<double>(s.kv_blocks_total - s.kv_blocks_free));
   kv_blocks.Labels({"free"}).Set(static_cast<double>(s.kv_blocks_free));
+  kv_blocks_cached.Set(static_cast<double>(s.kv_blocks_cached));
+  kv_evictions.Inc(static_cast<double>(s.kv_evictions) - kv_evictions.Value());
   kv_clamps.Inc(static_cast<double>(s.kv_clamps) - kv_clamps.Value());
   graph_replays.Inc(static_cast<double>(s.graph_replays) - graph_replays.Value());
 }

@@ -19,6 +19,10 @@ struct WorkerMetrics {
   Gauge& waiting_sequences;
   Histogram& queue_wait;  // accepted → holding a slot
   Counter& preemptions;
+  Counter& prefix_queried_tokens;  // tokens of admitted sequences looked up in the prefix cache
+  Counter& prefix_hit_tokens;      // ... and found there (not computed)
+  Gauge& kv_blocks_cached;
+  Counter& kv_evictions;
   Counter& generated_tokens;
   Registry::Family<Counter>& batches;    // outcome
   Registry::Family<Counter>& sequences;  // reason

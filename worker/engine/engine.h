@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 
 namespace tailserve {
@@ -53,6 +54,8 @@ inline absl::Status CheckChunk(const StepSequence& s) {
 struct EngineStats {
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_free = 0;
+  int64_t kv_blocks_cached = 0;   // free blocks that still hold a cached prefix (counted in free)
+  int64_t kv_evictions = 0;       // cached blocks evicted for new ones (cumulative)
   int64_t kv_clamps = 0;      // KV values clamped to the cache dtype's range (cumulative)
   int64_t graph_replays = 0;  // decode steps run as one graph replay (cumulative)
 };
@@ -77,6 +80,12 @@ class Engine {
   // grows; asking for less than it holds changes nothing). RESOURCE_EXHAUSTED when it does not fit
   // now, INVALID_ARGUMENT when it never will; Release returns the room.
   virtual absl::Status Reserve(uint64_t /*id*/, int64_t /*max_tokens*/) { return absl::OkStatus(); }
+  // Prefix caching: attaches to the new sequence `id` the longest run of cached KV blocks its
+  // `tokens` begin with (always leaving the last token to compute) and returns how many tokens that
+  // covers, which then need no compute; 0 for a backend without a prefix cache. Release detaches.
+  virtual absl::StatusOr<int32_t> AttachCachedPrefix(uint64_t /*id*/, std::span<const int32_t> /*tokens*/) {
+    return 0;
+  }
   // The sequence is over (finished, cancelled or handed back): free what the backend holds for it.
   virtual void Release(uint64_t id) = 0;
   // Device state, for backends that have one.

@@ -1,8 +1,10 @@
 #include "worker/backends/sim/sim_engine.h"
 
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "worker/kv/block_hash.h"
 
 namespace tailserve {
 
@@ -11,9 +13,19 @@ double SimStepSeconds(const SimBackendConfig& c, int batch, int64_t kv_tokens, i
          c.step_per_prefill_token_ms * 1e-3 * prefill_tokens;
 }
 
-SimEngine::SimEngine(SimBackendConfig config, std::string model_id, const Clock& clock, SleepFn sleep_until)
+SimEngine::SimEngine(SimBackendConfig config, std::string model_id, const Clock& clock, SleepFn sleep_until,
+                     bool prefix_caching)
     : config_(config), model_id_(std::move(model_id)), clock_(clock), sleep_until_(std::move(sleep_until)) {
   if (!sleep_until_) sleep_until_ = [](SteadyTime t) { std::this_thread::sleep_until(t); };
+  if (config_.kv_blocks > 0) {
+    // Block 0 is the allocator's trash block: one more, so kv_blocks can be handed out.
+    const int max_blocks = config_.kv_blocks;
+    std::optional<uint64_t> salt;
+    if (prefix_caching) salt = BlockHashSalt(std::string_view(absl::StrCat("sim|", model_id_)));
+    blocks_ = std::make_unique<KvBlockAllocator>(static_cast<int64_t>(config_.kv_blocks) + 1, kSimBlockSize, max_blocks,
+                                                 0, static_cast<int64_t>(max_blocks) * kSimBlockSize,
+                                                 std::span<int32_t>(), salt);
+  }
 }
 
 absl::Status SimEngine::Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) {
@@ -26,12 +38,14 @@ absl::Status SimEngine::Step(std::span<const StepSequence> batch, std::vector<in
   for (size_t i = 0; i < batch.size(); ++i) {
     const StepSequence& s = batch[i];
     const int64_t len = s.computed_after();
-    if (config_.kv_blocks > 0) {
-      const auto it = promised_.find(s.id);
-      if (it == promised_.end() || it->second * kSimBlockSize < len) {
+    if (blocks_) {
+      KvBlockAllocator::Sequence* kv = blocks_->Find(s.id);
+      const int64_t held = kv ? static_cast<int64_t>(kv->blocks.size()) + kv->reserved : 0;
+      if (held * kSimBlockSize < len || !blocks_->EnsurePositions(*kv, len).ok()) {
         return absl::InternalError(absl::StrCat("sim: sequence ", s.id, " computes ", len,
                                                 " positions past its KV cache promise"));
       }
+      blocks_->PublishComputed(*kv, *s.tokens, len);
     }
     kv_tokens += len;
     // A prefill (whole or a chunk) computes its uncached tokens; a decode computes one.
@@ -44,37 +58,27 @@ absl::Status SimEngine::Step(std::span<const StepSequence> batch, std::vector<in
 }
 
 absl::Status SimEngine::Reserve(uint64_t id, int64_t max_tokens) {
-  if (config_.kv_blocks <= 0) return absl::OkStatus();
-  const int64_t need = (max_tokens + kSimBlockSize - 1) / kSimBlockSize;
-  if (need > config_.kv_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat("KV cache: ", max_tokens, " tokens need ", need,
-                                                   " blocks, more than the whole cache holds (", config_.kv_blocks,
-                                                   "); lower max_tokens"));
-  }
-  const auto it = promised_.find(id);
-  const int64_t extra = need - (it == promised_.end() ? 0 : it->second);
-  if (extra <= 0) return absl::OkStatus();
-  if (extra > config_.kv_blocks - used_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("KV cache: ", extra, " blocks needed, ", config_.kv_blocks - used_, " free"));
-  }
-  promised_[id] = need;
-  used_ += extra;
-  return absl::OkStatus();
+  return blocks_ ? blocks_->Reserve(id, max_tokens) : absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> SimEngine::AttachCachedPrefix(uint64_t id, std::span<const int32_t> tokens) {
+  if (!blocks_ || !blocks_->prefix_caching()) return 0;
+  absl::StatusOr<int64_t> hit = blocks_->AttachCachedPrefix(id, tokens);
+  if (!hit.ok()) return hit.status();
+  return static_cast<int32_t>(*hit);
 }
 
 void SimEngine::Release(uint64_t id) {
-  if (auto it = promised_.find(id); it != promised_.end()) {
-    used_ -= it->second;
-    promised_.erase(it);
-  }
+  if (blocks_) blocks_->Release(id);
 }
 
 std::optional<EngineStats> SimEngine::stats() const {
-  if (config_.kv_blocks <= 0) return std::nullopt;
+  if (!blocks_) return std::nullopt;
   EngineStats s;
   s.kv_blocks_total = config_.kv_blocks;
-  s.kv_blocks_free = config_.kv_blocks - used_;
+  s.kv_blocks_free = blocks_->unpromised_blocks();
+  s.kv_blocks_cached = blocks_->cached_blocks();
+  s.kv_evictions = blocks_->evictions();
   return s;
 }
 
