@@ -76,7 +76,9 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const WorkerConfig& wc) {
 #endif
   }
   TAILSERVE_ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> cpu,
-                             CpuEngine::Load(wc.model_path, {.threads = wc.threads, .kv_emulation = std::nullopt}));
+                             CpuEngine::Load(wc.model_path, {.threads = wc.threads,
+                                                             .kv_emulation = std::nullopt,
+                                                             .prefix_caching = wc.prefix_caching}));
   LogLoaded(cpu->config(), wc.model_path, start);
   return std::unique_ptr<Engine>(std::move(cpu));
 }

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/engine/sampling.h"
+#include "worker/kv/block_hash.h"
 
 namespace tailserve {
 namespace {
@@ -66,7 +68,36 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Load(const std::string& di
   if (e->model_id_.empty()) e->model_id_ = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
   TAILSERVE_RETURN_IF_ERROR(e->LoadWeights(ckpt));
   e->rope_inv_freq_ = RopeInverseFrequencies(e->config_);
+  const ModelConfig& c = e->config_;
+  const int64_t block_bytes = 2 * c.num_layers * kBlockSize * c.kv_dim() * static_cast<int64_t>(sizeof(float));
+  const int64_t max_blocks_per_seq = (c.max_position + kBlockSize - 1) / kBlockSize;
+  const int64_t blocks = std::max<int64_t>(2, options.kv_cache_bytes / block_bytes);
+  std::optional<uint64_t> salt;
+  if (options.prefix_caching) {
+    salt = BlockHashSalt(std::string_view(absl::StrCat("cpu|", e->model_id_, "|", c.vocab_size, "|", c.num_layers, "|",
+                                                       options.kv_emulation ? KvDtypeName(*options.kv_emulation) : "fp32")));
+  }
+  e->blocks_ = std::make_unique<KvBlockAllocator>(blocks + 1, kBlockSize,
+                                                  static_cast<int>(std::min<int64_t>(max_blocks_per_seq, 1 << 30)), 0,
+                                                  c.max_position, std::span<int32_t>(), salt);
+  e->k_pool_.resize(static_cast<size_t>(c.num_layers));
+  e->v_pool_.resize(static_cast<size_t>(c.num_layers));
   return e;
+}
+
+absl::StatusOr<int32_t> CpuEngine::AttachCachedPrefix(uint64_t id, std::span<const int32_t> tokens) {
+  if (!blocks_->prefix_caching()) return 0;
+  TAILSERVE_ASSIGN_OR_RETURN(const int64_t hit, blocks_->AttachCachedPrefix(id, tokens));
+  return static_cast<int32_t>(hit);
+}
+
+std::optional<EngineStats> CpuEngine::stats() const {
+  EngineStats s;
+  s.kv_blocks_total = blocks_->usable_blocks();
+  s.kv_blocks_free = blocks_->unpromised_blocks();
+  s.kv_blocks_cached = blocks_->cached_blocks();
+  s.kv_evictions = blocks_->evictions();
+  return s;
 }
 
 absl::Status CpuEngine::LoadWeights(const Checkpoint& ckpt) {
@@ -114,7 +145,7 @@ absl::Status CpuEngine::LoadWeights(const Checkpoint& ckpt) {
   return absl::OkStatus();
 }
 
-void CpuEngine::Attention(int64_t l, const std::vector<Row>& rows, const float* q, float* out) const {
+void CpuEngine::Attention(int64_t l, const std::vector<Row>& rows, const float* q, float* out) {
   const ModelConfig& c = config_;
   const int64_t hd = c.head_dim, group = c.num_heads / c.num_kv_heads, q_dim = c.q_dim(), kv_dim = c.kv_dim();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -123,17 +154,24 @@ void CpuEngine::Attention(int64_t l, const std::vector<Row>& rows, const float* 
   // head for Q·Kᵀ and one for P·V (a prefill gets matrix products, a decode token a vector one).
   for (size_t r0 = 0; r0 < rows.size();) {
     size_t r1 = r0 + 1;
-    while (r1 < rows.size() && rows[r1].cache == rows[r0].cache) ++r1;
-    const SeqCache& cache = *rows[r0].cache;
+    while (r1 < rows.size() && rows[r1].seq == rows[r0].seq) ++r1;
+    const KvBlockAllocator::Sequence& seq = *rows[r0].seq;
     const int64_t m = static_cast<int64_t>(r1 - r0), pos0 = rows[r0].pos, end = pos0 + m;
     const int64_t lo0 = c.sliding_window > 0 ? std::max<int64_t>(0, pos0 - c.sliding_window + 1) : 0;
     const int64_t n = end - lo0;
     scores.resize(static_cast<size_t>(m * n));
+    // The sequence's K/V rows [lo0, end), gathered from its blocks.
+    k_run_.resize(static_cast<size_t>(n * kv_dim));
+    v_run_.resize(k_run_.size());
+    for (int64_t p = lo0; p < end; ++p) {
+      std::copy_n(KvAt(k_pool_[l], seq, p), kv_dim, k_run_.data() + (p - lo0) * kv_dim);
+      std::copy_n(KvAt(v_pool_[l], seq, p), kv_dim, v_run_.data() + (p - lo0) * kv_dim);
+    }
     for (int64_t head = 0; head < c.num_heads; ++head) {
       const int64_t kvh = head / group;
       const float* qh = q + static_cast<int64_t>(r0) * q_dim + head * hd;
-      const float* kh = cache.k[l].data() + lo0 * kv_dim + kvh * hd;
-      const float* vh = cache.v[l].data() + lo0 * kv_dim + kvh * hd;
+      const float* kh = k_run_.data() + kvh * hd;
+      const float* vh = v_run_.data() + kvh * hd;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
                   static_cast<int>(hd), scale, qh, static_cast<int>(q_dim), kh, static_cast<int>(kv_dim), 0.0f,
                   scores.data(), static_cast<int>(n));
@@ -225,6 +263,7 @@ absl::Status CpuEngine::Forward(std::span<const StepSequence> batch, bool all_po
   std::vector<Row> rows;
   std::vector<int32_t> row_tokens;
   std::vector<int64_t> last_row;  // per sequence: its last new row
+  std::vector<KvBlockAllocator::Sequence*> seqs;
   for (const StepSequence& s : batch) {
     TAILSERVE_RETURN_IF_ERROR(CheckChunk(s));
     const int64_t n = s.chunk() ? s.end : static_cast<int64_t>(s.tokens->size());
@@ -232,28 +271,29 @@ absl::Status CpuEngine::Forward(std::span<const StepSequence> batch, bool all_po
       return absl::OutOfRangeError(absl::StrCat("sequence ", s.id, ": ", n, " tokens exceed the model's context of ",
                                                 c.max_position));
     }
-    SeqCache& cache = caches_[s.id];
-    if (cache.k.empty()) {
-      cache.k.resize(static_cast<size_t>(c.num_layers));
-      cache.v.resize(static_cast<size_t>(c.num_layers));
-    }
+    TAILSERVE_ASSIGN_OR_RETURN(KvBlockAllocator::Sequence * kv, blocks_->Acquire(s.id));
     // The scheduler's `computed` is the truth; a longer cache (a sequence re-admitted under the
     // same id) is cut back to it, a shorter one is caught up by processing more tokens.
-    cache.len = std::min<int64_t>(cache.len, s.computed);
-    if (cache.len >= n) cache.len = n - 1;  // always run at least the last token
-    for (int64_t p = cache.len; p < n; ++p) {
+    kv->cached = std::min<int64_t>(kv->cached, s.computed);
+    if (kv->cached >= n) kv->cached = n - 1;  // always run at least the last token
+    TAILSERVE_RETURN_IF_ERROR(blocks_->EnsurePositions(*kv, n));
+    if (!kv->blocks.empty()) {
+      const int64_t top = *std::max_element(kv->blocks.begin(), kv->blocks.end()) + 1;
+      for (int64_t l = 0; l < c.num_layers; ++l) {
+        const size_t need = static_cast<size_t>(top * kBlockSize * c.kv_dim());
+        if (k_pool_[l].size() < need) k_pool_[l].resize(need), v_pool_[l].resize(need);
+      }
+    }
+    seqs.push_back(kv);
+    for (int64_t p = kv->cached; p < n; ++p) {
       const int32_t tok = (*s.tokens)[p];
       if (tok < 0 || tok >= c.vocab_size) {
         return absl::InvalidArgumentError(absl::StrCat("sequence ", s.id, ": token id ", tok, " outside the vocabulary"));
       }
-      rows.push_back({&cache, p});
+      rows.push_back({kv, p});
       row_tokens.push_back(tok);
     }
     last_row.push_back(static_cast<int64_t>(rows.size()) - 1);
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      cache.k[l].resize(static_cast<size_t>(n * c.kv_dim()));
-      cache.v[l].resize(static_cast<size_t>(n * c.kv_dim()));
-    }
   }
   const int64_t T = static_cast<int64_t>(rows.size());
   std::vector<float> x(static_cast<size_t>(T * h)), xn(x.size()), tmp(x.size());
@@ -275,9 +315,8 @@ absl::Status CpuEngine::Forward(std::span<const StepSequence> batch, bool all_po
           QuantizeKvHead(*options_.kv_emulation, v.data() + r * c.kv_dim() + head * c.head_dim, c.head_dim);
         }
       }
-      SeqCache& cache = *rows[r].cache;
-      std::copy_n(k.data() + r * c.kv_dim(), c.kv_dim(), cache.k[l].data() + rows[r].pos * c.kv_dim());
-      std::copy_n(v.data() + r * c.kv_dim(), c.kv_dim(), cache.v[l].data() + rows[r].pos * c.kv_dim());
+      std::copy_n(k.data() + r * c.kv_dim(), c.kv_dim(), KvAt(k_pool_[l], *rows[r].seq, rows[r].pos));
+      std::copy_n(v.data() + r * c.kv_dim(), c.kv_dim(), KvAt(v_pool_[l], *rows[r].seq, rows[r].pos));
     }
     Attention(l, rows, q.data(), attn.data());
     Linear(attn.data(), T, c.q_dim(), L.wo, h, &L.bo, tmp.data());
@@ -286,7 +325,11 @@ absl::Status CpuEngine::Forward(std::span<const StepSequence> batch, bool all_po
     Mlp(L, T, xn.data(), tmp.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
   }
-  for (const Row& r : rows) r.cache->len = std::max(r.cache->len, r.pos + 1);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    KvBlockAllocator::Sequence& kv = *seqs[i];
+    kv.cached = std::max<int64_t>(kv.cached, batch[i].computed_after());
+    blocks_->PublishComputed(kv, *batch[i].tokens, kv.cached);
+  }
 
   // Only the rows whose logits are wanted go through the final norm and the LM head.
   std::vector<int64_t> out_rows;
