@@ -224,6 +224,8 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.Int("batch_ttft_slo_ms", &r.batch_ttft_slo_ms, 0, 3'600'000);
     s.Int("batch_tpot_slo_ms", &r.batch_tpot_slo_ms, 0, 3'600'000);
     s.Int("slo_reject_waiting", &r.slo_reject_waiting, 0, 10'000'000);
+    s.Bool("cache_aware_routing", &r.cache_aware_routing);
+    s.Int("prefix_index_blocks", &r.prefix_index_blocks, 1, 100'000'000);
   }
   {
     Section s = top.Sub("worker");

@@ -74,6 +74,11 @@ struct RouterConfig {
   int batch_ttft_slo_ms = 0;
   int batch_tpot_slo_ms = 0;
   int slo_reject_waiting = 8;
+  // Cache-aware placement (batching.mode slo): a worker's predicted TTFT counts only the prompt
+  // tokens its prefix cache does not hold, as learned from the router's own placements (up to
+  // prefix_index_blocks 16-token blocks a worker, least recently routed forgotten first).
+  bool cache_aware_routing = true;
+  int prefix_index_blocks = 65536;
   // Checkpoint directory whose tokenizer.json (text prompts, streamed text) and context length the
   // router uses; empty: a byte tokenizer (sim clusters).
   std::string model_path;

@@ -49,6 +49,9 @@ RouterCore::RouterCore(const Config& config, std::vector<std::string> worker_add
       metrics_(metrics),
       clock_(clock),
       status_pending_(workers_.size(), false) {
+  if (config_.batching.mode == "slo" && config_.router.cache_aware_routing) {
+    prefix_index_.emplace(workers_.size(), static_cast<size_t>(config_.router.prefix_index_blocks));
+  }
   UpdateGauges();
 }
 
@@ -379,7 +382,10 @@ absl::Status RouterCore::RejectEarly(const Request& r) const {
   const int64_t prompt = static_cast<int64_t>(r.req.prompt.size());
   // The worker placement would pick; none with room: the router's own queue
   // (router.max_queue_size) takes it.
-  const std::optional<WorkerPool::TtftPick> best = pool_.BestTtft(prompt, MeanRemainingSteps());
+  std::vector<int64_t> cached;
+  if (prefix_index_) cached = prefix_index_->Overlap(r.req.prompt);
+  const std::optional<WorkerPool::TtftPick> best =
+      pool_.BestTtft(prompt, MeanRemainingSteps(), prefix_index_ ? &cached : nullptr);
   if (!best || pool_.queued(best->worker) < depth) return absl::OkStatus();
   const double slo = r.req.ttft_slo_ms * 1e-3;
   const bool batch = r.req.priority == v1::PRIORITY_BATCH;
@@ -433,12 +439,22 @@ bool RouterCore::Dispatch(SteadyTime now) {
       if (remaining.empty()) remaining = MeanRemainingSteps();
       const Request& r = requests_.at(ids.front());
       const int64_t prompt = static_cast<int64_t>(r.req.prompt.size() + r.generated.size());
+      // Cache-aware: each worker's prediction counts only what its prefix cache lacks.
+      std::vector<int32_t> tokens;
+      std::vector<int64_t> cached;
+      if (prefix_index_) {
+        tokens = r.req.prompt;
+        tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
+        cached = prefix_index_->Overlap(tokens);
+      }
       // Pick found room, so this finds a worker too.
-      if (const std::optional<WorkerPool::TtftPick> pick = pool_.PickByTtft(prompt, remaining)) {
+      if (const std::optional<WorkerPool::TtftPick> pick =
+              pool_.PickByTtft(prompt, remaining, prefix_index_ ? &cached : nullptr)) {
         w = pick->worker;
         predicted_ttft = pick->ttft_seconds;
       }
-      pool_.AddQueuedPrompt(*w, prompt);
+      pool_.AddQueuedPrompt(*w, prompt - (prefix_index_ ? cached[*w] : 0));
+      if (prefix_index_) prefix_index_->Record(*w, tokens);
     }
     const uint64_t batch_id = next_batch_++;
     v1::Batch batch;

@@ -18,6 +18,7 @@
 #include "router/request.h"
 #include "router/router_metrics.h"
 #include "router/worker_client.h"
+#include "router/prefix_index.h"
 #include "router/worker_pool.h"
 
 namespace tailserve {
@@ -119,6 +120,7 @@ class RouterCore {
 
   const Config config_;
   WorkerPool pool_;
+  std::optional<PrefixIndex> prefix_index_;  // cache-aware placement (slo mode)
   std::vector<std::unique_ptr<WorkerClient>> workers_;
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<LengthPredictor> predictor_;

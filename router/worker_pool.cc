@@ -86,23 +86,24 @@ double WorkerPool::PredictTtftSeconds(size_t i, int64_t prompt_tokens, double re
   return ttft_correction_ * step * (prefill_steps + slot_wait_steps);
 }
 
-std::optional<WorkerPool::TtftPick> WorkerPool::BestTtft(int64_t prompt_tokens,
-                                                         const std::vector<double>& remaining_steps) const {
+std::optional<WorkerPool::TtftPick> WorkerPool::BestTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps,
+                                                         const std::vector<int64_t>* cached) const {
   std::optional<TtftPick> best;
   const size_t n = workers_.size();
   for (size_t k = 0; k < n; ++k) {
     const size_t i = (rotate_ + k) % n;
     if (Free(i) <= 0) continue;
-    const double t = PredictTtftSeconds(i, prompt_tokens, i < remaining_steps.size() ? remaining_steps[i] : 0);
+    const int64_t uncached = prompt_tokens - (cached && i < cached->size() ? (*cached)[i] : 0);
+    const double t = PredictTtftSeconds(i, uncached, i < remaining_steps.size() ? remaining_steps[i] : 0);
     const bool tie = best && std::abs(t - best->ttft_seconds) <= 0.05 * std::max(t, best->ttft_seconds);
     if (!best || (tie ? Load(i) < Load(best->worker) : t < best->ttft_seconds)) best = TtftPick{i, t};
   }
   return best;
 }
 
-std::optional<WorkerPool::TtftPick> WorkerPool::PickByTtft(int64_t prompt_tokens,
-                                                           const std::vector<double>& remaining_steps) {
-  const std::optional<TtftPick> best = BestTtft(prompt_tokens, remaining_steps);
+std::optional<WorkerPool::TtftPick> WorkerPool::PickByTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps,
+                                                           const std::vector<int64_t>* cached) {
+  const std::optional<TtftPick> best = BestTtft(prompt_tokens, remaining_steps, cached);
   if (best) rotate_ = (best->worker + 1) % workers_.size();
   return best;
 }

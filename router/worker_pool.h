@@ -58,8 +58,12 @@ class WorkerPool {
     size_t worker;
     double ttft_seconds;
   };
-  std::optional<TtftPick> BestTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps) const;
-  std::optional<TtftPick> PickByTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps);
+  // `cached[i]` (when given): the prompt's leading tokens worker i holds in its prefix cache,
+  // which it does not prefill (PrefixIndex::Overlap).
+  std::optional<TtftPick> BestTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps,
+                                   const std::vector<int64_t>* cached = nullptr) const;
+  std::optional<TtftPick> PickByTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps,
+                                     const std::vector<int64_t>* cached = nullptr);
   // A first token came `actual` seconds after dispatch where `predicted` was predicted: the
   // correction moves toward their ratio (an exponential average), so the prediction learns what
   // the load fields miss (prompt cost, step time under load). One for the pool: a correction per

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "worker/kv/block_hash.h"
+#include "common/block_hash.h"
 
 namespace tailserve {
 namespace {

@@ -162,10 +162,11 @@ class RouterCoreTest : public ::testing::Test {
     ASSERT_TRUE(core_->ready());
   }
   std::shared_ptr<ClientRecorder> Send(uint64_t key, int max_tokens, std::vector<std::string> stop = {},
-                                       v1::Priority priority = v1::PRIORITY_STANDARD, int ttft_slo_ms = 0) {
+                                       v1::Priority priority = v1::PRIORITY_STANDARD, int ttft_slo_ms = 0,
+                                       std::vector<int32_t> prompt = {'h', 'i'}) {
     ParsedRequest r;
     r.request_id = "r" + std::to_string(key);
-    r.prompt = {'h', 'i'};
+    r.prompt = std::move(prompt);
     r.max_tokens = max_tokens;
     r.stop = std::move(stop);
     r.priority = priority;
@@ -276,6 +277,55 @@ TEST_F(RouterCoreTest, FinishedRequestsAreCountedAgainstTheirObjectives) {
   EXPECT_EQ(CounterValue("tailserve_router_slo_attained_total{class=\"standard\",slo=\"tpot\"}"), 2);
   EXPECT_EQ(CounterValue("tailserve_router_slo_attained_total{class=\"standard\",slo=\"both\"}"), 1);
   EXPECT_EQ(CounterValue("tailserve_router_slo_requests_total{class=\"batch\"}"), 0);
+}
+
+// Cache-aware placement: a prompt goes where its prefix was sent before, while that worker is the
+// fastest to a first token; once its queue outweighs the saved prefill, elsewhere.
+TEST_F(RouterCoreTest, SloPlacesAPromptWhereItsPrefixIsCachedUntilThatWorkerIsLoaded) {
+  config_.batching.mode = "slo";
+  config_.router.slo_reject_waiting = 0;
+  Start(2, 8, /*poll_ms=*/5);
+  v1::WorkerStatus idle;
+  idle.set_max_waiting(64);
+  idle.set_step_token_budget(64);
+  idle.set_step_time_p50_seconds(0.01);
+  for (FakeWorker* f : fakes_) f->SetStatus(idle);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::vector<int32_t> shared(200);
+  for (int i = 0; i < 200; ++i) shared[static_cast<size_t>(i)] = 'a' + i % 26;
+  auto with_suffix = [&](int32_t t) {
+    std::vector<int32_t> p = shared;
+    p.insert(p.end(), {t, t, t});
+    return p;
+  };
+  // Which worker got call `n` of the run, and the call itself answered at once.
+  std::vector<size_t> calls(2, 0);
+  auto serve = [&](uint64_t key, std::vector<int32_t> prompt) -> size_t {
+    auto client = Send(key, 1, {}, v1::PRIORITY_STANDARD, 0, std::move(prompt));
+    for (int tries = 0; tries < 400; ++tries) {
+      for (size_t w = 0; w < 2; ++w) {
+        if (fakes_[w]->calls() > calls[w]) {
+          FakeWorker::Call c = fakes_[w]->WaitCall(calls[w]++);
+          c.on_event(Event(c.batch.sequences(0).sequence_id(), {'z'}, v1::FINISH_STATE_LENGTH));
+          c.on_done(grpc::Status::OK);
+          EXPECT_TRUE(client->WaitFinish().ok());
+          return w;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ADD_FAILURE() << "request " << key << " was not dispatched";
+    return 9;
+  };
+  const size_t home = serve(1, with_suffix('1'));
+  EXPECT_EQ(serve(2, with_suffix('2')), home) << "192 of 203 tokens cached there: 1 prefill step against 4";
+  EXPECT_EQ(serve(3, with_suffix('3')), home);
+  // The home worker now has 2,000 prompt tokens queued: 32 steps before this one's first.
+  v1::WorkerStatus loaded = idle;
+  loaded.set_queued_prefill_tokens(2000);
+  fakes_[home]->SetStatus(loaded);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(serve(4, with_suffix('4')), 1 - home) << "the queue outweighs the cached prefix";
 }
 
 // slo mode refuses at arrival what no worker can serve in time once queues are deep, with the

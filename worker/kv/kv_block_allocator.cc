@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "worker/kv/block_hash.h"
+#include "common/block_hash.h"
 
 namespace tailserve {
 

@@ -6,7 +6,7 @@
 // Block 0 is never handed out: padded graph rows write their K/V there, through the trash row.
 //
 // Prefix caching (with a salt): a full block, once computed, is published under its chained
-// content hash (block_hash.h); a new sequence attaches the longest run of published blocks its
+// content hash (common/block_hash.h); a new sequence attaches the longest run of published blocks its
 // tokens begin with and computes only the rest. Blocks are reference-counted: one in use is never
 // taken; one nobody uses stays cached, and is evicted least recently used first when the pool
 // needs a block and none is free.

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/engine/sampling.h"
-#include "worker/kv/block_hash.h"
+#include "common/block_hash.h"
 
 namespace tailserve {
 namespace {

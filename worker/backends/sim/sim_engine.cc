@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "worker/kv/block_hash.h"
+#include "common/block_hash.h"
 
 namespace tailserve {
 

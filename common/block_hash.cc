@@ -1,4 +1,4 @@
-#include "worker/kv/block_hash.h"
+#include "common/block_hash.h"
 
 namespace tailserve {
 namespace {

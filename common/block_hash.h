@@ -2,7 +2,8 @@
 // Content hashes of full KV blocks for prefix caching, chained as vLLM's are: a block's hash covers
 // its own tokens and, through its parent's hash, every token before it, so two sequences share a
 // block only when everything up to its end is equal. The salt separates contexts that must never
-// share (model, KV dtype, adapter).
+// share (model, KV dtype, adapter). The workers' prefix caches and the router's cache-aware
+// placement both use it. Not a cryptographic hash: prefixes are matched within one deployment.
 #include <cstdint>
 #include <span>
 
