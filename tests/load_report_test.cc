@@ -1,7 +1,10 @@
-// The load generator's summary: time per output token, SLO attainment and goodput, from given
-// request results (no network).
+// The load generator's summary (time per output token, SLO attainment and goodput, from given
+// request results; no network) and its trace reading.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
 
 #include "tools/load/load_generator.h"
 
@@ -29,6 +32,38 @@ TEST(LoadReportTest, TpotAttainmentAndGoodput) {
   EXPECT_NEAR(j["tpot_s"]["p50"].get<double>(), 0.065, 1e-12);  // of 0.03 and 0.1
   EXPECT_NEAR(j["e2e_mean_s"].get<double>(), (1.5 + 0.8 + 2.0) / 3, 1e-12);
   EXPECT_NE(r.Table().find("met by 25.0%"), std::string::npos) << r.Table();
+}
+
+}  // namespace
+}  // namespace tailserve
+
+namespace tailserve {
+namespace {
+
+TEST(LoadTraceTest, MooncakeHashIdsGiveSharedPrefixesEqualTokens) {
+  const std::string path = ::testing::TempDir() + "/mooncake.jsonl";
+  {
+    std::ofstream out(path);
+    out << R"({"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [7, 8, 9]})" << "\n"
+        << R"({"timestamp": 1000, "input_length": 700, "output_length": 3, "hash_ids": [7, 11]})" << "\n";
+  }
+  absl::StatusOr<std::vector<PlannedRequest>> plan = LoadTrace(path, 1.0, {}, 100000);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->size(), 2u);
+  EXPECT_EQ((*plan)[0].hash_ids, (std::vector<int64_t>{7, 8, 9}));
+  EXPECT_DOUBLE_EQ((*plan)[1].arrival_s, 1.0);
+  const std::vector<int32_t> a = HashIdPromptTokens((*plan)[0], 32000, 1);
+  const std::vector<int32_t> b = HashIdPromptTokens((*plan)[1], 32000, 1);
+  ASSERT_EQ(a.size(), 1100u);
+  ASSERT_EQ(b.size(), 700u);
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + 512, b.begin())) << "block id 7 in both";
+  EXPECT_FALSE(std::equal(a.begin() + 512, a.begin() + 700, b.begin() + 512)) << "ids 8 and 11 differ";
+  EXPECT_NE(HashIdPromptTokens((*plan)[0], 32000, 2), a) << "another seed, other tokens";
+
+  std::ofstream(path) << R"({"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": "x"})" << "\n";
+  const absl::Status bad = LoadTrace(path, 1.0, {}, 100000).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("hash_ids"), std::string::npos) << bad;
 }
 
 }  // namespace

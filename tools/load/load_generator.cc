@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/metrics.h"
 #include "common/sim_token.h"
+#include "common/splitmix.h"
 #include "tailserve/v1/generation.grpc.pb.h"
 
 namespace tailserve {
@@ -122,12 +123,20 @@ absl::StatusOr<std::vector<PlannedRequest>> LoadTrace(const std::string& path, d
     if (line.empty() || (!jsonl && line_no == 1)) continue;  // CSV header
     double t;
     int64_t prompt, output;
+    std::vector<int64_t> hash_ids;
     if (jsonl) {
       nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded() || !j.contains("timestamp")) return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": bad JSON row"));
       t = j["timestamp"].get<double>() / 1000.0;
       prompt = j["input_length"].get<int64_t>();
       output = j["output_length"].get<int64_t>();
+      if (j.contains("hash_ids")) {
+        if (!j["hash_ids"].is_array()) return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": hash_ids: expected an array"));
+        for (const auto& h : j["hash_ids"]) {
+          if (!h.is_number_integer()) return absl::InvalidArgumentError(absl::StrCat(path, ":", line_no, ": hash_ids: expected integers"));
+          hash_ids.push_back(h.get<int64_t>());
+        }
+      }
     } else {
       std::vector<std::string> f = absl::StrSplit(line, ',');
       std::optional<double> ts = f.size() == 3 ? ParseTimestamp(f[0]) : std::nullopt;
@@ -142,7 +151,7 @@ absl::StatusOr<std::vector<PlannedRequest>> LoadTrace(const std::string& path, d
     if (window.duration_s > 0 && at >= window.from_s + window.duration_s) break;
     plan.push_back({(at - window.from_s) / speed,
                     static_cast<int32_t>(std::clamp<int64_t>(prompt, 1, max_prompt_tokens)),
-                    static_cast<int32_t>(std::max<int64_t>(output, 1))});
+                    static_cast<int32_t>(std::max<int64_t>(output, 1)), std::move(hash_ids)});
   }
   return plan;
 }
@@ -151,6 +160,19 @@ std::vector<PlannedRequest> FixedRatePlan(size_t n, double rate, int32_t prompt_
   std::vector<PlannedRequest> plan;
   for (size_t i = 0; i < n; ++i) plan.push_back({rate > 0 ? i / rate : 0.0, prompt_tokens, max_tokens});
   return plan;
+}
+
+std::vector<int32_t> HashIdPromptTokens(const PlannedRequest& r, int32_t vocab, uint64_t seed) {
+  std::vector<int32_t> tokens(static_cast<size_t>(r.prompt_tokens));
+  if (r.hash_ids.empty()) return tokens;
+  for (int32_t k = 0; k < r.prompt_tokens; ++k) {
+    const size_t block = std::min<size_t>(static_cast<size_t>(k / kTraceHashBlockTokens), r.hash_ids.size() - 1);
+    const uint64_t key = static_cast<uint64_t>(r.hash_ids[block]) * kTraceHashBlockTokens +
+                         static_cast<uint64_t>(k % kTraceHashBlockTokens);
+    tokens[static_cast<size_t>(k)] =
+        static_cast<int32_t>(SplitMixFinalize(key ^ (seed * kSplitMixGamma)) % static_cast<uint64_t>(vocab));
+  }
+  return tokens;
 }
 
 std::pair<uint64_t, int32_t> SimEosSeed(uint64_t seed, int32_t length, int32_t vocab) {
@@ -180,7 +202,11 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<PlannedRequest>& plan
     std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<int64_t>(plan[i].arrival_s * 1e6)));
     v1::GenerateRequest req;
     req.set_request_id(absl::StrCat("load-", i));
-    for (int32_t k = 0; k < plan[i].prompt_tokens; ++k) req.add_prompt_token_ids(static_cast<int32_t>(rng() % o.vocab));
+    if (plan[i].hash_ids.empty()) {
+      for (int32_t k = 0; k < plan[i].prompt_tokens; ++k) req.add_prompt_token_ids(static_cast<int32_t>(rng() % o.vocab));
+    } else {
+      for (int32_t t : HashIdPromptTokens(plan[i], o.vocab, o.seed)) req.add_prompt_token_ids(t);
+    }
     if (o.sim_eos) {
       const auto [seed, eos] = SimEosSeed(rng(), plan[i].max_tokens, o.vocab);
       req.mutable_sampling()->set_seed(seed);

@@ -14,7 +14,11 @@ struct PlannedRequest {
   double arrival_s = 0;  // from the start of the run
   int32_t prompt_tokens = 0;
   int32_t max_tokens = 0;
+  // Mooncake traces: one id per 512-token block of the prompt; equal ids are equal blocks. The
+  // prompt's tokens are drawn from them, so requests that share a prefix in the trace share it here.
+  std::vector<int64_t> hash_ids;
 };
+constexpr int32_t kTraceHashBlockTokens = 512;
 
 // Trace rows as planned requests: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or Mooncake
 // JSONL (timestamp ms, input_length, output_length). Only rows in the window [from_s, from_s +
@@ -54,6 +58,10 @@ struct LoadOptions {
   double ttft_slo_s = 1.0;
   double tpot_slo_s = 0.05;
 };
+
+// The prompt of a request with hash_ids: each token a function of its block's id and its place in
+// the block (and the seed), so equal ids give equal blocks.
+std::vector<int32_t> HashIdPromptTokens(const PlannedRequest& r, int32_t vocab, uint64_t seed);
 
 // A seed and stop token with which a simulated sequence ends after exactly `length` tokens: the
 // token at position length-1 appears nowhere before it.
