@@ -9,7 +9,8 @@
 # step cost the worker learned (tailserve_worker_step_cost_seconds, sampled every 10 s): the
 # constants the sim's mixed-step cost model takes. Prints bench/ladb_table.py's table.
 #
-# On the device: bash bench/gpu_run.sh serve (after bench/gpu_pack.sh with SERVE=1). Without a GPU,
+# On the device: bash bench/gpu_run.sh serve (after bench/gpu_pack.sh with SERVE=1, from the tree that
+# is sent: the programs read its ladb_config.yaml, and a key they do not know stops them). Without a GPU,
 # SERVE_BACKEND=sim SERVE_BIN_DIR=build/bin SERVE_DATA=... tries the script on sim workers.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,16 @@ REJECT_WAITING=${REJECT_WAITING:-8}
 source bench/ladb_arms.sh
 
 B=${SERVE_BIN_DIR:-.gpu/bin}
-wait_file() { for _ in $(seq "$2"); do [ -s "$1" ] && return 0; sleep 0.2; done; return 1; }
+# Waits up to $2 tenths of a second for file $1, giving up at once when process $3 has exited (a
+# worker refusing its configuration must not hold the device for minutes).
+wait_file() {
+  for _ in $(seq "$2"); do
+    [ -s "$1" ] && return 0
+    kill -0 "$3" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
 port_of() { sed -n "s/$2=//p" "$1"; }
 
 pids=()
@@ -47,7 +57,7 @@ for speed in $SPEEDS; do
       --log-level warn --ports-file "$r/w" --set worker.backend="$BACKEND" --set worker.model_path="$CKPT" \
       $(arm_flags "$arm") > "$D/$run.wlog" 2>&1 &
     pids+=($!)
-    if ! wait_file "$r/w" 1500; then echo "$run: the worker did not start"; tail -5 "$D/$run.wlog"; stop; continue; fi
+    if ! wait_file "$r/w" 3000 "${pids[-1]}"; then echo "$run: the worker did not start"; tail -5 "$D/$run.wlog"; stop; continue; fi
     w_http=$(port_of "$r/w" http_port)
     # shellcheck disable=SC2046  # arm flags: words
     .gpu/run "$B/tailserve-router" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
@@ -56,7 +66,7 @@ for speed in $SPEEDS; do
       --set predictor.warmup_steps=0 --set router.max_prompt_tokens=16384 $(arm_router_flags "$arm") \
       > "$D/$run.rlog" 2>&1 &
     pids+=($!)
-    wait_file "$r/r" 100 || { echo "$run: the router did not start"; stop; continue; }
+    wait_file "$r/r" 200 "${pids[-1]}" || { echo "$run: the router did not start"; tail -5 "$D/$run.rlog"; stop; continue; }
     r_http=$(port_of "$r/r" http_port)
     for _ in $(seq 600); do curl -sf "localhost:$r_http/readyz" > /dev/null && break; sleep 0.5; done
     echo "== $run: serving after $((SECONDS - t0)) s"
