@@ -158,6 +158,7 @@ bool RouterCore::Relay(Request& r, const v1::SequenceEvent& se) {
   }
   if (!r.first_token) {
     r.first_token = now;
+    r.cached_prompt_tokens = std::min<int32_t>(se.cached_tokens(), static_cast<int32_t>(r.req.prompt.size()));
     if (r.predicted_ttft > 0) {
       const double actual = Seconds(now - r.dispatched_at);
       pool_.ObserveTtft(r.predicted_ttft, actual);
@@ -210,6 +211,7 @@ void RouterCore::Complete(uint64_t key, v1::FinishReason reason, const std::stri
   resp.set_finish_reason(reason);
   resp.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(r.req.prompt.size()));
   resp.mutable_usage()->set_completion_tokens(static_cast<int32_t>(r.generated.size()));
+  resp.mutable_usage()->set_cached_prompt_tokens(r.cached_prompt_tokens);
   *resp.mutable_timings() = TimingsOf(r, now);
   resp.set_simulated(r.simulated);
   predictor_->Feedback(r.prediction, static_cast<int64_t>(r.generated.size()));

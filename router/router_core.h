@@ -80,6 +80,7 @@ class RouterCore {
     int failed_dispatches = 0;
     uint64_t batch = 0;  // the in-flight batch, 0 while queued
     bool simulated = false;
+    int32_t cached_prompt_tokens = 0;  // of the prompt, found in the prefix cache for the first token
     // slo placement: the worker's predicted TTFT at dispatch, checked at the first token.
     double predicted_ttft = 0;
     SteadyTime dispatched_at{};

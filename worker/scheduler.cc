@@ -276,6 +276,7 @@ void Scheduler::RunStep() {
     v1::TokenEvent& ev = events[s.sink.get()];
     auto* se = ev.add_sequences();
     se->set_sequence_id(s.id);
+    if (s.cached > 0) se->set_cached_tokens(s.cached);
     const int32_t token = next[k];
     s.tokens.push_back(token);
     s.computed = static_cast<int32_t>(s.tokens.size()) - 1;

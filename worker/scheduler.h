@@ -96,6 +96,7 @@ class Scheduler {
     int32_t budget = 0;
     int32_t steps = 0;
     int32_t computed = 0;
+    int32_t cached = 0;  // tokens its last admission found in the prefix cache
     int64_t reserved = 0;  // KV positions promised by the engine
     SteadyTime arrival{};  // of the request (at the router)
     SteadyTime queued{};   // entered the waiting queue (arrived or preempted)

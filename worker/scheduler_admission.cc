@@ -186,6 +186,7 @@ absl::Status Scheduler::ReserveForAdmission(Slot& s, int64_t want) {
   }
   if (s.computed == 0) {
     s.computed = hit;
+    s.cached = hit;
     metrics_.prefix_queried_tokens.Inc(static_cast<double>(s.tokens.size()));
     metrics_.prefix_hit_tokens.Inc(static_cast<double>(hit));
   }
