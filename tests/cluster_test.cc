@@ -138,19 +138,21 @@ TEST(ClusterTest, ClientDeadlineIsHonoured) {
 
 // A repeated prompt is placed where its prefix is cached and served from it: usage reports the
 // cached prompt tokens (whole 16-token blocks, never the last token), and the output is unchanged.
+// 1,100 tokens take three 512-token prefill steps where nothing is cached and one where 1,088 are,
+// so the placement is not a tie (which the rotation would break the other way).
 TEST(ClusterTest, ARepeatedPromptIsServedFromThePrefixCache) {
   std::vector<std::string> workers = kFastSim;
   workers.insert(workers.end(), {"--set", "worker.sim.kv_blocks=1000"});
   Cluster cluster({2, workers, {}});
   ASSERT_TRUE(cluster.Start().ok());
   auto stub = GenerationStub(cluster.router_target());
-  Stream first(stub.get(), Request(4, 1, /*prompt_tokens=*/40));
+  Stream first(stub.get(), Request(4, 1, /*prompt_tokens=*/1100));
   ASSERT_TRUE(first.Wait().ok());
   EXPECT_EQ(first.last().usage().cached_prompt_tokens(), 0);
-  Stream again(stub.get(), Request(4, 2, /*prompt_tokens=*/40));
+  Stream again(stub.get(), Request(4, 2, /*prompt_tokens=*/1100));
   ASSERT_TRUE(again.Wait().ok());
-  EXPECT_EQ(again.last().usage().prompt_tokens(), 40);
-  EXPECT_EQ(again.last().usage().cached_prompt_tokens(), 32);
+  EXPECT_EQ(again.last().usage().prompt_tokens(), 1100);
+  EXPECT_EQ(again.last().usage().cached_prompt_tokens(), 1088);
   EXPECT_EQ(again.tokens(), ExpectedSimTokens(2, 4));
 }
 

@@ -1,7 +1,9 @@
 // tailserve-load's request endings against a real router and sim worker.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "tests/cluster.h"
 #include "tools/load/load_generator.h"
@@ -26,8 +28,13 @@ TEST(LoadGeneratorTest, ClientStopHangsUpAtThePlannedLength) {
     EXPECT_GT(x.e2e_s, 0);
     EXPECT_GE(x.e2e_s, x.ttft_s);
   }
+  // The hang-ups reach the router after the client has moved on: wait for them.
   std::string router;
-  ASSERT_EQ(HttpGet(cluster.router_http(), "/metrics", &router), 200);
+  for (int tries = 0; tries < 200; ++tries) {
+    ASSERT_EQ(HttpGet(cluster.router_http(), "/metrics", &router), 200);
+    if (MetricValue(router, "tailserve_router_requests_total{outcome=\"cancelled\"}") == 6) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
   EXPECT_EQ(MetricValue(router, "tailserve_router_requests_total{outcome=\"cancelled\"}"), 6);
   const double by_length = MetricValue(router, "tailserve_router_requests_total{outcome=\"length\"}");
   EXPECT_TRUE(std::isnan(by_length) || by_length == 0) << by_length;
