@@ -276,11 +276,13 @@ absl::Status CpuEngine::Forward(std::span<const StepSequence> batch, bool all_po
     // same id) is cut back to it, a shorter one is caught up by processing more tokens.
     kv->cached = std::min<int64_t>(kv->cached, s.computed);
     if (kv->cached >= n) kv->cached = n - 1;  // always run at least the last token
+    const size_t held = kv->blocks.size();
     TAILSERVE_RETURN_IF_ERROR(blocks_->EnsurePositions(*kv, n));
-    if (!kv->blocks.empty()) {
-      const int64_t top = *std::max_element(kv->blocks.begin(), kv->blocks.end()) + 1;
+    // Only blocks taken now can lie past the pools (held ones were written, so are inside).
+    if (kv->blocks.size() > held) {
+      const int64_t top = *std::max_element(kv->blocks.begin() + static_cast<std::ptrdiff_t>(held), kv->blocks.end()) + 1;
+      const size_t need = static_cast<size_t>(top * kBlockSize * c.kv_dim());
       for (int64_t l = 0; l < c.num_layers; ++l) {
-        const size_t need = static_cast<size_t>(top * kBlockSize * c.kv_dim());
         if (k_pool_[l].size() < need) k_pool_[l].resize(need), v_pool_[l].resize(need);
       }
     }
