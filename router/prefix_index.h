@@ -17,15 +17,21 @@ class PrefixIndex {
   static constexpr int kBlockTokens = 16;
   PrefixIndex(size_t workers, size_t capacity_blocks);
 
-  // For each worker, the leading tokens of `tokens` it probably holds (whole blocks, leaving the
+  // A prompt's chained full-block hashes, computed once for its Overlap and its Record.
+  struct Blocks {
+    std::vector<uint64_t> hashes;
+    size_t tokens = 0;
+  };
+  static Blocks Hash(std::span<const int32_t> tokens);
+
+  // For each worker, the leading tokens of the prompt it probably holds (whole blocks, leaving the
   // last token, which is always computed).
-  std::vector<int64_t> Overlap(std::span<const int32_t> tokens) const;
-  // `tokens` were sent to `worker`: its cache will hold their full blocks.
-  void Record(size_t worker, std::span<const int32_t> tokens);
+  std::vector<int64_t> Overlap(const Blocks& prompt) const;
+  // The prompt was sent to `worker`: its cache will hold the prompt's full blocks.
+  void Record(size_t worker, const Blocks& prompt);
   size_t blocks(size_t worker) const { return sets_[worker].lru.size(); }
 
  private:
-  std::vector<uint64_t> Hashes(std::span<const int32_t> tokens, bool leave_last) const;
   struct Set {
     std::list<uint64_t> lru;  // most recently routed at the back
     std::unordered_map<uint64_t, std::list<uint64_t>::iterator> at;

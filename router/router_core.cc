@@ -385,7 +385,7 @@ absl::Status RouterCore::RejectEarly(const Request& r) const {
   // The worker placement would pick; none with room: the router's own queue
   // (router.max_queue_size) takes it.
   std::vector<int64_t> cached;
-  if (prefix_index_) cached = prefix_index_->Overlap(r.req.prompt);
+  if (prefix_index_) cached = prefix_index_->Overlap(PrefixIndex::Hash(r.req.prompt));
   const std::optional<WorkerPool::TtftPick> best =
       pool_.BestTtft(prompt, MeanRemainingSteps(), prefix_index_ ? &cached : nullptr);
   if (!best || pool_.queued(best->worker) < depth) return absl::OkStatus();
@@ -442,12 +442,17 @@ bool RouterCore::Dispatch(SteadyTime now) {
       const Request& r = requests_.at(ids.front());
       const int64_t prompt = static_cast<int64_t>(r.req.prompt.size() + r.generated.size());
       // Cache-aware: each worker's prediction counts only what its prefix cache lacks.
-      std::vector<int32_t> tokens;
+      PrefixIndex::Blocks blocks;
       std::vector<int64_t> cached;
       if (prefix_index_) {
-        tokens = r.req.prompt;
-        tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
-        cached = prefix_index_->Overlap(tokens);
+        if (r.generated.empty()) {
+          blocks = PrefixIndex::Hash(r.req.prompt);
+        } else {  // a re-dispatch: the prompt and what it generated so far
+          std::vector<int32_t> tokens = r.req.prompt;
+          tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
+          blocks = PrefixIndex::Hash(tokens);
+        }
+        cached = prefix_index_->Overlap(blocks);
       }
       // Pick found room, so this finds a worker too.
       if (const std::optional<WorkerPool::TtftPick> pick =
@@ -456,7 +461,7 @@ bool RouterCore::Dispatch(SteadyTime now) {
         predicted_ttft = pick->ttft_seconds;
       }
       pool_.AddQueuedPrompt(*w, prompt - (prefix_index_ ? cached[*w] : 0));
-      if (prefix_index_) prefix_index_->Record(*w, tokens);
+      if (prefix_index_) prefix_index_->Record(*w, blocks);
     }
     const uint64_t batch_id = next_batch_++;
     v1::Batch batch;
