@@ -38,34 +38,19 @@ mkdir -p "$OUT"
 # shellcheck source=bench/ladb_arms.sh
 source bench/ladb_arms.sh
 
-start_cluster() {  # $1: arm, $2: model
-  local d="$OUT/run"; rm -rf "$d"; mkdir -p "$d"
-  pids=(); workers=""
-  for i in $(seq "$WORKERS"); do
-    # The cost model issue 3 gives (the recorded results use it), not the defaults fitted later.
-    "$B/tailserve-worker" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
-      --log-level warn --ports-file "$d/w$i" --set worker.sim.step_base_ms=4.0 \
-      --set worker.sim.step_per_sequence_ms=0.02 --set worker.sim.step_per_kv_token_ns=15 \
-      --set worker.sim.step_per_prefill_token_ms=0.03 --set worker.sim.kv_blocks="$KV_BLOCKS" $(arm_flags "$1") \
-      $WORKER_FLAGS >"$d/w$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for i in $(seq "$WORKERS"); do
-    for _ in $(seq 100); do [ -s "$d/w$i" ] && break; sleep 0.05; done
-    workers+="${workers:+,}127.0.0.1:$(sed -n 's/grpc_port=//p' "$d/w$i")"
-  done
-  "$B/tailserve-router" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
-    --log-level warn --workers "$workers" --ports-file "$d/r" --set batching.mode="$(arm_mode "$1")" \
-    --set predictor.model_path="$(realpath "$2")" --set predictor.warmup_steps=0 \
-    --set router.max_prompt_tokens=16384 $(arm_router_flags "$1") >"$d/r.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 100); do [ -s "$d/r" ] && break; sleep 0.05; done
-  router_grpc=$(sed -n 's/grpc_port=//p' "$d/r"); router_http=$(sed -n 's/http_port=//p' "$d/r")
-  for _ in $(seq 100); do curl -sf "localhost:$router_http/readyz" >/dev/null && break; sleep 0.1; done
-}
+# shellcheck source=bench/sim_cluster.sh
+source bench/sim_cluster.sh
+trap stop_sim_cluster EXIT
 
-stop_cluster() { kill "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true; }
-trap stop_cluster EXIT
+start_cluster() {  # $1: arm, $2: model
+  # The cost model issue 3 gives (the recorded results use it), not the defaults fitted later.
+  local sim="--set worker.sim.step_base_ms=4.0 --set worker.sim.step_per_sequence_ms=0.02"
+  sim+=" --set worker.sim.step_per_kv_token_ns=15 --set worker.sim.step_per_prefill_token_ms=0.03"
+  sim+=" --set worker.sim.kv_blocks=$KV_BLOCKS"
+  start_sim_cluster "$OUT/run" "$WORKERS" "$sim $(arm_flags "$1") $WORKER_FLAGS" \
+    "--set batching.mode=$(arm_mode "$1") --set predictor.model_path=$(realpath "$2") --set predictor.warmup_steps=0 \
+     --set router.max_prompt_tokens=16384 $(arm_router_flags "$1")"
+}
 
 for trace in $TRACES; do
   file="$SHARED/AzureLLMInferenceTrace_$trace.csv"
@@ -91,7 +76,7 @@ PY
       for i in $(seq "$WORKERS"); do
         curl -s "localhost:$(sed -n 's/http_port=//p' "$OUT/run/w$i")/metrics"
       done > "$OUT/${trace}_${speed}x_${mode}${TAG}.wmetrics"
-      stop_cluster
+      stop_sim_cluster
     done
   done
 done

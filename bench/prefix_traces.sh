@@ -34,33 +34,15 @@ arm_flags() {  # $1: arm → worker flags, router flags
   esac
 }
 
-pids=()
-stop_cluster() { kill "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true; pids=(); }
-trap stop_cluster EXIT
+# shellcheck source=bench/sim_cluster.sh
+source bench/sim_cluster.sh
+trap stop_sim_cluster EXIT
 
 start_cluster() {  # $1: arm
-  local d="$OUT/run" flags wflags rflags workers=""
-  rm -rf "$d"; mkdir -p "$d"
-  flags=$(arm_flags "$1"); wflags=${flags%%|*}; rflags=${flags#*|}
-  for i in $(seq "$WORKERS"); do
-    # shellcheck disable=SC2086  # flags: words
-    "$B/tailserve-worker" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
-      --log-level warn --ports-file "$d/w$i" --set worker.sim.kv_blocks="$KV_BLOCKS" \
-      $wflags > "$d/w$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for i in $(seq "$WORKERS"); do
-    for _ in $(seq 100); do [ -s "$d/w$i" ] && break; sleep 0.05; done
-    workers+="${workers:+,}127.0.0.1:$(sed -n 's/grpc_port=//p' "$d/w$i")"
-  done
-  # shellcheck disable=SC2086  # flags: words
-  "$B/tailserve-router" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
-    --log-level warn --workers "$workers" --ports-file "$d/r" --set predictor.model_path= \
-    --set router.max_prompt_tokens="$MAX_PROMPT" $rflags > "$d/r.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 100); do [ -s "$d/r" ] && break; sleep 0.05; done
-  router_grpc=$(sed -n 's/grpc_port=//p' "$d/r"); router_http=$(sed -n 's/http_port=//p' "$d/r")
-  for _ in $(seq 100); do curl -sf "localhost:$router_http/readyz" > /dev/null && break; sleep 0.1; done
+  local flags
+  flags=$(arm_flags "$1")
+  start_sim_cluster "$OUT/run" "$WORKERS" "--set worker.sim.kv_blocks=$KV_BLOCKS ${flags%%|*}" \
+    "--set predictor.model_path= --set router.max_prompt_tokens=$MAX_PROMPT ${flags#*|}"
 }
 
 for speed in $SPEEDS; do
@@ -75,7 +57,7 @@ for speed in $SPEEDS; do
     for i in $(seq "$WORKERS"); do
       echo "# worker $i"; curl -s "localhost:$(sed -n 's/http_port=//p' "$OUT/run/w$i")/metrics"
     done > "$OUT/$run.wmetrics"
-    stop_cluster
+    stop_sim_cluster
   done
 done
 python3 bench/prefix_table.py "$OUT" "$TRACE" "$FROM_S" "$WINDOW_S" "$MAX_PROMPT"
