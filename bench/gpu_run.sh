@@ -19,6 +19,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 R=.gpu/run
 export TAILSERVE_SHARED_DIR=$PWD/.gpu/data
+export TAILSERVE_DEFAULT_MODEL=$PWD/models/tiny-en  # the tests' path is this machine's checkout
 MODE=${1:-check}
 for z in .gpu/lib/*.xz .gpu/bin/*.xz; do  # see bench/gpu_pack.sh
   [ -f "$z" ] || continue

@@ -92,7 +92,67 @@ absl::Status BpeTokenizer::ParseRoot(const json& root) {
   TAILSERVE_RETURN_IF_ERROR(ParsePreTokenizer(Field(root, "pre_tokenizer")));
   TAILSERVE_RETURN_IF_ERROR(ParseDecoder(Field(root, "decoder")));
   TAILSERVE_RETURN_IF_ERROR(ParseModel(Field(root, "model")));
-  return ParseAddedTokens(Field(root, "added_tokens"));
+  TAILSERVE_RETURN_IF_ERROR(ParseAddedTokens(Field(root, "added_tokens")));
+  return ParsePostProcessor(Field(root, "post_processor"), "post_processor");
+}
+
+// ByteLevel post-processing only trims offsets, which the router does not use; TemplateProcessing's
+// "single" template is what HuggingFace puts around one input (special tokens before and after
+// "$A"); a Sequence applies its processors in order. Others (Bert, Roberta) are refused by name.
+absl::Status BpeTokenizer::ParsePostProcessor(const json& pp, const std::string& field) {
+  if (pp.is_null()) return absl::OkStatus();
+  if (!pp.is_object()) return FieldError(field, "expected an object");
+  const std::string type = ComponentType(pp);
+  if (type == "ByteLevel") return absl::OkStatus();
+  if (type == "Sequence") {
+    const json& list = Field(pp, "processors");
+    if (!list.is_array()) return FieldError(field + ".processors", "expected an array");
+    for (size_t i = 0; i < list.size(); ++i) {
+      TAILSERVE_RETURN_IF_ERROR(ParsePostProcessor(list[i], field + ".processors[" + std::to_string(i) + "]"));
+    }
+    return absl::OkStatus();
+  }
+  if (type != "TemplateProcessing") {
+    return FieldError(field + ".type", "post-processor \"" + type + "\" is not supported");
+  }
+  const json& single = Field(pp, "single");
+  const json& specials = Field(pp, "special_tokens");
+  if (!single.is_array()) return FieldError(field + ".single", "expected an array");
+  bool seen_input = false;
+  for (size_t i = 0; i < single.size(); ++i) {
+    const std::string at = field + ".single[" + std::to_string(i) + "]";
+    const json& item = single[i];
+    if (item.is_object() && item.contains("Sequence")) {
+      if (seen_input) return FieldError(at, "a second input in a single template");
+      seen_input = true;
+      continue;
+    }
+    if (!item.is_object() || !item.contains("SpecialToken") || !item["SpecialToken"].is_object() ||
+        !item["SpecialToken"].contains("id") || !item["SpecialToken"]["id"].is_string()) {
+      return FieldError(at, "expected {\"Sequence\": ...} or {\"SpecialToken\": {\"id\": name}}");
+    }
+    const std::string name = item["SpecialToken"]["id"].get<std::string>();
+    const json* ids = specials.is_object() && specials.contains(name) ? &specials[name]["ids"] : nullptr;
+    if (ids == nullptr || !ids->is_array()) {
+      return FieldError(field + ".special_tokens", "no ids for \"" + name + "\"");
+    }
+    for (const json& id : *ids) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab_size_) {
+        return FieldError(field + ".special_tokens." + name, "id out of the vocabulary");
+      }
+      (seen_input ? prompt_suffix_ : prompt_prefix_).push_back(id.get<int32_t>());
+    }
+  }
+  if (!seen_input) return FieldError(field + ".single", "no input (\"$A\") in the template");
+  return absl::OkStatus();
+}
+
+std::vector<int32_t> BpeTokenizer::EncodePrompt(std::string_view text) const {
+  std::vector<int32_t> ids = prompt_prefix_;
+  const std::vector<int32_t> body = Encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  ids.insert(ids.end(), prompt_suffix_.begin(), prompt_suffix_.end());
+  return ids;
 }
 
 absl::Status BpeTokenizer::ParseNormalizer(const json& normalizer) {

@@ -41,6 +41,9 @@ class BpeTokenizer final : public Tokenizer {
 
   // No BOS/post-processor tokens are added; added tokens appearing in the text are matched.
   std::vector<int32_t> Encode(std::string_view text) const override;
+  // Encode with the post-processor's special tokens around it (a TemplateProcessing "single"
+  // template, e.g. Llama 3's BOS): HuggingFace's encode with add_special_tokens=True.
+  std::vector<int32_t> EncodePrompt(std::string_view text) const override;
   // Raw bytes of the token ("Ġ" -> " "); added tokens give their content; empty for unknown ids.
   std::string TokenBytes(int32_t id) const override;
   // Max id over vocab and added tokens, + 1.
@@ -87,6 +90,7 @@ class BpeTokenizer final : public Tokenizer {
   absl::Status ParseVocab(const nlohmann::json& vocab);
   absl::Status ParseMerges(const nlohmann::json& merges);
   absl::Status ParseAddedTokens(const nlohmann::json& added_tokens);
+  absl::Status ParsePostProcessor(const nlohmann::json& post_processor, const std::string& field);
   void BuildAddedTries();
   static void AddToTrie(AddedTrie& trie, std::string_view content, int32_t token_index);
   std::optional<int32_t> VocabId(std::string_view token) const;
@@ -121,6 +125,7 @@ class BpeTokenizer final : public Tokenizer {
   AddedTrie raw_trie_;                          // added tokens matched on the raw text
   AddedTrie normalized_trie_;                   // added tokens matched after normalization
 
+  std::vector<int32_t> prompt_prefix_, prompt_suffix_;  // the post-processor's, around a prompt
   std::vector<std::string> token_bytes_;  // id -> bytes for TokenBytes
   std::vector<uint8_t> is_special_;       // id -> 1 for special added tokens
   int32_t vocab_size_ = 0;

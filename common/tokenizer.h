@@ -13,6 +13,8 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   virtual std::vector<int32_t> Encode(std::string_view text) const = 0;
+  // A text prompt's ids: Encode plus whatever the tokenizer adds around a whole input (BOS).
+  virtual std::vector<int32_t> EncodePrompt(std::string_view text) const { return Encode(text); }
   // Raw bytes of one token (may be part of a UTF-8 character); empty for ids out of range.
   virtual std::string TokenBytes(int32_t id) const = 0;
   virtual int32_t vocab_size() const = 0;

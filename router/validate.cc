@@ -31,7 +31,7 @@ absl::StatusOr<ParsedRequest> ValidateRequest(const v1::GenerateRequest& req, co
     if (req.prompt().size() > static_cast<size_t>(limits.max_prompt_tokens) * 64) {
       return Invalid("prompt", absl::StrCat(req.prompt().size(), " bytes is too long"));
     }
-    out.prompt = tokenizer.Encode(req.prompt());
+    out.prompt = tokenizer.EncodePrompt(req.prompt());
     out.non_alnum_ratio = NonAlnumRatio(req.prompt());
   } else {
     const int32_t vocab = tokenizer.vocab_size();

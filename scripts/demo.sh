@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Starts a local tailserve cluster on a fresh Debian machine and shows it serving: a router and two
-# CPU workers on the embedded default model (a synthetic Llama-architecture checkpoint with the real
-# Llama 3 tokenizer, made by scripts/make-default-model.sh), one streamed text request, then a short
-# load run with its P95. The cluster keeps running until Ctrl-C (or exits at once with --exit).
+# CPU workers on the embedded default model (models/tiny-en: a small Llama-architecture model
+# trained on public-domain and permissively licensed English, tools/lm), one streamed text request,
+# then a short load run of held-out prompts that the model ends itself (EOS), with its P95s and
+# output lengths. The cluster keeps running until Ctrl-C (or exits at once with --exit).
 # MODEL=/path/to/hf/checkpoint serves another Llama/Qwen2/Mistral/Mixtral checkpoint instead.
 #   router: gRPC 127.0.0.1:50051, HTTP :9090 (/metrics /healthz /readyz)
 #   workers: gRPC :50061 and :50062, HTTP :9091 and :9092
@@ -12,8 +13,7 @@ EXIT_AFTER=0
 [ "${1:-}" = "--exit" ] && EXIT_AFTER=1
 bash scripts/build.sh >/tmp/tailserve-demo-build.log 2>&1 || { tail -50 /tmp/tailserve-demo-build.log; exit 1; }
 B=build/bin
-bash scripts/make-default-model.sh
-MODEL=${MODEL:-.deps/models/tiny-llama3}
+MODEL=${MODEL:-models/tiny-en}
 RUN=.run
 mkdir -p "$RUN"
 rm -f "$RUN"/*.ports
@@ -40,16 +40,16 @@ done
 curl -sf localhost:9090/readyz >/dev/null || { echo "router not ready; logs in $RUN/"; exit 1; }
 echo "== tailserve is up: router 127.0.0.1:50051 (HTTP :9090), workers :50061 :50062 (cpu backend, $MODEL)"
 echo
-echo "== one streamed request (random weights: the text is random tokens, decoded by the real tokenizer)"
-"$B/tailserve-generate" --target 127.0.0.1:50051 --prompt "Tell me about tail latency." --max-tokens 24 --seed 42 \
+echo "== one streamed request (sampled at temperature 0.8; the model ends it with EOS or at 64 tokens)"
+"$B/tailserve-generate" --target 127.0.0.1:50051 --prompt "Once upon a time there was" --max-tokens 64 --seed 42 \
   --temperature 0.8
 echo
-echo "== load: 100 requests at 8 req/s, 64 prompt tokens, 32 output tokens"
-"$B/tailserve-load" --target 127.0.0.1:50051 --requests 100 --rate 8 --prompt-tokens 64 --max-tokens 32 --vocab 128000
+echo "== load: 100 held-out prompts at 8 req/s, up to 256 tokens each, ended by the model"
+"$B/tailserve-load" --target 127.0.0.1:50051 --prompts models/tiny-en/reference/prompts.jsonl --requests 100 --rate 8
 echo
 echo "== the router's own sliding-window P95s (from /metrics)"
 curl -s localhost:9090/metrics | grep -E '^tailserve_router_(ttft|e2e_latency|queue_time)_window_seconds\{quantile="0.95"\}'
 if [ "$EXIT_AFTER" = 1 ]; then exit 0; fi
 echo
-echo "Running. Try: $B/tailserve-generate --prompt hi;  curl localhost:9090/metrics.  Ctrl-C stops it."
+echo "Running. Try: $B/tailserve-generate --prompt "The history of the";  curl localhost:9090/metrics.  Ctrl-C stops it."
 wait

@@ -82,7 +82,9 @@ std::unique_ptr<BpeTokenizer> BpeTokenizerTest::qwen3_;
 
 // Every case of a HF reference output (`path`: {"cases": [{"text", "ids", "decoded"}]}): same ids,
 // same decode, and a lossless round trip.
-void ExpectMatchesReferenceFile(const BpeTokenizer& tokenizer, const std::string& name, const std::string& path) {
+// *with_prompt_ids: how many cases also held HuggingFace's ids with add_special_tokens=True.
+void ExpectMatchesReferenceFile(const BpeTokenizer& tokenizer, const std::string& name, const std::string& path,
+                                size_t* with_prompt_ids = nullptr) {
   std::ifstream in(path);
   ASSERT_TRUE(in) << "cannot open " << path;
   const nlohmann::json reference = nlohmann::json::parse(in);
@@ -100,6 +102,11 @@ void ExpectMatchesReferenceFile(const BpeTokenizer& tokenizer, const std::string
                         << "\n  expected " << IdList(expected) << "\n  actual   " << IdList(actual);
     EXPECT_TRUE(decode_ok) << name << " case " << i << ": Decode(ids) != decoded";
     EXPECT_TRUE(round_trip_ok) << name << " case " << i << ": Decode(Encode(text)) != text";
+    // With add_special_tokens=True (what a text prompt gets), where the reference has it.
+    if (cases[i].contains("prompt_ids")) {
+      EXPECT_EQ(tokenizer.EncodePrompt(text), cases[i]["prompt_ids"].get<std::vector<int32_t>>()) << name << " case " << i;
+      if (with_prompt_ids) ++*with_prompt_ids;
+    }
     passed += ids_ok && decode_ok && round_trip_ok;
   }
   EXPECT_EQ(passed, cases.size()) << name;
@@ -126,7 +133,7 @@ TEST_F(BpeTokenizerTest, Qwen3MatchesHuggingFaceReference) {
 // edge cases and held-out corpus documents (tools/lm/tokenizer_cases.py).
 TEST(ShippedTokenizerTest, TinyEnMatchesHuggingFaceReference) {
   const std::string dir = ::tailserve::testing::DefaultModelDir();
-  if (!std::filesystem::exists(dir + "/reference/tokenizer_cases.json")) GTEST_SKIP() << dir << " is not trained yet";
+  TAILSERVE_REQUIRE_CHECKPOINT("tiny-en");
   absl::StatusOr<std::unique_ptr<BpeTokenizer>> tok = BpeTokenizer::Load(dir + "/tokenizer.json");
   ASSERT_TRUE(tok.ok()) << tok.status();
   ExpectMatchesReferenceFile(**tok, "tiny-en", dir + "/reference/tokenizer_cases.json");
@@ -302,6 +309,48 @@ TEST_F(BpeTokenizerLoadTest, UnsupportedModelType) {
 TEST_F(BpeTokenizerLoadTest, ByteFallbackRefused) {
   const std::string path = WriteTemp("fallback.json", MinimalJson(R"(, "byte_fallback": true)"));
   ExpectErrorNaming(BpeTokenizer::Load(path), path, "byte_fallback");
+}
+
+// A TemplateProcessing post-processor puts its special tokens around a prompt (EncodePrompt), as
+// HuggingFace's encode with add_special_tokens=True; Encode stays without them.
+TEST_F(BpeTokenizerLoadTest, TemplatePostProcessorWrapsPrompts) {
+  auto with = [&](const std::string& name, const std::string& pp) {
+    std::string json = MinimalJson("");
+    json.insert(1, R"("post_processor": )" + pp + ", ");
+    return BpeTokenizer::Load(WriteTemp(name, json));
+  };
+  const std::string special = R"("special_tokens": {"<eos>": {"id": "<eos>", "ids": [3], "tokens": ["<eos>"]}})";
+  auto bos = with("bos.json", R"({"type": "Sequence", "processors": [{"type": "ByteLevel"}, {"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<eos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}], )" +
+                                  special + "}]}");
+  ASSERT_TRUE(bos.ok()) << bos.status();
+  EXPECT_EQ((*bos)->EncodePrompt("ab"), (std::vector<int32_t>{3, 2}));
+  EXPECT_EQ((*bos)->Encode("ab"), (std::vector<int32_t>{2}));
+  auto around = with("around.json", R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<eos>"}},
+      {"Sequence": {"id": "A"}}, {"SpecialToken": {"id": "<eos>"}}], )" + special + "}");
+  ASSERT_TRUE(around.ok()) << around.status();
+  EXPECT_EQ((*around)->EncodePrompt("ba"), (std::vector<int32_t>{3, 1, 0, 3}));
+  auto plain = BpeTokenizer::Load(WriteTemp("plain.json", MinimalJson("")));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->EncodePrompt("ab"), (std::vector<int32_t>{2})) << "no post-processor: nothing added";
+
+  const std::pair<std::string, std::string> bad[] = {
+      {R"({"type": "BertProcessing"})", "post_processor.type"},
+      {R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<bos>"}}, {"Sequence": {"id": "A"}}], )" +
+           special + "}",
+       "<bos>"},
+      {R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<eos>"}}], )" + special + "}",
+       "post_processor.single"},
+      {R"({"type": "Sequence", "processors": [{"type": "TemplateProcessing", "single": 7}]})",
+       "post_processor.processors[0].single"},
+  };
+  for (size_t i = 0; i < std::size(bad); ++i) {
+    const std::string name = "badpp" + std::to_string(i) + ".json";
+    std::string json = MinimalJson("");
+    json.insert(1, R"("post_processor": )" + bad[i].first + ", ");
+    const std::string path = WriteTemp(name, json);
+    ExpectErrorNaming(BpeTokenizer::Load(path), path, bad[i].second);
+  }
 }
 
 TEST_F(BpeTokenizerLoadTest, MergeOutsideVocabRefused) {

@@ -1,5 +1,5 @@
 // The CPU backend against what HuggingFace transformers computes for the reference checkpoints
-// (../shared/reference): teacher-forced logits at every position, greedy continuation, and the
+// (../shared/reference, and the shipped default model models/tiny-en): teacher-forced logits at every position, greedy continuation, and the
 // engine's own consistency (one token at a time and batched equal all at once).
 #include <gtest/gtest.h>
 
@@ -21,15 +21,15 @@ using testing::LoadReferenceCases;
 class ReferenceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ReferenceTest, TeacherForcedLogitsMatchTransformers) {
-  TAILSERVE_REQUIRE_SHARED();
-  const std::string dir = testing::ReferenceDir(GetParam());
+  TAILSERVE_REQUIRE_CHECKPOINT(GetParam());
+  const std::string dir = testing::CheckpointDir(GetParam());
   auto engine = CpuEngine::Load(dir);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  auto expected = SafetensorsFile::Open(dir + "/expected_logits.safetensors");
+  auto expected = SafetensorsFile::Open(testing::ExpectedDir(GetParam()) + "/expected_logits.safetensors");
   ASSERT_TRUE(expected.ok()) << expected.status();
   const int64_t vocab = (*engine)->config().vocab_size;
   uint64_t id = 1;
-  for (const Case& c : LoadReferenceCases(dir)) {
+  for (const Case& c : LoadReferenceCases(testing::ExpectedDir(GetParam()))) {
     std::vector<int32_t> tokens = c.tokens();
     ASSERT_EQ((*expected)->tensors().at(c.logits_tensor).shape,
               (std::vector<int64_t>{static_cast<int64_t>(tokens.size()), vocab}));
@@ -54,9 +54,9 @@ TEST_P(ReferenceTest, TeacherForcedLogitsMatchTransformers) {
 // What each KV cache format costs in accuracy by itself, with fp32 maths everywhere else: the
 // floor under what the CUDA backend can reach with that format.
 TEST_P(ReferenceTest, KvFormatEmulationError) {
-  TAILSERVE_REQUIRE_SHARED();
-  const std::string dir = testing::ReferenceDir(GetParam());
-  auto expected = SafetensorsFile::Open(dir + "/expected_logits.safetensors");
+  TAILSERVE_REQUIRE_CHECKPOINT(GetParam());
+  const std::string dir = testing::CheckpointDir(GetParam());
+  auto expected = SafetensorsFile::Open(testing::ExpectedDir(GetParam()) + "/expected_logits.safetensors");
   ASSERT_TRUE(expected.ok()) << expected.status();
   double mean[3] = {};
   for (KvDtype d : {KvDtype::kFp16, KvDtype::kFp8E4M3, KvDtype::kFp8E5M2}) {
@@ -66,7 +66,7 @@ TEST_P(ReferenceTest, KvFormatEmulationError) {
     double worst = 0, sum = 0;
     int count = 0;
     uint64_t id = 1;
-    for (const Case& c : LoadReferenceCases(dir)) {
+    for (const Case& c : LoadReferenceCases(testing::ExpectedDir(GetParam()))) {
       std::vector<int32_t> tokens = c.tokens();
       const std::vector<float> want_f = ExpectedLogits(**expected, c);
       Sampling greedy;
@@ -115,11 +115,11 @@ TEST(KvDtypeTest, RoundingMatchesTheFormats) {
 }
 
 TEST_P(ReferenceTest, GreedyGenerationReproducesTransformers) {
-  TAILSERVE_REQUIRE_SHARED();
-  const std::string dir = testing::ReferenceDir(GetParam());
+  TAILSERVE_REQUIRE_CHECKPOINT(GetParam());
+  const std::string dir = testing::CheckpointDir(GetParam());
   auto engine = CpuEngine::Load(dir);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  const std::vector<Case> cases = LoadReferenceCases(dir);
+  const std::vector<Case> cases = LoadReferenceCases(testing::ExpectedDir(GetParam()));
   // All cases decode together, as one batch: batching must not change anyone's tokens.
   std::vector<std::vector<int32_t>> tokens;
   for (const Case& c : cases) tokens.push_back(c.prompt);
@@ -145,11 +145,11 @@ TEST_P(ReferenceTest, GreedyGenerationReproducesTransformers) {
 }
 
 TEST_P(ReferenceTest, IncrementalDecodeEqualsFullForward) {
-  TAILSERVE_REQUIRE_SHARED();
-  const std::string dir = testing::ReferenceDir(GetParam());
+  TAILSERVE_REQUIRE_CHECKPOINT(GetParam());
+  const std::string dir = testing::CheckpointDir(GetParam());
   auto engine = CpuEngine::Load(dir);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  const Case c = LoadReferenceCases(dir)[2];
+  const Case c = LoadReferenceCases(testing::ExpectedDir(GetParam()))[2];
   std::vector<int32_t> tokens = c.tokens();
   Sampling greedy;
   StepSequence full{1, &tokens, static_cast<int32_t>(tokens.size()), 0, &greedy};

@@ -43,8 +43,8 @@ class CudaEngineTest : public ::testing::TestWithParam<EngineCase> {};
 
 TEST_P(CudaEngineTest, LogitsAndGreedyMatchTransformers) {
   REQUIRE_GPU();
-  TAILSERVE_REQUIRE_SHARED();
   const EngineCase ec = GetParam();
+  TAILSERVE_REQUIRE_CHECKPOINT(ec.model);
   const bool fp8 = ec.dtype != KvDtype::kFp16;
   // The bounds: 1e-2 with FP16 KV, 3e-2 with FP8 (see the FP8 note below).
   const double tol = fp8 ? 3e-2 : 1e-2;
@@ -53,19 +53,19 @@ TEST_P(CudaEngineTest, LogitsAndGreedyMatchTransformers) {
   // With FP8 KV the two engines' hidden states differ more: an activation difference that moves
   // a value across an FP8 rounding boundary changes it by a whole FP8 step (6-12%).
   const float kRouterTie = fp8 ? 5e-2f : 1e-2f;
-  const std::string dir = testing::ReferenceDir(ec.model);
+  const std::string dir = testing::CheckpointDir(ec.model);
   CudaEngineOptions o{.kv_dtype = ec.dtype, .kv_memory_fraction = 0.05, .prefill_chunk = 512, .logits_rows = 512};
   auto engine = CudaEngine::Load(dir, o);
   ASSERT_TRUE(engine.ok()) << engine.status();
   auto cpu = CpuEngine::Load(dir, {.kv_emulation = fp8 ? std::optional<KvDtype>(ec.dtype) : std::nullopt});
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  auto expected = SafetensorsFile::Open(dir + "/expected_logits.safetensors");
+  auto expected = SafetensorsFile::Open(testing::ExpectedDir(ec.model) + "/expected_logits.safetensors");
   ASSERT_TRUE(expected.ok());
   const int64_t vocab = (*engine)->config().vocab_size;
   double worst = 0, worst_floor = 0, sum = 0, sum_floor = 0;
   int positions = 0, ties = 0, greedy_checked = 0;
   uint64_t cpu_id = 100;
-  for (const testing::ReferenceCase& c : testing::LoadReferenceCases(dir)) {
+  for (const testing::ReferenceCase& c : testing::LoadReferenceCases(testing::ExpectedDir(ec.model))) {
     const std::vector<int32_t>& prompt = c.prompt;
     const std::vector<int32_t>& greedy = c.greedy;
     const std::vector<float>& margin = c.margin;
@@ -137,7 +137,8 @@ INSTANTIATE_TEST_SUITE_P(
     Reference, CudaEngineTest,
     ::testing::Values(EngineCase{"llama-gqa", KvDtype::kFp16}, EngineCase{"qwen2-bias-tied", KvDtype::kFp16},
                       EngineCase{"mixtral-moe", KvDtype::kFp16}, EngineCase{"llama-gqa", KvDtype::kFp8E4M3},
-                      EngineCase{"qwen2-bias-tied", KvDtype::kFp8E4M3}, EngineCase{"mixtral-moe", KvDtype::kFp8E4M3}),
+                      EngineCase{"qwen2-bias-tied", KvDtype::kFp8E4M3}, EngineCase{"mixtral-moe", KvDtype::kFp8E4M3},
+                      EngineCase{"tiny-en", KvDtype::kFp16}, EngineCase{"tiny-en", KvDtype::kFp8E4M3}),
     [](const auto& info) {
       std::string n = info.param.model + "_" + KvDtypeName(info.param.dtype);
       for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';

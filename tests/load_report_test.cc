@@ -68,3 +68,62 @@ TEST(LoadTraceTest, MooncakeHashIdsGiveSharedPrefixesEqualTokens) {
 
 }  // namespace
 }  // namespace tailserve
+
+namespace tailserve {
+namespace {
+
+TEST(LoadPromptSetTest, ReadsPromptsWithTheirSamplingAndRefusesBadLinesByField) {
+  const std::string path = ::testing::TempDir() + "/prompts.jsonl";
+  {
+    std::ofstream out(path);
+    out << R"({"prompt": "The history of the", "max_tokens": 40, "temperature": 0})" << "\n"
+        << "\n"
+        << R"({"prompt": "Once upon a time", "top_p": 0.9})" << "\n"
+        << R"({"prompt": "third"})" << "\n";
+  }
+  absl::StatusOr<std::vector<PlannedRequest>> plan = LoadPromptSet(path, 4.0, 64, 0);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->size(), 3u);
+  EXPECT_EQ((*plan)[0].prompt_text, "The history of the");
+  EXPECT_EQ((*plan)[0].max_tokens, 40);
+  EXPECT_EQ((*plan)[0].temperature, 0.0f);
+  EXPECT_EQ((*plan)[1].max_tokens, 64) << "the default";
+  EXPECT_EQ((*plan)[1].temperature, 1.0f);
+  EXPECT_FLOAT_EQ((*plan)[1].top_p, 0.9f);
+  EXPECT_DOUBLE_EQ((*plan)[2].arrival_s, 0.5) << "4 per second, evenly spaced";
+  EXPECT_EQ(LoadPromptSet(path, 4.0, 64, 2)->size(), 2u);
+
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"max_tokens": 3})", "prompt"},
+      {R"({"prompt": ""})", "prompt"},
+      {R"({"prompt": "x", "max_tokens": 0})", "max_tokens"},
+      {R"({"prompt": "x", "max_tokens": "9"})", "max_tokens"},
+      {R"({"prompt": "x", "temperature": -1})", "temperature"},
+      {R"({"prompt": "x", "top_p": "high"})", "top_p"},
+      {R"(["x"])", "JSON object"},
+  };
+  for (const auto& [line, field] : bad) {
+    std::ofstream(path) << R"({"prompt": "fine"})" << "\n" << line << "\n";
+    const absl::Status s = LoadPromptSet(path, 1.0, 8, 0).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << line;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s;
+    EXPECT_NE(s.message().find(":2:"), std::string::npos) << "names the line: " << s;
+  }
+  EXPECT_EQ(LoadPromptSet(path + ".missing", 1.0, 8, 0).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(LoadReportTest, OutputLengthsAndEndings) {
+  LoadReport r;
+  r.wall_s = 1;
+  for (int n : {10, 20, 30, 40}) r.results.push_back({.code = 0, .ttft_s = 0.1, .e2e_s = 0.5, .tokens = n});
+  r.results[0].finish_reason = r.results[1].finish_reason = r.results[2].finish_reason = 1;  // STOP
+  r.results[3].finish_reason = 2;                                                           // LENGTH
+  const nlohmann::json j = nlohmann::json::parse(r.Json());
+  EXPECT_DOUBLE_EQ(j["output_tokens"]["p50"].get<double>(), 25);
+  EXPECT_DOUBLE_EQ(j["output_tokens"]["max"].get<double>(), 40);
+  EXPECT_DOUBLE_EQ(j["ended_by_stop"].get<double>(), 0.75);
+  EXPECT_NE(r.Table().find("ended by EOS or a stop 75.0%"), std::string::npos) << r.Table();
+}
+
+}  // namespace
+}  // namespace tailserve

@@ -20,6 +20,18 @@ inline std::string DefaultModelDir() {
   return std::string(TAILSERVE_SOURCE_DIR) + "/models/tiny-en";
 }
 
+// A reference checkpoint by name: "tiny-en" is the shipped default model, the others live in the
+// shared reference data.
+inline std::string CheckpointDir(const std::string& name) {
+  return name == "tiny-en" ? DefaultModelDir() : ReferenceDir(name);
+}
+
+// Where transformers' outputs for that checkpoint are (expected.json, expected_logits.safetensors):
+// beside the shared ones' weights, in reference/ for the shipped model.
+inline std::string ExpectedDir(const std::string& name) {
+  return name == "tiny-en" ? DefaultModelDir() + "/reference" : ReferenceDir(name);
+}
+
 // name: "llama3" or "qwen3".
 inline std::string TokenizerDir(const std::string& name) {
   return std::string(TAILSERVE_SOURCE_DIR) + "/.deps/tokenizers/" + name;
@@ -33,5 +45,17 @@ inline std::string TokenizerDir(const std::string& name) {
     if (!std::filesystem::exists(::tailserve::testing::SharedDir() + "/reference")) {              \
       GTEST_SKIP() << "shared reference data not found at " << ::tailserve::testing::SharedDir()  \
                    << " (set TAILSERVE_SHARED_DIR)";                                               \
+    }                                                                                              \
+  } while (0)
+
+// Skips the test when the named reference checkpoint (CheckpointDir) is not on this machine: the
+// shared ones may be absent; the shipped model is in the repository, so its absence fails.
+#define TAILSERVE_REQUIRE_CHECKPOINT(name)                                                          \
+  do {                                                                                             \
+    if ((name) == std::string("tiny-en")) {                                                        \
+      ASSERT_TRUE(std::filesystem::exists(::tailserve::testing::DefaultModelDir() + "/config.json")) \
+          << "the shipped model is missing: " << ::tailserve::testing::DefaultModelDir();          \
+    } else {                                                                                       \
+      TAILSERVE_REQUIRE_SHARED();                                                                  \
     }                                                                                              \
   } while (0)

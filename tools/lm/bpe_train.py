@@ -110,6 +110,17 @@ def train(counts, merges_wanted):
     return merges
 
 
+def post_processor(bos_id):
+    """Llama 3's: BOS before every input (HuggingFace encode with add_special_tokens), as trained."""
+    bos = {"SpecialToken": {"id": BOS, "type_id": 0}}
+    return {"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        {"type": "TemplateProcessing",
+         "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+         "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, bos, {"Sequence": {"id": "B", "type_id": 1}}],
+         "special_tokens": {BOS: {"id": BOS, "ids": [bos_id], "tokens": [BOS]}}}]}
+
+
 def tokenizer_json(merges):
     byte_char = bytes_to_unicode()
     vocab = {byte_char[b]: b for b in range(256)}
@@ -126,7 +137,7 @@ def tokenizer_json(merges):
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": SPLIT}, "behavior": "Isolated", "invert": False},
             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
-        "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        "post_processor": post_processor(len(vocab)),
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,

@@ -28,6 +28,10 @@ class LlamaShape:
 
     def hf_config(self, bos_token_id, eos_token_id):
         c = asdict(self)
+        # transformers 5's keys: a checkpoint written with them loads with its RoPE frequencies in
+        # the model's dtype (bf16-rounded, as trained and as tailserve serves); with the legacy
+        # torch_dtype/rope_theta keys transformers 5.17 keeps them in fp32 (5e-4 logit difference).
+        c["rope_parameters"] = {"rope_theta": c.pop("rope_theta"), "rope_type": "default"}
         c.update({
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -36,10 +40,9 @@ class LlamaShape:
             "attention_bias": False,
             "mlp_bias": False,
             "initializer_range": 0.02,
-            "rope_scaling": None,
             "bos_token_id": bos_token_id,
             "eos_token_id": eos_token_id,
-            "torch_dtype": "bfloat16",
+            "dtype": "bfloat16",
             "use_cache": True,
         })
         return c

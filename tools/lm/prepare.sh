@@ -15,4 +15,5 @@ WORK=$WORK bash tools/lm/corpus/build.sh
 rm -rf .lm && mkdir -p .lm
 cp -r "$WORK/tokenizer" .lm/tokenizer
 tar -C "$WORK/docs" -cf - train.txt heldout.txt SOURCES.tsv | xz -T2 -6 > .lm/corpus.tar.xz
+xz -T2 -6 -c "$WORK/docs/heldout.txt" > .lm/heldout.txt.xz  # tools/lm/device_reference.sh
 du -sh .lm

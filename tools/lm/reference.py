@@ -28,12 +28,18 @@ def load_model(ckpt):
         import transformers
         # Loaded as bf16 and then widened, as ../shared/reference was made: fp32 maths over the bf16
         # weights, with the RoPE frequencies rounded as a bf16 model holds them.
-        m = AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch.bfloat16).float()
+        m = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).float()
+        # The model was trained with bf16-rounded frequencies (tools/lm/model.py): a reference that
+        # used others would differ from training and serving by ~5e-4, so refuse to write one.
+        inv = m.model.rotary_emb.inv_freq
+        if not torch.equal(inv, inv.to(torch.bfloat16).float()):
+            sys.exit("transformers kept the RoPE frequencies in fp32 for this checkpoint; see model.py hf_config")
         return (lambda ids: m(torch.tensor([ids])).logits[0]), f"transformers {transformers.__version__}"
     except ImportError:
         from model import LlamaForCausalLM, LlamaShape
         with open(os.path.join(ckpt, "config.json")) as f:
             c = json.load(f)
+        c.setdefault("rope_theta", c.get("rope_parameters", {}).get("rope_theta", 10000.0))
         fields = LlamaShape.__dataclass_fields__
         m = LlamaForCausalLM(LlamaShape(**{k: v for k, v in c.items() if k in fields}))
         sd = {k: v.float() for k, v in safetensors_io.load(os.path.join(ckpt, "model.safetensors")).items()}

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the ids HuggingFace `tokenizers` gives for a set of texts with a tokenizer.json, in
-../shared/reference/tokenizer's format ({"cases": [{"text", "ids", "decoded"}]}), for tailserve's
-tokenizer to be tested against: hand-written edge cases plus held-out corpus documents.
+../shared/reference/tokenizer's format ({"cases": [{"text", "ids", "decoded"}]}, plus "prompt_ids":
+with add_special_tokens, as a prompt is encoded), for tailserve's tokenizer to be tested against:
+hand-written edge cases plus held-out corpus documents.
 
     tools/lm/tokenizer_cases.py --tokenizer DIR --heldout heldout.txt --out cases.json [--docs 60]
 """
@@ -37,7 +38,8 @@ def main():
     cases = []
     for t in texts:
         ids = tok.encode(t, add_special_tokens=False).ids
-        cases.append({"text": t, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)})
+        cases.append({"text": t, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False),
+                      "prompt_ids": tok.encode(t, add_special_tokens=True).ids})
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump({"tokenizer": "tokenizer.json", "produced_by": f"HuggingFace tokenizers {tokenizers.__version__}", "cases": cases}, f, ensure_ascii=False)
     print(f"{len(cases)} texts -> {args.out}")

@@ -58,6 +58,7 @@ class Call final : public grpc::ClientReadReactor<v1::GenerateResponse> {
     if (resp_.token_ids_size() > 0 && out_->tokens == 0) out_->ttft_s = Since();
     out_->tokens += resp_.token_ids_size();
     if (resp_.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      out_->finish_reason = resp_.finish_reason();
       out_->queue_s = resp_.timings().queue_seconds();
       out_->dispatches = resp_.timings().dispatches();
     }
@@ -156,6 +157,43 @@ absl::StatusOr<std::vector<PlannedRequest>> LoadTrace(const std::string& path, d
   return plan;
 }
 
+absl::StatusOr<std::vector<PlannedRequest>> LoadPromptSet(const std::string& path, double rate,
+                                                          int32_t default_max_tokens, size_t limit) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::vector<PlannedRequest> plan;
+  std::string line;
+  for (size_t line_no = 1; std::getline(in, line) && (limit == 0 || plan.size() < limit); ++line_no) {
+    if (line.empty()) continue;
+    const std::string at = absl::StrCat(path, ":", line_no, ": ");
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(at + "not a JSON object");
+    if (!j.contains("prompt") || !j["prompt"].is_string() || j["prompt"].get<std::string>().empty()) {
+      return absl::InvalidArgumentError(at + "prompt: expected a non-empty string");
+    }
+    PlannedRequest r;
+    r.arrival_s = rate > 0 ? static_cast<double>(plan.size()) / rate : 0.0;
+    r.prompt_text = j["prompt"].get<std::string>();
+    r.max_tokens = default_max_tokens;
+    if (j.contains("max_tokens")) {
+      if (!j["max_tokens"].is_number_integer() || j["max_tokens"].get<int64_t>() < 1 ||
+          j["max_tokens"].get<int64_t>() > (int64_t{1} << 30)) {
+        return absl::InvalidArgumentError(at + "max_tokens: expected a positive integer");
+      }
+      r.max_tokens = j["max_tokens"].get<int32_t>();
+    }
+    for (auto [key, field] : {std::pair{"temperature", &r.temperature}, std::pair{"top_p", &r.top_p}}) {
+      if (!j.contains(key)) continue;
+      if (!j[key].is_number() || j[key].get<double>() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(at, key, ": expected a number >= 0"));
+      }
+      *field = j[key].get<float>();
+    }
+    plan.push_back(std::move(r));
+  }
+  return plan;
+}
+
 std::vector<PlannedRequest> FixedRatePlan(size_t n, double rate, int32_t prompt_tokens, int32_t max_tokens) {
   std::vector<PlannedRequest> plan;
   for (size_t i = 0; i < n; ++i) plan.push_back({rate > 0 ? i / rate : 0.0, prompt_tokens, max_tokens});
@@ -202,7 +240,11 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<PlannedRequest>& plan
     std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<int64_t>(plan[i].arrival_s * 1e6)));
     v1::GenerateRequest req;
     req.set_request_id(absl::StrCat("load-", i));
-    if (plan[i].hash_ids.empty()) {
+    if (!plan[i].prompt_text.empty()) {
+      req.set_prompt(plan[i].prompt_text);
+      req.mutable_sampling()->set_temperature(plan[i].temperature);
+      req.mutable_sampling()->set_top_p(plan[i].top_p);
+    } else if (plan[i].hash_ids.empty()) {
       for (int32_t k = 0; k < plan[i].prompt_tokens; ++k) req.add_prompt_token_ids(static_cast<int32_t>(rng() % o.vocab));
     } else {
       for (int32_t t : HashIdPromptTokens(plan[i], o.vocab, o.seed)) req.add_prompt_token_ids(t);
@@ -240,6 +282,8 @@ struct Summary {
   int64_t tokens = 0;
   double e2e_sum = 0;
   std::vector<double> queue, ttft, e2e, per_token, tpot;
+  std::vector<double> output_tokens;  // per successful request
+  size_t ended_by_stop = 0;           // of them, ended by EOS or a stop string
 };
 Summary Summarise(const LoadReport& r) {
   Summary s;
@@ -249,6 +293,8 @@ Summary Summarise(const LoadReport& r) {
     ++s.ok;
     s.tokens += x.tokens;
     s.e2e_sum += x.e2e_s;
+    s.output_tokens.push_back(x.tokens);
+    s.ended_by_stop += x.finish_reason == v1::FINISH_REASON_STOP;
     s.queue.push_back(x.queue_s);
     s.ttft.push_back(x.ttft_s);
     s.e2e.push_back(x.e2e_s);
@@ -277,6 +323,12 @@ std::string LoadReport::Table() const {
   row("e2e", s.e2e);
   row("e2e / output token", s.per_token);
   row("tpot", s.tpot);
+  if (!s.output_tokens.empty()) {
+    out += absl::StrFormat("output tokens: P10 %.0f  P50 %.0f  P90 %.0f  max %.0f; ended by EOS or a stop %.1f%%\n",
+                           Percentile(s.output_tokens, 0.1), Percentile(s.output_tokens, 0.5),
+                           Percentile(s.output_tokens, 0.9), Percentile(s.output_tokens, 1.0),
+                           100.0 * s.ended_by_stop / s.ok);
+  }
   out += absl::StrFormat("mean e2e %.2f ms; SLO (TTFT <= %.0f ms, TPOT <= %.0f ms) met by %.1f%%, goodput %.2f req/s\n",
                          s.ok ? 1e3 * s.e2e_sum / s.ok : 0.0, 1e3 * ttft_slo_s, 1e3 * tpot_slo_s,
                          results.empty() ? 0.0 : 100.0 * s.attained / results.size(), s.attained / wall_s);
@@ -301,6 +353,11 @@ std::string LoadReport::Json() const {
   j["e2e_per_token_s"] = q(s.per_token);
   j["tpot_s"] = q(s.tpot);
   j["e2e_mean_s"] = s.ok ? s.e2e_sum / s.ok : 0.0;
+  j["output_tokens"] = {{"p10", Percentile(s.output_tokens, 0.1)},
+                        {"p50", Percentile(s.output_tokens, 0.5)},
+                        {"p90", Percentile(s.output_tokens, 0.9)},
+                        {"max", Percentile(s.output_tokens, 1.0)}};
+  j["ended_by_stop"] = s.ok ? static_cast<double>(s.ended_by_stop) / s.ok : 0.0;
   j["slo"] = {{"ttft_s", ttft_slo_s}, {"tpot_s", tpot_slo_s}};
   j["slo_attainment"] = results.empty() ? 0.0 : static_cast<double>(s.attained) / results.size();
   j["goodput_rps"] = s.attained / wall_s;

@@ -17,6 +17,11 @@ struct PlannedRequest {
   // Mooncake traces: one id per 512-token block of the prompt; equal ids are equal blocks. The
   // prompt's tokens are drawn from them, so requests that share a prefix in the trace share it here.
   std::vector<int64_t> hash_ids;
+  // A prompt set (LoadPromptSet): the request sends this text, with its own sampling, instead of
+  // token ids drawn at random.
+  std::string prompt_text;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
 };
 constexpr int32_t kTraceHashBlockTokens = 512;
 
@@ -32,6 +37,12 @@ struct TraceWindow {
 };
 absl::StatusOr<std::vector<PlannedRequest>> LoadTrace(const std::string& path, double speed, const TraceWindow& window,
                                                       int32_t max_prompt_tokens);
+// A prompt set as planned requests, one per JSON line: {"prompt": text, "max_tokens": n,
+// "temperature": t, "top_p": p} (all but prompt optional: default_max_tokens, 1.0, 1.0), at `rate`
+// per second (0: all at once), evenly spaced, at most `limit` (0: all). A bad line is refused
+// naming its line and field.
+absl::StatusOr<std::vector<PlannedRequest>> LoadPromptSet(const std::string& path, double rate,
+                                                          int32_t default_max_tokens, size_t limit);
 // N requests at `rate` per second (0: all at once), evenly spaced.
 std::vector<PlannedRequest> FixedRatePlan(size_t n, double rate, int32_t prompt_tokens, int32_t max_tokens);
 
@@ -72,6 +83,7 @@ struct RequestResult {
   double queue_s = 0, ttft_s = 0, e2e_s = 0;
   int32_t tokens = 0;
   int32_t expected_tokens = 0;
+  int finish_reason = 0;  // tailserve.v1.FinishReason of the last response (0: none came)
   int dispatches = 0;
   // Time per output token after the first, (e2e − ttft) / (tokens − 1); 0 with fewer than two.
   double tpot_s() const { return tokens > 1 ? (e2e_s - ttft_s) / (tokens - 1) : 0.0; }

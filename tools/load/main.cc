@@ -14,13 +14,15 @@ int main(int argc, char** argv) {
   tailserve::TraceWindow window;
   double rate = 10, speed = 1;
   int32_t prompt_tokens = 128, max_tokens = 64, max_prompt_tokens = 8192;
-  std::string trace, json_out;
+  std::string trace, prompts, json_out;
   app.add_option("--target", o.target, "router host:port");
-  app.add_option("--requests", requests, "requests to send (without --trace)");
+  app.add_option("--requests", requests, "requests to send (without --trace; with --prompts at most this many, 0: all)");
   app.add_option("--rate", rate, "requests per second (0: all at once)");
   app.add_option("--prompt-tokens", prompt_tokens, "prompt length (without --trace)");
   app.add_option("--max-tokens", max_tokens, "output tokens per request (without --trace)");
   app.add_option("--trace", trace, "replay a trace: Azure CSV or Mooncake JSONL");
+  app.add_option("--prompts", prompts, "send a prompt set: JSON lines of prompt text (+ max_tokens, temperature, "
+                 "top_p), at --rate, at most --requests of them (0: all)");
   app.add_option("--speed", speed, "trace time divided by this (2 = twice as fast)");
   app.add_option("--limit", window.limit, "replay at most this many trace rows (0: all)");
   app.add_option("--from-s", window.from_s, "start the replay this many seconds into the trace");
@@ -48,8 +50,13 @@ int main(int argc, char** argv) {
   o.ttft_slo_s = ttft_slo_ms / 1000.0, o.tpot_slo_s = tpot_slo_ms / 1000.0;
 
   std::vector<tailserve::PlannedRequest> plan;
-  if (!trace.empty()) {
-    auto t = tailserve::LoadTrace(trace, speed, window, max_prompt_tokens);
+  if (!trace.empty() && !prompts.empty()) {
+    std::fprintf(stderr, "give --trace or --prompts, not both\n");
+    return 2;
+  }
+  if (!prompts.empty() || !trace.empty()) {
+    auto t = !prompts.empty() ? tailserve::LoadPromptSet(prompts, rate, max_tokens, requests)
+                              : tailserve::LoadTrace(trace, speed, window, max_prompt_tokens);
     if (!t.ok()) {
       std::fprintf(stderr, "%s\n", std::string(t.status().message()).c_str());
       return 2;

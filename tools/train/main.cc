@@ -1,6 +1,7 @@
 // tailserve-train: fits the length predictor from a router feedback log or a trace, prints its
 // error on a held-out tail of the data, and writes the ONNX model the router loads.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -52,15 +53,23 @@ int main(int argc, char** argv) {
   }
   const Fit fit = kind == "linear" ? FitLinear(train, ridge) : FitMlp(train, hidden, epochs, 1);
 
-  // Constant baseline: the training mean, for scale.
+  // Constant baselines: the training mean, for scale.
   double mean = 0;
   for (const Sample& s : train) mean += s.steps;
   mean /= train.size();
   const Predictor constant = [mean](const FeatureVector&) { return mean; };
+  // And the training median: the constant with the least absolute error, the stronger baseline
+  // on skewed lengths.
+  std::vector<double> steps;
+  for (const Sample& s : train) steps.push_back(s.steps);
+  std::nth_element(steps.begin(), steps.begin() + steps.size() / 2, steps.end());
+  const double median = steps[steps.size() / 2];
+  const Predictor constant_median = [median](const FeatureVector&) { return median; };
   std::printf("| data | rows | model | MAPE | MAE (steps) | within +-20%% |\n|---|---:|---|---:|---:|---:|\n");
   for (const auto& [name, part] : {std::pair{"train", &train}, std::pair{"holdout", &test}}) {
     if (part->empty()) continue;
-    for (const auto& [mname, p] : {std::pair{kind.c_str(), &fit.predict}, std::pair{"constant mean", &constant}}) {
+    for (const auto& [mname, p] : {std::pair{kind.c_str(), &fit.predict}, std::pair{"constant mean", &constant},
+                                   std::pair{"constant median", &constant_median}}) {
       const Evaluation e = Evaluate(*p, *part);
       std::printf("| %s | %zu | %s | %.1f%% | %.1f | %.1f%% |\n", name, part->size(), mname, 100 * e.mape, e.mae,
                   100 * e.within_20);
