@@ -17,6 +17,7 @@ class ModelTokenizer final : public Tokenizer {
   static absl::StatusOr<std::unique_ptr<ModelTokenizer>> Load(const std::string& model_dir);
 
   std::vector<int32_t> Encode(std::string_view text) const override { return bpe_->Encode(text); }
+  std::vector<int32_t> EncodePrompt(std::string_view text) const override { return bpe_->EncodePrompt(text); }
   std::string TokenBytes(int32_t id) const override;
   int32_t vocab_size() const override { return vocab_size_; }
   // The model's context length (prompt + generated tokens).

@@ -72,12 +72,16 @@ int WorkerPool::Free(size_t i) const {
   return std::max(0, w.total_slots + w.max_waiting - Load(i));
 }
 
+double WorkerPool::StepSeconds(size_t i) const {
+  // Before a step-time report: the pool's mean, or a nominal 10 ms decode step.
+  double step = workers_[i].step_p50_seconds;
+  if (step <= 0) step = MeanStepSeconds();
+  return step > 0 ? step : 0.01;
+}
+
 double WorkerPool::PredictTtftSeconds(size_t i, int64_t prompt_tokens, double remaining_steps) const {
   const Worker& w = workers_[i];
-  // Before a step-time report: the pool's mean, or a nominal 10 ms decode step.
-  double step = w.step_p50_seconds;
-  if (step <= 0) step = MeanStepSeconds();
-  if (step <= 0) step = 0.01;
+  const double step = StepSeconds(i);
   const int64_t ahead = w.queued_prefill_tokens + std::max<int64_t>(1, prompt_tokens);
   const double prefill_steps =
       w.step_token_budget > 0 ? std::ceil(static_cast<double>(ahead) / w.step_token_budget) : w.waiting_reported + 1;
@@ -95,7 +99,13 @@ std::optional<WorkerPool::TtftPick> WorkerPool::BestTtft(int64_t prompt_tokens, 
     if (Free(i) <= 0) continue;
     const int64_t uncached = prompt_tokens - (cached && i < cached->size() ? (*cached)[i] : 0);
     const double t = PredictTtftSeconds(i, uncached, i < remaining_steps.size() ? remaining_steps[i] : 0);
-    const bool tie = best && std::abs(t - best->ttft_seconds) <= 0.05 * std::max(t, best->ttft_seconds);
+    // Predictions closer than half a step (or 5%) are ties, broken by load: a prediction counts
+    // whole steps, and between like workers a step time reported a little faster (noise, or the
+    // other's stale report) must not draw every request to one worker, whose decode they slow.
+    const double half_step =
+        best ? 0.5 * ttft_correction_ * std::min(StepSeconds(i), StepSeconds(best->worker)) : 0.0;
+    const double resolution = std::max(0.05 * std::max(t, best ? best->ttft_seconds : 0.0), half_step);
+    const bool tie = best && std::abs(t - best->ttft_seconds) <= resolution;
     if (!best || (tie ? Load(i) < Load(best->worker) : t < best->ttft_seconds)) best = TtftPick{i, t};
   }
   return best;

@@ -50,8 +50,8 @@ class WorkerPool {
   // mean predicted steps left of what runs there), at its median step time, times the pool's
   // learned correction (ObserveTtft).
   double PredictTtftSeconds(size_t i, int64_t prompt_tokens, double remaining_steps) const;
-  // The worker with room and the least predicted TTFT (within 5%, the least loaded: predictions
-  // of one step or two tie often, and the load breaks the tie), with that prediction; nullopt
+  // The worker with room and the least predicted TTFT (within half a step or 5%, the least loaded:
+  // predictions of one step or two tie often, and the load breaks the tie), with that prediction; nullopt
   // when none has room. `remaining_steps[i]` as above. BestTtft only looks; PickByTtft also moves
   // the rotation past the pick, as Pick does.
   struct TtftPick {
@@ -76,6 +76,9 @@ class WorkerPool {
   int queued(size_t i) const { return workers_[i].waiting_reported + workers_[i].prefilling_reported; }
   // Mean of the healthy workers' reported median step time (0 before any report).
   double MeanStepSeconds() const;
+  // Worker i's median step time as the predictions use it: its report, else the pool's mean, else
+  // a nominal 10 ms.
+  double StepSeconds(size_t i) const;
 
  private:
   // Sequences on worker i, running or waiting: what it reported, or our own dispatches if more.

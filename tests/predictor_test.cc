@@ -339,6 +339,19 @@ TEST(TrainerTest, LinearRecoversALogLinearLawAndItsOnnxAgrees) {
   ExpectOnnxMatchesTrainer(fit, data);
 }
 
+TEST(TrainerTest, RankCorrelationIsSpearmans) {
+  EXPECT_DOUBLE_EQ(RankCorrelation({1, 2, 3, 4}, {10, 20, 30, 40}), 1.0);
+  EXPECT_DOUBLE_EQ(RankCorrelation({1, 2, 3, 4}, {9, 1, 0, -5}), -1.0);
+  EXPECT_DOUBLE_EQ(RankCorrelation({5, 5, 5}, {1, 2, 3}), 0.0) << "a constant predictor orders nothing";
+  EXPECT_DOUBLE_EQ(RankCorrelation({1}, {1}), 0.0);
+  // Ties take their mean rank: ranks (0.5, 0.5, 2) against (0, 1, 2); covariance 1.5.
+  EXPECT_NEAR(RankCorrelation({1, 1, 2}, {1, 2, 3}), 1.5 / std::sqrt(1.5 * 2.0), 1e-12);
+  EXPECT_DOUBLE_EQ(Evaluate([](const FeatureVector& x) { return double(x[0]); },
+                            {{MakeFeatures({.prompt_tokens = 3}), 30}, {MakeFeatures({.prompt_tokens = 7}), 70}})
+                       .rank_corr,
+                   1.0);
+}
+
 TEST(TrainerTest, MlpLearnsAndItsOnnxAgrees) {
   const auto data = Synthetic(11);
   const Fit fit = FitMlp(data, 8, 400, 3);

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "router/model_tokenizer.h"
+#include "tests/test_paths.h"
+
 namespace tailserve {
 namespace {
 
@@ -30,6 +33,25 @@ TEST_F(ValidateTest, AcceptsAndTokenizes) {
   EXPECT_EQ(p->prompt.size(), 5u);
   EXPECT_EQ(p->priority, v1::PRIORITY_STANDARD);
   EXPECT_EQ(p->max_tokens, 5);
+}
+
+// A text prompt gets what the model's tokenizer adds around an input (the shipped model's BOS, as
+// it was trained and as HuggingFace encodes); token ids are taken as sent.
+TEST_F(ValidateTest, TextPromptsGetTheTokenizersBos) {
+  TAILSERVE_REQUIRE_CHECKPOINT("tiny-en");
+  auto tok = ModelTokenizer::Load(testing::DefaultModelDir());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  limits_.max_prompt_tokens = 100;
+  auto text = ValidateRequest(req_, limits_, **tok);
+  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_GE(text->prompt.size(), 2u);
+  EXPECT_EQ(text->prompt.front(), 8190);  // <|begin_of_text|>
+  EXPECT_EQ(std::vector<int32_t>(text->prompt.begin() + 1, text->prompt.end()), (*tok)->Encode("hello"));
+  req_.clear_prompt();
+  for (int32_t id : (*tok)->Encode("hello")) req_.add_prompt_token_ids(id);
+  auto ids = ValidateRequest(req_, limits_, **tok);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->prompt, (*tok)->Encode("hello"));
 }
 
 TEST_F(ValidateTest, EmptyPrompt) {

@@ -168,5 +168,21 @@ TEST(WorkerPoolTest, NearTiesInPredictedTtftGoToTheLeastLoaded) {
   EXPECT_EQ(p.PickByTtft(10, {0, 0, 0}).value().worker, 0u);
 }
 
+// Like workers whose reported step times differ by more than 5% but less than half a step: a
+// one-step prediction cannot tell them apart, so the load decides, and traffic spreads.
+TEST(WorkerPoolTest, StepTimesWithinHalfAStepTieAndSpreadTheLoad) {
+  WorkerPool p({"a", "b"}, 2);
+  p.OnStatus(0, Queued(8, 3, 8, 0, 0, 512, 0.0030));
+  p.OnStatus(1, Queued(8, 0, 8, 0, 0, 512, 0.0036));  // 20% slower report, idle
+  EXPECT_EQ(p.PickByTtft(10, {0, 0}).value().worker, 1u);
+  p.AddInflight(1, 4);
+  EXPECT_EQ(p.PickByTtft(10, {0, 0}).value().worker, 0u);
+  // A worker a whole step slower is not a tie: the faster one takes it although busier.
+  WorkerPool q({"a", "b"}, 2);
+  q.OnStatus(0, Queued(8, 3, 8, 0, 0, 512, 0.0030));
+  q.OnStatus(1, Queued(8, 0, 8, 0, 0, 512, 0.0060));
+  EXPECT_EQ(q.PickByTtft(10, {0, 0}).value().worker, 0u);
+}
+
 }  // namespace
 }  // namespace tailserve

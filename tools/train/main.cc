@@ -65,14 +65,15 @@ int main(int argc, char** argv) {
   std::nth_element(steps.begin(), steps.begin() + steps.size() / 2, steps.end());
   const double median = steps[steps.size() / 2];
   const Predictor constant_median = [median](const FeatureVector&) { return median; };
-  std::printf("| data | rows | model | MAPE | MAE (steps) | within +-20%% |\n|---|---:|---|---:|---:|---:|\n");
+  std::printf("| data | rows | model | MAPE | MAE (steps) | within +-20%% | rank correlation |\n"
+              "|---|---:|---|---:|---:|---:|---:|\n");
   for (const auto& [name, part] : {std::pair{"train", &train}, std::pair{"holdout", &test}}) {
     if (part->empty()) continue;
     for (const auto& [mname, p] : {std::pair{kind.c_str(), &fit.predict}, std::pair{"constant mean", &constant},
                                    std::pair{"constant median", &constant_median}}) {
       const Evaluation e = Evaluate(*p, *part);
-      std::printf("| %s | %zu | %s | %.1f%% | %.1f | %.1f%% |\n", name, part->size(), mname, 100 * e.mape, e.mae,
-                  100 * e.within_20);
+      std::printf("| %s | %zu | %s | %.1f%% | %.1f | %.1f%% | %.2f |\n", name, part->size(), mname, 100 * e.mape,
+                  e.mae, 100 * e.within_20, e.rank_corr);
     }
   }
   std::ofstream file(out, std::ios::binary);

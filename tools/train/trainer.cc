@@ -1,5 +1,6 @@
 #include "tools/train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <random>
@@ -205,10 +206,42 @@ Fit FitMlp(const std::vector<Sample>& samples, int hidden, int epochs, uint64_t 
   return fit;
 }
 
+namespace {
+std::vector<double> Ranks(const std::vector<double>& v) {
+  std::vector<size_t> order(v.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return v[a] < v[b]; });
+  std::vector<double> rank(v.size());
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i;
+    while (j + 1 < order.size() && v[order[j + 1]] == v[order[i]]) ++j;
+    for (size_t k = i; k <= j; ++k) rank[order[k]] = 0.5 * static_cast<double>(i + j);
+    i = j + 1;
+  }
+  return rank;
+}
+}  // namespace
+
+double RankCorrelation(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size() || a.size() < 2) return 0;
+  const std::vector<double> ra = Ranks(a), rb = Ranks(b);
+  const double n = static_cast<double>(a.size()), mean = 0.5 * (n - 1);
+  double cov = 0, va = 0, vb = 0;
+  for (size_t i = 0; i < ra.size(); ++i) {
+    cov += (ra[i] - mean) * (rb[i] - mean);
+    va += (ra[i] - mean) * (ra[i] - mean);
+    vb += (rb[i] - mean) * (rb[i] - mean);
+  }
+  return va > 0 && vb > 0 ? cov / std::sqrt(va * vb) : 0.0;
+}
+
 Evaluation Evaluate(const Predictor& p, const std::vector<Sample>& samples) {
   Evaluation e;
+  std::vector<double> predicted, actual;
   for (const Sample& s : samples) {
     const double pred = p(s.x), err = std::abs(pred - s.steps);
+    predicted.push_back(pred);
+    actual.push_back(s.steps);
     e.mae += err;
     e.mape += err / s.steps;
     e.within_20 += err <= 0.2 * s.steps ? 1 : 0;
@@ -217,6 +250,7 @@ Evaluation Evaluate(const Predictor& p, const std::vector<Sample>& samples) {
   e.mae /= n;
   e.mape /= n;
   e.within_20 /= n;
+  e.rank_corr = RankCorrelation(predicted, actual);
   return e;
 }
 

@@ -37,7 +37,12 @@ struct Evaluation {
   double mape = 0;         // mean |pred - actual| / actual
   double mae = 0;          // mean |pred - actual| in steps
   double within_20 = 0;    // share of predictions within +-20% of the actual
+  // Spearman's rank correlation of predicted and actual: how well the predictions order requests
+  // (what shortest-first admission and preemption use); 0 when either side is constant.
+  double rank_corr = 0;
 };
 Evaluation Evaluate(const Predictor& p, const std::vector<Sample>& samples);
+// Spearman's rho (ties get their mean rank); 0 for fewer than two values or a constant side.
+double RankCorrelation(const std::vector<double>& a, const std::vector<double>& b);
 
 }  // namespace tailserve
