@@ -79,6 +79,10 @@ struct RouterConfig {
   // prefix_index_blocks 16-token blocks a worker, least recently routed forgotten first).
   bool cache_aware_routing = true;
   int prefix_index_blocks = 65536;
+  // batching.mode slo: a request with a session_id whose prompt no worker is known to hold goes
+  // where its session's last request went, unless that worker's predicted TTFT is more than one
+  // of its steps above the best (the session's cached turns there will likely save more).
+  bool session_affinity = true;
   // Checkpoint directory whose tokenizer.json (text prompts, streamed text) and context length the
   // router uses; empty: a byte tokenizer (sim clusters).
   std::string model_path;

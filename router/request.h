@@ -19,6 +19,8 @@ struct ParsedRequest {
   // As sent (0: the class default, which the core fills in from router.slo).
   int32_t ttft_slo_ms = 0;
   int32_t tpot_slo_ms = 0;
+  // The client's conversation id (empty: none), an affinity hint for placement.
+  std::string session_id;
   // Share of non-alphanumeric characters in the prompt text (a predictor feature).
   double non_alnum_ratio = 0;
 };

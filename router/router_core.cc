@@ -460,6 +460,21 @@ bool RouterCore::Dispatch(SteadyTime now) {
         w = pick->worker;
         predicted_ttft = pick->ttft_seconds;
       }
+      // Session affinity: no worker is known to hold this prompt, but its session's last request
+      // went to one, whose cache likely holds the conversation.
+      const bool known = prefix_index_ && std::any_of(cached.begin(), cached.end(), [](int64_t c) { return c > 0; });
+      if (config_.router.session_affinity && !r.req.session_id.empty() && !known) {
+        if (const std::optional<size_t> s = sessions_.Worker(r.req.session_id);
+            s && *s != *w && pool_.Free(*s) > 0) {
+          const double t = pool_.PredictTtftSeconds(*s, prompt, *s < remaining.size() ? remaining[*s] : 0);
+          if (t <= predicted_ttft + pool_.ttft_correction() * pool_.StepSeconds(*s)) {
+            w = *s;
+            predicted_ttft = t;
+            metrics_.session_affinity_placements.Inc();
+          }
+        }
+      }
+      if (!r.req.session_id.empty()) sessions_.Record(r.req.session_id, *w);
       pool_.AddQueuedPrompt(*w, prompt - (prefix_index_ ? cached[*w] : 0));
       if (prefix_index_) prefix_index_->Record(*w, blocks);
     }

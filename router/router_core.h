@@ -19,6 +19,7 @@
 #include "router/router_metrics.h"
 #include "router/worker_client.h"
 #include "router/prefix_index.h"
+#include "router/session_map.h"
 #include "router/worker_pool.h"
 
 namespace tailserve {
@@ -122,6 +123,7 @@ class RouterCore {
   const Config config_;
   WorkerPool pool_;
   std::optional<PrefixIndex> prefix_index_;  // cache-aware placement (slo mode)
+  SessionMap sessions_{65536};                // session affinity (slo mode)
   std::vector<std::unique_ptr<WorkerClient>> workers_;
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<LengthPredictor> predictor_;

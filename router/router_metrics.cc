@@ -77,6 +77,10 @@ RouterMetrics::RouterMetrics(Registry& r, double w)
                               "1 while drift is detected (FIFO batching, rule predictions).")
                        .Get()),
       drift_events(r.AddCounter("tailserve_router_predictor_drift_events_total", "Times drift was detected.").Get()),
+      session_affinity_placements(r.AddCounter("tailserve_router_session_affinity_placements_total",
+                                               "Requests placed on their session's last worker rather than the "
+                                               "one of least predicted TTFT (router.session_affinity).")
+                                      .Get()),
       batch_prediction_cv(r.AddHistogram("tailserve_router_batch_prediction_cv_ratio",
                                          "Coefficient of variation (std / mean) of predicted steps within a batch.",
                                          {0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2})

@@ -32,6 +32,7 @@ struct RouterMetrics {
   Gauge& predictor_window_mape;
   Gauge& drift_active;
   Counter& drift_events;
+  Counter& session_affinity_placements;
   Histogram& batch_prediction_cv;
   Registry::Family<Gauge>& worker_up;  // worker
 };

@@ -21,6 +21,10 @@ absl::StatusOr<ParsedRequest> ValidateRequest(const v1::GenerateRequest& req, co
     return Invalid("request_id", absl::StrCat("longer than ", kMaxRequestIdBytes, " bytes"));
   }
   out.request_id = req.request_id();
+  if (req.session_id().size() > kMaxRequestIdBytes) {
+    return Invalid("session_id", absl::StrCat("longer than ", kMaxRequestIdBytes, " bytes"));
+  }
+  out.session_id = req.session_id();
 
   const bool has_text = !req.prompt().empty();
   const bool has_ids = !req.prompt_token_ids().empty();

@@ -54,6 +54,15 @@ TEST_F(ValidateTest, TextPromptsGetTheTokenizersBos) {
   EXPECT_EQ(ids->prompt, (*tok)->Encode("hello"));
 }
 
+TEST_F(ValidateTest, SessionId) {
+  req_.set_session_id("chat-7");
+  auto p = ValidateRequest(req_, limits_, tok_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->session_id, "chat-7");
+  req_.set_session_id(std::string(257, 's'));
+  ExpectInvalid("session_id: longer than 256 bytes");
+}
+
 TEST_F(ValidateTest, EmptyPrompt) {
   req_.clear_prompt();
   ExpectInvalid("prompt: must not be empty");

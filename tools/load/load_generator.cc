@@ -22,6 +22,7 @@
 #include "common/sim_token.h"
 #include "common/splitmix.h"
 #include "tailserve/v1/generation.grpc.pb.h"
+#include "tools/load/stream_call.h"
 
 namespace tailserve {
 namespace {
@@ -39,59 +40,6 @@ std::optional<double> ParseTimestamp(const std::string& s) {
   }
   return absl::ToDoubleSeconds(t - absl::UnixEpoch()) + frac;
 }
-
-class Call final : public grpc::ClientReadReactor<v1::GenerateResponse> {
- public:
-  // stop_after > 0: the client hangs up once it holds that many tokens (LoadOptions::client_stop).
-  Call(v1::Generation::Stub* stub, v1::GenerateRequest req, double timeout_s, int32_t stop_after, RequestResult* out,
-       std::function<void()> done)
-      : req_(std::move(req)), out_(out), done_(std::move(done)), stop_after_(stop_after) {
-    ctx_.set_deadline(std::chrono::system_clock::now() +
-                      std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)));
-    start_ = std::chrono::steady_clock::now();
-    stub->async()->Generate(&ctx_, &req_, this);
-    StartRead(&resp_);
-    StartCall();
-  }
-  void OnReadDone(bool ok) override {
-    if (!ok) return;
-    if (resp_.token_ids_size() > 0 && out_->tokens == 0) out_->ttft_s = Since();
-    out_->tokens += resp_.token_ids_size();
-    if (resp_.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
-      out_->finish_reason = resp_.finish_reason();
-      out_->queue_s = resp_.timings().queue_seconds();
-      out_->dispatches = resp_.timings().dispatches();
-    }
-    if (stop_after_ > 0 && out_->tokens >= stop_after_ && !stopped_) {
-      // The request ends here for the client; what the server still streams is not counted.
-      stopped_ = true;
-      out_->tokens = stop_after_;
-      out_->e2e_s = Since();
-      ctx_.TryCancel();
-    }
-    StartRead(&resp_);
-  }
-  void OnDone(const grpc::Status& s) override {
-    out_->code = stopped_ ? grpc::StatusCode::OK : s.error_code();
-    if (!stopped_) out_->e2e_s = Since();
-    // Delete before signalling: once the caller hears the last call is done it tears down the
-    // channel, and no ClientContext may outlive that.
-    auto done = std::move(done_);
-    delete this;
-    done();
-  }
-
- private:
-  double Since() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
-  grpc::ClientContext ctx_;
-  v1::GenerateRequest req_;
-  v1::GenerateResponse resp_;
-  RequestResult* out_;
-  std::function<void()> done_;
-  const int32_t stop_after_;
-  bool stopped_ = false;
-  std::chrono::steady_clock::time_point start_;
-};
 
 std::string CodeName(int code) {
   static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
@@ -150,9 +98,12 @@ absl::StatusOr<std::vector<PlannedRequest>> LoadTrace(const std::string& path, d
     const double at = t - *first;
     if (at < window.from_s) continue;
     if (window.duration_s > 0 && at >= window.from_s + window.duration_s) break;
-    plan.push_back({(at - window.from_s) / speed,
-                    static_cast<int32_t>(std::clamp<int64_t>(prompt, 1, max_prompt_tokens)),
-                    static_cast<int32_t>(std::max<int64_t>(output, 1)), std::move(hash_ids)});
+    PlannedRequest r;
+    r.arrival_s = (at - window.from_s) / speed;
+    r.prompt_tokens = static_cast<int32_t>(std::clamp<int64_t>(prompt, 1, max_prompt_tokens));
+    r.max_tokens = static_cast<int32_t>(std::max<int64_t>(output, 1));
+    r.hash_ids = std::move(hash_ids);
+    plan.push_back(std::move(r));
   }
   return plan;
 }
@@ -196,7 +147,13 @@ absl::StatusOr<std::vector<PlannedRequest>> LoadPromptSet(const std::string& pat
 
 std::vector<PlannedRequest> FixedRatePlan(size_t n, double rate, int32_t prompt_tokens, int32_t max_tokens) {
   std::vector<PlannedRequest> plan;
-  for (size_t i = 0; i < n; ++i) plan.push_back({rate > 0 ? i / rate : 0.0, prompt_tokens, max_tokens});
+  for (size_t i = 0; i < n; ++i) {
+    PlannedRequest r;
+    r.arrival_s = rate > 0 ? i / rate : 0.0;
+    r.prompt_tokens = prompt_tokens;
+    r.max_tokens = max_tokens;
+    plan.push_back(std::move(r));
+  }
   return plan;
 }
 
@@ -263,7 +220,8 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<PlannedRequest>& plan
     }
     req.set_priority(static_cast<v1::Priority>(o.priority));
     report.results[i].expected_tokens = plan[i].max_tokens;
-    new Call(stub.get(), std::move(req), o.timeout_s, o.client_stop ? plan[i].max_tokens : 0, &report.results[i], [&] {
+    StartStreamingCall(stub.get(), std::move(req), o.timeout_s, o.client_stop ? plan[i].max_tokens : 0,
+                       &report.results[i], nullptr, [&] {
       std::lock_guard lock(mu);
       if (--remaining == 0) cv.notify_all();
     });
@@ -284,11 +242,14 @@ struct Summary {
   std::vector<double> queue, ttft, e2e, per_token, tpot;
   std::vector<double> output_tokens;  // per successful request
   size_t ended_by_stop = 0;           // of them, ended by EOS or a stop string
+  int64_t prompt_tokens = 0, cached_prompt_tokens = 0;  // all results' usage
 };
 Summary Summarise(const LoadReport& r) {
   Summary s;
   for (const auto& x : r.results) {
     ++s.codes[CodeName(x.code)];
+    s.prompt_tokens += x.prompt_tokens;
+    s.cached_prompt_tokens += x.cached_prompt_tokens;
     if (x.code != 0) continue;
     ++s.ok;
     s.tokens += x.tokens;
@@ -329,6 +290,15 @@ std::string LoadReport::Table() const {
                            Percentile(s.output_tokens, 0.9), Percentile(s.output_tokens, 1.0),
                            100.0 * s.ended_by_stop / s.ok);
   }
+  if (s.cached_prompt_tokens > 0 || oracle_cached_tokens >= 0) {
+    out += absl::StrFormat("prefix cache: %.1f%% of %d prompt tokens cached", 100.0 * s.cached_prompt_tokens /
+                           std::max<int64_t>(1, s.prompt_tokens), s.prompt_tokens);
+    if (oracle_cached_tokens >= 0) {
+      out += absl::StrFormat(" (an unbounded cache: %.1f%%)",
+                             100.0 * oracle_cached_tokens / std::max<int64_t>(1, oracle_prompt_tokens));
+    }
+    out += "\n";
+  }
   out += absl::StrFormat("mean e2e %.2f ms; SLO (TTFT <= %.0f ms, TPOT <= %.0f ms) met by %.1f%%, goodput %.2f req/s\n",
                          s.ok ? 1e3 * s.e2e_sum / s.ok : 0.0, 1e3 * ttft_slo_s, 1e3 * tpot_slo_s,
                          results.empty() ? 0.0 : 100.0 * s.attained / results.size(), s.attained / wall_s);
@@ -358,6 +328,12 @@ std::string LoadReport::Json() const {
                         {"p90", Percentile(s.output_tokens, 0.9)},
                         {"max", Percentile(s.output_tokens, 1.0)}};
   j["ended_by_stop"] = s.ok ? static_cast<double>(s.ended_by_stop) / s.ok : 0.0;
+  j["prompt_tokens"] = s.prompt_tokens;
+  j["cached_prompt_tokens"] = s.cached_prompt_tokens;
+  if (oracle_cached_tokens >= 0) {
+    j["oracle_cached_tokens"] = oracle_cached_tokens;
+    j["oracle_prompt_tokens"] = oracle_prompt_tokens;
+  }
   j["slo"] = {{"ttft_s", ttft_slo_s}, {"tpot_s", tpot_slo_s}};
   j["slo_attainment"] = results.empty() ? 0.0 : static_cast<double>(s.attained) / results.size();
   j["goodput_rps"] = s.attained / wall_s;

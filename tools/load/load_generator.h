@@ -84,6 +84,7 @@ struct RequestResult {
   int32_t tokens = 0;
   int32_t expected_tokens = 0;
   int finish_reason = 0;  // tailserve.v1.FinishReason of the last response (0: none came)
+  int32_t prompt_tokens = 0, cached_prompt_tokens = 0;  // the final response's usage
   int dispatches = 0;
   // Time per output token after the first, (e2e − ttft) / (tokens − 1); 0 with fewer than two.
   double tpot_s() const { return tokens > 1 ? (e2e_s - ttft_s) / (tokens - 1) : 0.0; }
@@ -91,6 +92,9 @@ struct RequestResult {
 
 struct LoadReport {
   double wall_s = 0;
+  // Prompt tokens one unbounded prefix cache would have held (16-token blocks), where the
+  // workload knows (RunMultiTurn); -1 otherwise. The served share is the results' own usage.
+  int64_t oracle_cached_tokens = -1, oracle_prompt_tokens = 0;
   double ttft_slo_s = 1.0, tpot_slo_s = 0.05;  // LoadOptions'
   std::vector<RequestResult> results;
   std::string Table() const;  // human-readable summary

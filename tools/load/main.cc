@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "tools/load/load_generator.h"
+#include "tools/load/multi_turn.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"tailserve load generator"};
@@ -39,6 +40,15 @@ int main(int argc, char** argv) {
   app.add_option("--priority", o.priority, "priority enum value (1 interactive, 2 standard, 3 batch)");
   app.add_option("--seed", o.seed, "seed for prompts and sampling seeds");
   app.add_option("--json", json_out, "also write the summary as JSON here");
+  tailserve::MultiTurnSpec chat;
+  chat.users = 0;
+  app.add_option("--chat-users", chat.users, "multi-turn chat workload: this many conversations (0: off)");
+  app.add_option("--chat-turns", chat.turns, "... requests per conversation, each re-sending it whole")->capture_default_str();
+  app.add_option("--chat-rate", chat.user_rate, "... conversations started per second")->capture_default_str();
+  app.add_option("--chat-system-tokens", chat.system_tokens, "... system prompt shared by all")->capture_default_str();
+  app.add_option("--chat-user-tokens", chat.user_tokens, "... mean new user message")->capture_default_str();
+  app.add_option("--chat-answer-tokens", chat.answer_tokens, "... mean answer")->capture_default_str();
+  app.add_option("--chat-think-s", chat.think_s, "... seconds from an answer to the next turn")->capture_default_str();
   double ttft_slo_ms = 1000, tpot_slo_ms = 50;
   app.add_option("--ttft-slo-ms", ttft_slo_ms, "SLO attainment and goodput: the largest TTFT (ms) that meets it")
       ->check(CLI::PositiveNumber)
@@ -50,9 +60,17 @@ int main(int argc, char** argv) {
   o.ttft_slo_s = ttft_slo_ms / 1000.0, o.tpot_slo_s = tpot_slo_ms / 1000.0;
 
   std::vector<tailserve::PlannedRequest> plan;
-  if (!trace.empty() && !prompts.empty()) {
-    std::fprintf(stderr, "give --trace or --prompts, not both\n");
+  if (!trace.empty() + !prompts.empty() + (chat.users > 0) > 1) {
+    std::fprintf(stderr, "give one of --trace, --prompts and --chat-users\n");
     return 2;
+  }
+  if (chat.users > 0) {
+    const tailserve::LoadReport report = tailserve::RunMultiTurn(o, chat);
+    std::printf("%s", report.Table().c_str());
+    if (!json_out.empty()) std::ofstream(json_out) << report.Json() << "\n";
+    size_t ok = 0;
+    for (const auto& r : report.results) ok += r.code == 0;
+    return ok == report.results.size() ? 0 : 1;
   }
   if (!prompts.empty() || !trace.empty()) {
     auto t = !prompts.empty() ? tailserve::LoadPromptSet(prompts, rate, max_tokens, requests)

@@ -1,0 +1,18 @@
+#pragma once
+// One streamed Generate call of the load generator, on gRPC's callback API: fills a RequestResult
+// as responses arrive and calls `done` once the call is over (after freeing itself).
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "tailserve/v1/generation.grpc.pb.h"
+#include "tools/load/load_generator.h"
+
+namespace tailserve {
+
+// stop_after > 0: the client hangs up once it holds that many tokens (LoadOptions::client_stop),
+// a success ending there. tokens_out (optional): the generated token ids, as streamed.
+void StartStreamingCall(v1::Generation::Stub* stub, v1::GenerateRequest req, double timeout_s, int32_t stop_after,
+                        RequestResult* out, std::vector<int32_t>* tokens_out, std::function<void()> done);
+
+}  // namespace tailserve
