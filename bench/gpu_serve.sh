@@ -7,7 +7,8 @@
 # up to 4096 tokens and the client hangs up at the trace's output length (tailserve-load
 # --client-stop). Each run's summary (JSON), router and worker metrics land in $OUT/serve, with the
 # step cost the worker learned (tailserve_worker_step_cost_seconds, sampled every 10 s): the
-# constants the sim's mixed-step cost model takes. Prints bench/ladb_table.py's table.
+# constants the sim's mixed-step cost model takes. Prints bench/ladb_table.py's table. The router
+# has no checkpoint, so its byte tokenizer takes ids below 256 (SERVE_VOCAB): the load stays in it.
 #
 # On the device: bash bench/gpu_run.sh serve (after bench/gpu_pack.sh with SERVE=1, from the tree that
 # is sent: the programs read its ladb_config.yaml, and a key they do not know stops them). Without a GPU,
@@ -76,7 +77,7 @@ for speed in $SPEEDS; do
     sampler=$!
     timeout 400 .gpu/run "$B/tailserve-load" --target "127.0.0.1:$(port_of "$r/r" grpc_port)" --trace "$DATA/conv.csv" \
       --from-s "$FROM_S" --duration-s "$WINDOW_S" --speed "$speed" --client-stop --max-prompt-tokens 16384 \
-      --vocab "${SERVE_VOCAB:-32000}" --timeout-s 120 --json "$D/$run.json" > "$D/$run.load" 2>&1
+      --vocab "${SERVE_VOCAB:-256}" --timeout-s 120 --json "$D/$run.json" > "$D/$run.load" 2>&1
     kill "$sampler" 2>/dev/null
     curl -s "localhost:$r_http/metrics" > "$D/$run.metrics"
     curl -s "localhost:$w_http/metrics" > "$D/$run.wmetrics"

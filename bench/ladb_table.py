@@ -22,7 +22,7 @@ def metric(trace, speed, mode, pattern, ext="metrics"):
 
 order = lambda kv: (kv[0][0], float(kv[0][1]), kv[0][2] != "fcfs", kv[0][2])
 
-ms = lambda s: f"{1000 * s:.0f}"
+ms = lambda s: "–" if s is None else f"{1000 * s:.0f}"  # None: no request succeeded
 print("| trace | speed | mode | ok/sent | req/s | tok/s | TTFT P50 / P95 / P99 ms | TPOT P50 / P95 / P99 ms"
       " | E2E P50 / P95 / P99 ms | mean E2E ms | SLO met | goodput req/s | budget re-dispatches"
       " | preemptions | batches full / min / timeout / immediate |")

@@ -167,7 +167,7 @@ TEST_P(ReferenceTest, IncrementalDecodeEqualsFullForward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Checkpoints, ReferenceTest, ::testing::Values("llama-gqa", "qwen2-bias-tied", "mixtral-moe"),
+INSTANTIATE_TEST_SUITE_P(Checkpoints, ReferenceTest, ::testing::Values("llama-gqa", "qwen2-bias-tied", "mixtral-moe", "tiny-en"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';

@@ -28,9 +28,7 @@ class LlamaShape:
 
     def hf_config(self, bos_token_id, eos_token_id):
         c = asdict(self)
-        # transformers 5's keys: a checkpoint written with them loads with its RoPE frequencies in
-        # the model's dtype (bf16-rounded, as trained and as tailserve serves); with the legacy
-        # torch_dtype/rope_theta keys transformers 5.17 keeps them in fp32 (5e-4 logit difference).
+        # transformers 5's keys, as ../shared/reference's checkpoints have them.
         c["rope_parameters"] = {"rope_theta": c.pop("rope_theta"), "rope_type": "default"}
         c.update({
             "architectures": ["LlamaForCausalLM"],

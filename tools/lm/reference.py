@@ -29,11 +29,14 @@ def load_model(ckpt):
         # Loaded as bf16 and then widened, as ../shared/reference was made: fp32 maths over the bf16
         # weights, with the RoPE frequencies rounded as a bf16 model holds them.
         m = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).float()
-        # The model was trained with bf16-rounded frequencies (tools/lm/model.py): a reference that
-        # used others would differ from training and serving by ~5e-4, so refuse to write one.
-        inv = m.model.rotary_emb.inv_freq
-        if not torch.equal(inv, inv.to(torch.bfloat16).float()):
-            sys.exit("transformers kept the RoPE frequencies in fp32 for this checkpoint; see model.py hf_config")
+        # The model was trained with bf16-rounded RoPE frequencies (tools/lm/model.py), which is
+        # what a bf16 model cast with .to(bfloat16) holds and what tailserve serves a bf16
+        # checkpoint with (../shared/reference was made that way); from_pretrained keeps them in
+        # fp32 (transformers 5.17), 5e-4 away in the logits. Use the trained ones.
+        rope = m.model.rotary_emb
+        rope.inv_freq = rope.inv_freq.to(torch.bfloat16).float()
+        if hasattr(rope, "original_inv_freq"):
+            rope.original_inv_freq = rope.inv_freq
         return (lambda ids: m(torch.tensor([ids])).logits[0]), f"transformers {transformers.__version__}"
     except ImportError:
         from model import LlamaForCausalLM, LlamaShape
