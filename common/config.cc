@@ -227,6 +227,7 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.Bool("cache_aware_routing", &r.cache_aware_routing);
     s.Int("prefix_index_blocks", &r.prefix_index_blocks, 1, 100'000'000);
     s.Bool("session_affinity", &r.session_affinity);
+    s.Double("max_load_imbalance", &r.max_load_imbalance, 0, 1000);
   }
   {
     Section s = top.Sub("worker");

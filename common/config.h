@@ -83,6 +83,10 @@ struct RouterConfig {
   // where its session's last request went, unless that worker's predicted TTFT is more than one
   // of its steps above the best (the session's cached turns there will likely save more).
   bool session_affinity = true;
+  // batching.mode slo: a worker whose sequences would exceed this multiple of the workers' mean
+  // (plus one) takes no new request while another has room below it, so a hot prefix cached on
+  // one worker cannot pin the traffic there. 0: off.
+  double max_load_imbalance = 1.25;
   // Checkpoint directory whose tokenizer.json (text prompts, streamed text) and context length the
   // router uses; empty: a byte tokenizer (sim clusters).
   std::string model_path;

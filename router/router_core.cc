@@ -49,6 +49,7 @@ RouterCore::RouterCore(const Config& config, std::vector<std::string> worker_add
       metrics_(metrics),
       clock_(clock),
       status_pending_(workers_.size(), false) {
+  pool_.set_max_load_imbalance(config_.router.max_load_imbalance);
   if (config_.batching.mode == "slo" && config_.router.cache_aware_routing) {
     prefix_index_.emplace(workers_.size(), static_cast<size_t>(config_.router.prefix_index_blocks));
   }
@@ -465,7 +466,7 @@ bool RouterCore::Dispatch(SteadyTime now) {
       const bool known = prefix_index_ && std::any_of(cached.begin(), cached.end(), [](int64_t c) { return c > 0; });
       if (config_.router.session_affinity && !r.req.session_id.empty() && !known) {
         if (const std::optional<size_t> s = sessions_.Worker(r.req.session_id);
-            s && *s != *w && pool_.Free(*s) > 0) {
+            s && *s != *w && pool_.Free(*s) > 0 && !pool_.Overloaded(*s)) {
           const double t = pool_.PredictTtftSeconds(*s, prompt, *s < remaining.size() ? remaining[*s] : 0);
           if (t <= predicted_ttft + pool_.ttft_correction() * pool_.StepSeconds(*s)) {
             w = *s;

@@ -90,13 +90,26 @@ double WorkerPool::PredictTtftSeconds(size_t i, int64_t prompt_tokens, double re
   return ttft_correction_ * step * (prefill_steps + slot_wait_steps);
 }
 
+bool WorkerPool::Overloaded(size_t i) const {
+  if (max_imbalance_ <= 0) return false;
+  int total = 1, healthy = 0;
+  for (size_t k = 0; k < workers_.size(); ++k) {
+    if (!workers_[k].healthy) continue;
+    total += Load(k);
+    ++healthy;
+  }
+  return healthy > 1 && Load(i) + 1 > max_imbalance_ * total / healthy + 1;
+}
+
 std::optional<WorkerPool::TtftPick> WorkerPool::BestTtft(int64_t prompt_tokens, const std::vector<double>& remaining_steps,
                                                          const std::vector<int64_t>* cached) const {
   std::optional<TtftPick> best;
   const size_t n = workers_.size();
+  bool balanced_room = false;  // some worker has room and is not overloaded
+  for (size_t i = 0; i < n; ++i) balanced_room = balanced_room || (Free(i) > 0 && !Overloaded(i));
   for (size_t k = 0; k < n; ++k) {
     const size_t i = (rotate_ + k) % n;
-    if (Free(i) <= 0) continue;
+    if (Free(i) <= 0 || (balanced_room && Overloaded(i))) continue;
     const int64_t uncached = prompt_tokens - (cached && i < cached->size() ? (*cached)[i] : 0);
     const double t = PredictTtftSeconds(i, uncached, i < remaining_steps.size() ? remaining_steps[i] : 0);
     // Predictions closer than half a step (or 5%) are ties, broken by load: a prediction counts

@@ -74,6 +74,13 @@ class WorkerPool {
   // Requests queued on worker i for their first token: waiting for a slot, or holding one while
   // their prompt is prefilled in chunks; as last reported (or assumed full after a refusal).
   int queued(size_t i) const { return workers_[i].waiting_reported + workers_[i].prefilling_reported; }
+  // Balance for the TTFT placements: a worker whose sequences, with one more, would exceed
+  // `factor` times the healthy workers' mean (with it) plus one is overloaded and passed over
+  // while another has room (router.max_load_imbalance; 0: off). A prefix cached on one worker
+  // makes it look fastest to every request that shares it; this keeps a hot prefix from pinning
+  // the traffic there (SGLang's cache-aware router balances the same way).
+  void set_max_load_imbalance(double factor) { max_imbalance_ = factor; }
+  bool Overloaded(size_t i) const;
   // Mean of the healthy workers' reported median step time (0 before any report).
   double MeanStepSeconds() const;
   // Worker i's median step time as the predictions use it: its report, else the pool's mean, else
@@ -100,6 +107,7 @@ class WorkerPool {
     double step_p50_seconds = 0;
   };
   const int unhealthy_after_;
+  double max_imbalance_ = 0;
   std::vector<Worker> workers_;
   size_t rotate_ = 0;
   double ttft_correction_ = 1;

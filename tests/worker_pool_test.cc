@@ -184,5 +184,32 @@ TEST(WorkerPoolTest, StepTimesWithinHalfAStepTieAndSpreadTheLoad) {
   EXPECT_EQ(q.PickByTtft(10, {0, 0}).value().worker, 0u);
 }
 
+// A prefix cached on one worker makes it the fastest for every request sharing it; past the
+// imbalance bound it is passed over while another has room, and back once the others catch up.
+TEST(WorkerPoolTest, AHotPrefixCannotPinTheTrafficPastTheImbalanceBound) {
+  WorkerPool p({"hot", "b", "c", "d"}, 2);
+  for (size_t i = 0; i < 4; ++i) p.OnStatus(i, Queued(64, 0, 8, 0, 0, 512, 0.004));
+  p.set_max_load_imbalance(1.25);
+  const std::vector<int64_t> cached = {1024, 0, 0, 0};  // "hot" holds the shared 1024-token prefix
+  // 2048-token prompts: uncached, four 512-token steps; on "hot", two.
+  int hot = 0;
+  for (int k = 0; k < 40; ++k) {
+    const size_t w = p.PickByTtft(2048, {0, 0, 0, 0}, &cached).value().worker;
+    p.AddInflight(w, 1);
+    hot += w == 0;
+  }
+  // Mean 10: "hot" stops at 1.25 x mean + 1; the others share the rest.
+  EXPECT_GT(hot, 10);
+  EXPECT_LE(hot, 15);
+  EXPECT_FALSE(p.Overloaded(1));
+  p.set_max_load_imbalance(0);  // off: the cache wins every time
+  EXPECT_EQ(p.PickByTtft(2048, {0, 0, 0, 0}, &cached).value().worker, 0u);
+  // One worker is never overloaded.
+  WorkerPool one({"a"}, 2);
+  one.OnStatus(0, Queued(64, 50, 8, 0, 0, 512, 0.004));
+  one.set_max_load_imbalance(1.25);
+  EXPECT_FALSE(one.Overloaded(0));
+}
+
 }  // namespace
 }  // namespace tailserve
