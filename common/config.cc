@@ -226,6 +226,7 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.Int("slo_reject_waiting", &r.slo_reject_waiting, 0, 10'000'000);
     s.Bool("cache_aware_routing", &r.cache_aware_routing);
     s.Int("prefix_index_blocks", &r.prefix_index_blocks, 1, 100'000'000);
+    s.Bool("prefix_cache_events", &r.prefix_cache_events);
     s.Bool("session_affinity", &r.session_affinity);
     s.Double("max_load_imbalance", &r.max_load_imbalance, 0, 1000);
   }

@@ -79,6 +79,10 @@ struct RouterConfig {
   // prefix_index_blocks 16-token blocks a worker, least recently routed forgotten first).
   bool cache_aware_routing = true;
   int prefix_index_blocks = 65536;
+  // Cache-aware placement follows what each worker's cache stored and evicted (its events, in the
+  // status it answers every health_check_interval_ms) once it sends them; false: the router's own
+  // placements only.
+  bool prefix_cache_events = true;
   // batching.mode slo: a request with a session_id whose prompt no worker is known to hold goes
   // where its session's last request went, unless that worker's predicted TTFT is more than one
   // of its steps above the best (the session's cached turns there will likely save more).

@@ -48,10 +48,13 @@ RouterCore::RouterCore(const Config& config, std::vector<std::string> worker_add
       tokenizer_(tokenizer),
       metrics_(metrics),
       clock_(clock),
-      status_pending_(workers_.size(), false) {
+      status_pending_(workers_.size(), false),
+      kv_cursor_(workers_.size()) {
   pool_.set_max_load_imbalance(config_.router.max_load_imbalance);
   if (config_.batching.mode == "slo" && config_.router.cache_aware_routing) {
-    prefix_index_.emplace(workers_.size(), static_cast<size_t>(config_.router.prefix_index_blocks));
+    // A placement counts until the worker's events have had two polls to show its blocks.
+    prefix_index_.emplace(workers_.size(), static_cast<size_t>(config_.router.prefix_index_blocks),
+                          2 * std::chrono::milliseconds(config_.router.health_check_interval_ms));
   }
   UpdateGauges();
 }
@@ -346,6 +349,10 @@ void RouterCore::OnBatchDone(uint64_t batch_id, const grpc::Status& status) {
 
 void RouterCore::WorkerDown(size_t worker) {
   if (pool_.MarkDown(worker)) spdlog::warn("worker {} out of rotation", pool_.address(worker));
+  // What it cached may be gone (a restart): learn it again from a snapshot.
+  if (prefix_index_) prefix_index_->Forget(worker);
+  kv_cursor_[worker].Clear();
+  UpdatePrefixEventGauge();
   // Streams to a worker out of rotation may hang (a stopped process keeps its sockets): cancel them
   // so their sequences are re-dispatched now.
   for (auto& [id, b] : batches_) {
@@ -353,8 +360,25 @@ void RouterCore::WorkerDown(size_t worker) {
   }
 }
 
+void RouterCore::UpdatePrefixEventGauge() {
+  int n = 0;
+  for (size_t w = 0; prefix_index_ && w < workers_.size(); ++w) n += prefix_index_->exact(w);
+  metrics_.prefix_event_workers.Set(n);
+}
+
 void RouterCore::OnStatus(size_t worker, const absl::StatusOr<v1::WorkerStatus>& status) {
   status_pending_[worker] = false;
+  if (status.ok() && status->has_kv_events() && prefix_index_ && config_.router.prefix_cache_events) {
+    const v1::KvCacheEvents& ev = status->kv_events();
+    if (ev.block_size() == PrefixIndex::kBlockTokens) {
+      prefix_index_->ApplyEvents(worker, ev.salt(), ev.snapshot(),
+                                 std::span<const uint64_t>(ev.stored().data(), ev.stored().size()),
+                                 std::span<const uint64_t>(ev.removed().data(), ev.removed().size()));
+      kv_cursor_[worker].set_kv_events_since(ev.next());
+      kv_cursor_[worker].set_kv_events_epoch(ev.epoch());
+      UpdatePrefixEventGauge();
+    }
+  }
   if (!pool_.OnStatus(worker, status)) return;
   if (pool_.healthy(worker)) {
     spdlog::info("worker {} in rotation ({} slots)", pool_.address(worker), status->total_slots());
@@ -372,7 +396,7 @@ void RouterCore::PollWorkers() {
   for (size_t w = 0; w < workers_.size(); ++w) {
     if (status_pending_[w]) continue;
     status_pending_[w] = true;
-    workers_[w]->Status(std::chrono::milliseconds(config_.router.health_check_timeout_ms),
+    workers_[w]->Status(std::chrono::milliseconds(config_.router.health_check_timeout_ms), kv_cursor_[w],
                         [this, w](absl::StatusOr<v1::WorkerStatus> s) {
                           commands_.Post([this, w, s = std::move(s)] { OnStatus(w, s); });
                         });
@@ -386,7 +410,7 @@ absl::Status RouterCore::RejectEarly(const Request& r) const {
   // The worker placement would pick; none with room: the router's own queue
   // (router.max_queue_size) takes it.
   std::vector<int64_t> cached;
-  if (prefix_index_) cached = prefix_index_->Overlap(PrefixIndex::Hash(r.req.prompt));
+  if (prefix_index_) cached = prefix_index_->Overlap(PrefixIndex::Hash(r.req.prompt), clock_.Now());
   const std::optional<WorkerPool::TtftPick> best =
       pool_.BestTtft(prompt, MeanRemainingSteps(), prefix_index_ ? &cached : nullptr);
   if (!best || pool_.queued(best->worker) < depth) return absl::OkStatus();
@@ -445,15 +469,16 @@ bool RouterCore::Dispatch(SteadyTime now) {
       // Cache-aware: each worker's prediction counts only what its prefix cache lacks.
       PrefixIndex::Blocks blocks;
       std::vector<int64_t> cached;
+      std::vector<int32_t> redispatched;  // a re-dispatch: the prompt and what it generated so far
       if (prefix_index_) {
         if (r.generated.empty()) {
           blocks = PrefixIndex::Hash(r.req.prompt);
-        } else {  // a re-dispatch: the prompt and what it generated so far
-          std::vector<int32_t> tokens = r.req.prompt;
-          tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
-          blocks = PrefixIndex::Hash(tokens);
+        } else {
+          redispatched = r.req.prompt;
+          redispatched.insert(redispatched.end(), r.generated.begin(), r.generated.end());
+          blocks = PrefixIndex::Hash(redispatched);
         }
-        cached = prefix_index_->Overlap(blocks);
+        cached = prefix_index_->Overlap(blocks, now);
       }
       // Pick found room, so this finds a worker too.
       if (const std::optional<WorkerPool::TtftPick> pick =
@@ -477,7 +502,7 @@ bool RouterCore::Dispatch(SteadyTime now) {
       }
       if (!r.req.session_id.empty()) sessions_.Record(r.req.session_id, *w);
       pool_.AddQueuedPrompt(*w, prompt - (prefix_index_ ? cached[*w] : 0));
-      if (prefix_index_) prefix_index_->Record(*w, blocks);
+      if (prefix_index_) prefix_index_->Record(*w, blocks, now);
     }
     const uint64_t batch_id = next_batch_++;
     v1::Batch batch;

@@ -119,6 +119,7 @@ class RouterCore {
   // Per worker, the mean predicted decode steps left of this router's sequences there (slo
   // placement's estimate of how soon a slot frees).
   std::vector<double> MeanRemainingSteps() const;
+  void UpdatePrefixEventGauge();
 
   const Config config_;
   WorkerPool pool_;
@@ -144,6 +145,7 @@ class RouterCore {
   std::unordered_map<uint64_t, InflightBatch> batches_;
   uint64_t next_batch_ = 1;
   std::vector<bool> status_pending_;
+  std::vector<v1::StatusRequest> kv_cursor_;  // per worker: its prefix-cache event cursor
   SteadyTime next_poll_;
   std::mt19937_64 rng_{std::random_device{}()};
 };

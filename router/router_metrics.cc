@@ -81,6 +81,10 @@ RouterMetrics::RouterMetrics(Registry& r, double w)
                                                "Requests placed on their session's last worker rather than the "
                                                "one of least predicted TTFT (router.session_affinity).")
                                       .Get()),
+      prefix_event_workers(r.AddGauge("tailserve_router_prefix_cache_event_workers",
+                                      "Workers whose prefix cache the router follows by their events "
+                                      "(router.prefix_cache_events); the others by its own placements.")
+                               .Get()),
       batch_prediction_cv(r.AddHistogram("tailserve_router_batch_prediction_cv_ratio",
                                          "Coefficient of variation (std / mean) of predicted steps within a batch.",
                                          {0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2})

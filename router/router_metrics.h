@@ -33,6 +33,7 @@ struct RouterMetrics {
   Gauge& drift_active;
   Counter& drift_events;
   Counter& session_affinity_placements;
+  Gauge& prefix_event_workers;
   Histogram& batch_prediction_cv;
   Registry::Family<Gauge>& worker_up;  // worker
 };

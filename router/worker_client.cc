@@ -91,7 +91,7 @@ class GrpcWorkerClient final : public WorkerClient {
     stub_->async()->Cancel(&call->ctx, &call->req, &call->resp, [call](grpc::Status) { delete call; });
   }
 
-  void Status(std::chrono::milliseconds timeout,
+  void Status(std::chrono::milliseconds timeout, const v1::StatusRequest& request,
               std::function<void(absl::StatusOr<v1::WorkerStatus>)> done) override {
     struct Call {
       grpc::ClientContext ctx;
@@ -99,6 +99,7 @@ class GrpcWorkerClient final : public WorkerClient {
       v1::WorkerStatus resp;
     };
     auto* call = new Call;
+    call->req = request;
     call->ctx.set_deadline(std::chrono::system_clock::now() + timeout);
     stub_->async()->Status(&call->ctx, &call->req, &call->resp, [call, done = std::move(done)](grpc::Status s) {
       if (s.ok()) {

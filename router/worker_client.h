@@ -27,7 +27,8 @@ class WorkerClient {
   virtual std::shared_ptr<ExecuteCall> Execute(v1::Batch batch, std::function<void(v1::TokenEvent)> on_event,
                                                std::function<void(grpc::Status)> on_done) = 0;
   virtual void Cancel(std::vector<uint64_t> sequence_ids) = 0;
-  virtual void Status(std::chrono::milliseconds timeout,
+  // `request` carries the prefix-cache event cursor (kv_events_since / kv_events_epoch).
+  virtual void Status(std::chrono::milliseconds timeout, const v1::StatusRequest& request,
                       std::function<void(absl::StatusOr<v1::WorkerStatus>)> done) = 0;
 };
 

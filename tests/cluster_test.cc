@@ -156,6 +156,46 @@ TEST(ClusterTest, ARepeatedPromptIsServedFromThePrefixCache) {
   EXPECT_EQ(again.tokens(), ExpectedSimTokens(2, 4));
 }
 
+// The router follows the workers' cache events: long after its own placement has stopped counting
+// (two health-check intervals), it still places a repeated prompt where the worker's events say
+// the prefix is, and the worker's Status answers a snapshot, then only what changed.
+TEST(ClusterTest, PlacementFollowsTheWorkersCacheEvents) {
+  std::vector<std::string> workers = kFastSim;
+  workers.insert(workers.end(), {"--set", "worker.sim.kv_blocks=1000"});
+  Cluster cluster({2, workers, {"--set", "router.health_check_interval_ms=50"}});
+  ASSERT_TRUE(cluster.Start().ok());
+  auto stub = GenerationStub(cluster.router_target());
+  Stream first(stub.get(), Request(4, 1, /*prompt_tokens=*/1100));
+  ASSERT_TRUE(first.Wait().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  Stream again(stub.get(), Request(4, 2, /*prompt_tokens=*/1100));
+  ASSERT_TRUE(again.Wait().ok());
+  EXPECT_EQ(again.last().usage().cached_prompt_tokens(), 1088);
+
+  size_t stored = 0;
+  for (size_t w = 0; w < 2; ++w) {
+    auto worker = v1::Worker::NewStub(grpc::CreateChannel(cluster.worker_target(w), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::StatusRequest req;
+    v1::WorkerStatus status;
+    ASSERT_TRUE(worker->Status(&ctx, req, &status).ok());
+    ASSERT_TRUE(status.has_kv_events());
+    EXPECT_TRUE(status.kv_events().snapshot());
+    EXPECT_EQ(status.kv_events().block_size(), 16);
+    stored += status.kv_events().stored_size();
+    grpc::ClientContext ctx2;
+    req.set_kv_events_since(status.kv_events().next());
+    req.set_kv_events_epoch(status.kv_events().epoch());
+    ASSERT_TRUE(worker->Status(&ctx2, req, &status).ok());
+    EXPECT_FALSE(status.kv_events().snapshot());
+    EXPECT_EQ(status.kv_events().stored_size(), 0) << "nothing changed since";
+  }
+  EXPECT_EQ(stored, 1100u / 16) << "the prompt's full blocks, cached once";
+  std::string metrics;
+  ASSERT_EQ(HttpGet(cluster.router_http(), "/metrics", &metrics), 200);
+  EXPECT_EQ(MetricValue(metrics, "tailserve_router_prefix_cache_event_workers"), 2);
+}
+
 TEST(ClusterTest, FullQueueAnswersResourceExhausted) {
   // One slot per worker, no worker queue and room for two waiting requests in the router's: the
   // fifth concurrent request is refused.

@@ -318,3 +318,56 @@ TEST(KvPrefixCacheTest, OffAttachesNothingAndFreesEverything) {
 
 }  // namespace
 }  // namespace tailserve
+
+namespace tailserve {
+namespace {
+
+// The cache's event stream follows what it publishes and evicts; a reader that follows gets each
+// hash's last state since its cursor, one that fell behind (or is new) a snapshot.
+TEST(KvEventLogTest, FollowsPublishAndEvictionAndSnapshotsForNewReaders) {
+  CachingPool p;
+  const KvEventLog* log = p.kv.events();
+  ASSERT_NE(log, nullptr);
+  EXPECT_EQ(log->block_size(), 4);
+  const std::vector<int32_t> tokens = Tokens({}, 12, 0);
+  KvEventLog::Changes first = log->Since(0);
+  EXPECT_TRUE(first.snapshot);
+  EXPECT_TRUE(first.stored.empty());
+  p.Run(1, tokens);  // publishes 3 blocks
+  KvEventLog::Changes c = log->Since(first.next);
+  EXPECT_FALSE(c.snapshot);
+  EXPECT_EQ(c.stored.size(), 3u);
+  EXPECT_TRUE(c.removed.empty());
+  // Evict the tail block (as in ReleasedBlocksStayCachedUntilEvictedTailFirst).
+  p.kv.Release(1);
+  ASSERT_TRUE(p.kv.AttachCachedPrefix(2, Tokens({100}, 24, 100)).ok());
+  ASSERT_TRUE(p.kv.EnsurePositions(*p.kv.Find(2), 24).ok());
+  KvEventLog::Changes after = log->Since(c.next);
+  ASSERT_EQ(after.removed.size(), 1u);
+  EXPECT_EQ(std::count(c.stored.begin(), c.stored.end(), after.removed[0]), 1) << "one of the published";
+  // From the start: stored then removed in one window leaves only the removal of that hash.
+  KvEventLog::Changes all = log->Since(first.next);
+  EXPECT_EQ(all.stored.size(), 2u);
+  EXPECT_EQ(all.removed.size(), 1u);
+  // A snapshot is what is cached now.
+  EXPECT_EQ(log->Since(0).stored.size(), 2u);
+  EXPECT_TRUE(log->Since(all.next + 5).snapshot) << "a cursor from the future (another log)";
+}
+
+TEST(KvEventLogTest, AReaderBehindTheRetainedWindowGetsASnapshot) {
+  KvEventLog log(1, 16, /*capacity=*/4);
+  const uint64_t start = log.Since(0).next;
+  for (uint64_t h = 10; h < 16; ++h) log.Stored(h);  // 6 events, 4 retained
+  log.Removed(10);
+  EXPECT_TRUE(log.Since(start).snapshot);
+  EXPECT_EQ(log.Since(start).stored.size(), 5u);
+  EXPECT_EQ(log.cached(), 5u);
+  const KvEventLog::Changes recent = log.Since(log.Since(0).next - 2);
+  EXPECT_FALSE(recent.snapshot);
+  EXPECT_EQ(recent.stored, std::vector<uint64_t>{15});
+  EXPECT_EQ(recent.removed, std::vector<uint64_t>{10});
+  EXPECT_NE(log.epoch(), KvEventLog(1, 16).epoch());
+}
+
+}  // namespace
+}  // namespace tailserve

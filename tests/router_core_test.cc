@@ -48,7 +48,12 @@ class FakeWorker final : public WorkerClient {
     cancelled_ids_.insert(cancelled_ids_.end(), ids.begin(), ids.end());
     cv_.notify_all();
   }
-  void Status(std::chrono::milliseconds, std::function<void(absl::StatusOr<v1::WorkerStatus>)> done) override {
+  void Status(std::chrono::milliseconds, const v1::StatusRequest& request,
+              std::function<void(absl::StatusOr<v1::WorkerStatus>)> done) override {
+    {
+      std::lock_guard lock(mu_);
+      last_status_request_ = request;
+    }
     v1::WorkerStatus s;
     {
       std::lock_guard lock(mu_);
@@ -81,9 +86,14 @@ class FakeWorker final : public WorkerClient {
     std::lock_guard lock(mu_);
     status_extra_ = std::move(extra);
   }
+  v1::StatusRequest last_status_request() {
+    std::lock_guard lock(mu_);
+    return last_status_request_;
+  }
 
  private:
   v1::WorkerStatus status_extra_;
+  v1::StatusRequest last_status_request_;
   const int slots_;
   std::mutex mu_;
   std::condition_variable cv_;

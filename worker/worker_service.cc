@@ -1,6 +1,7 @@
 #include "worker/worker_service.h"
 
 #include "common/server_stream.h"
+#include "worker/kv/kv_event_log.h"
 
 namespace tailserve {
 
@@ -27,8 +28,19 @@ grpc::ServerUnaryReactor* WorkerService::Cancel(grpc::CallbackServerContext* ctx
   return reactor;
 }
 
-grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest*,
+grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx, const v1::StatusRequest* req,
                                                 v1::WorkerStatus* resp) {
+  if (const KvEventLog* log = engine_.kv_events()) {
+    const KvEventLog::Changes c = log->Since(req->kv_events_epoch() == log->epoch() ? req->kv_events_since() : 0);
+    v1::KvCacheEvents* ev = resp->mutable_kv_events();
+    ev->set_salt(log->salt());
+    ev->set_block_size(log->block_size());
+    ev->set_next(c.next);
+    ev->set_snapshot(c.snapshot);
+    ev->set_epoch(log->epoch());
+    ev->mutable_stored()->Add(c.stored.begin(), c.stored.end());
+    ev->mutable_removed()->Add(c.removed.begin(), c.removed.end());
+  }
   const SchedulerSnapshot s = scheduler_.Snapshot();
   resp->set_model_id(engine_.model_id());
   resp->set_backend(engine_.backend());

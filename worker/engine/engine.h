@@ -14,6 +14,8 @@
 
 namespace tailserve {
 
+class KvEventLog;
+
 struct Sampling {
   float temperature = 0;  // 0: greedy
   float top_p = 1;
@@ -86,6 +88,9 @@ class Engine {
   virtual absl::StatusOr<int32_t> AttachCachedPrefix(uint64_t /*id*/, std::span<const int32_t> /*tokens*/) {
     return 0;
   }
+  // The prefix cache's stream of stored and evicted blocks (KvEventLog, safe from any thread);
+  // null without a prefix cache.
+  virtual const KvEventLog* kv_events() const { return nullptr; }
   // The sequence is over (finished, cancelled or handed back): free what the backend holds for it.
   virtual void Release(uint64_t id) = 0;
   // Device state, for backends that have one.

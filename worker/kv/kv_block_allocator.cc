@@ -26,6 +26,7 @@ KvBlockAllocator::KvBlockAllocator(int64_t num_blocks, int block_size, int max_b
   if (salt_) {
     hash_.assign(static_cast<size_t>(num_blocks), 0);
     lru_pos_.resize(static_cast<size_t>(num_blocks));
+    events_ = std::make_unique<KvEventLog>(*salt_, block_size_);
   }
 }
 
@@ -79,6 +80,7 @@ int32_t KvBlockAllocator::TakeBlock() {
   const int32_t block = evictable_.front();  // the caller checked available()
   evictable_.pop_front();
   by_hash_.erase(hash_[static_cast<size_t>(block)]);
+  if (events_) events_->Removed(hash_[static_cast<size_t>(block)]);
   hash_[static_cast<size_t>(block)] = 0;
   ++evictions_;
   return block;
@@ -158,7 +160,10 @@ void KvBlockAllocator::PublishComputed(Sequence& s, std::span<const int32_t> tok
     const uint64_t h = ChainBlockHash(s.hashed == 0 ? *salt_ : s.last_hash,
                                       tokens.subspan(static_cast<size_t>(b * block_size_), static_cast<size_t>(block_size_)));
     const int32_t block = s.blocks[static_cast<size_t>(b)];
-    if (by_hash_.emplace(h, block).second) hash_[static_cast<size_t>(block)] = h;
+    if (by_hash_.emplace(h, block).second) {
+      hash_[static_cast<size_t>(block)] = h;
+      events_->Stored(h);
+    }
     s.hashed = b + 1;
     s.last_hash = h;
   }

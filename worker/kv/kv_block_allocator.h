@@ -13,6 +13,7 @@
 // Not thread-safe: the scheduler's thread owns the engine and with it this allocator.
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -20,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/kv/kv_event_log.h"
 
 namespace tailserve {
 
@@ -72,6 +74,8 @@ class KvBlockAllocator {
   // holds stays private (freed on Release). Nothing with caching off.
   void PublishComputed(Sequence& s, std::span<const int32_t> tokens, int64_t computed);
   bool prefix_caching() const { return salt_.has_value(); }
+  // With prefix caching: every block published or evicted, for the router (KvEventLog).
+  const KvEventLog* events() const { return events_.get(); }
   // Blocks that nobody uses and that stay cached until evicted.
   int64_t cached_blocks() const { return static_cast<int64_t>(evictable_.size()); }
   int64_t evictions() const { return evictions_; }
@@ -119,6 +123,7 @@ class KvBlockAllocator {
   std::list<int32_t> evictable_;                       // published, unused: least recently used first
   std::vector<std::list<int32_t>::iterator> lru_pos_;  // per block: its place in evictable_
   int64_t evictions_ = 0;
+  std::unique_ptr<KvEventLog> events_;
 };
 
 }  // namespace tailserve

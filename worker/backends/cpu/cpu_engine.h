@@ -42,6 +42,7 @@ class CpuEngine final : public Engine {
   absl::Status Reserve(uint64_t id, int64_t max_tokens) override { return blocks_->Reserve(id, max_tokens); }
   absl::StatusOr<int32_t> AttachCachedPrefix(uint64_t id, std::span<const int32_t> tokens) override;
   void Release(uint64_t id) override { blocks_->Release(id); }
+  const KvEventLog* kv_events() const override { return blocks_->events(); }
   std::optional<EngineStats> stats() const override;
 
   // Runs each sequence's uncomputed tokens through the model (filling its cache) and writes logits

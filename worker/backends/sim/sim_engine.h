@@ -41,6 +41,8 @@ class SimEngine final : public Engine {
   std::optional<EngineStats> stats() const override;
   static constexpr int64_t kSimBlockSize = 16;
 
+  const KvEventLog* kv_events() const override { return blocks_ ? blocks_->events() : nullptr; }
+
  private:
   const SimBackendConfig config_;
   std::unique_ptr<KvBlockAllocator> blocks_;  // with kv_blocks
