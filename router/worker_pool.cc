@@ -119,7 +119,15 @@ std::optional<WorkerPool::TtftPick> WorkerPool::BestTtft(int64_t prompt_tokens, 
         best ? 0.5 * ttft_correction_ * std::min(StepSeconds(i), StepSeconds(best->worker)) : 0.0;
     const double resolution = std::max(0.05 * std::max(t, best ? best->ttft_seconds : 0.0), half_step);
     const bool tie = best && std::abs(t - best->ttft_seconds) <= resolution;
-    if (!best || (tie ? Load(i) < Load(best->worker) : t < best->ttft_seconds)) best = TtftPick{i, t};
+    // Within a tie, the worker holding a block more of the prompt: predictions count whole steps,
+    // so a prompt that fits one step ties everywhere however much of it is cached (the load bound
+    // above keeps this from pinning a hot prefix); then the least loaded.
+    const int64_t mine = cached && i < cached->size() ? (*cached)[i] : 0;
+    const int64_t theirs = best && cached && best->worker < cached->size() ? (*cached)[best->worker] : 0;
+    const bool more_cached = mine >= theirs + 16, less_cached = theirs >= mine + 16;
+    if (!best || (tie ? more_cached || (!less_cached && Load(i) < Load(best->worker)) : t < best->ttft_seconds)) {
+      best = TtftPick{i, t};
+    }
   }
   return best;
 }

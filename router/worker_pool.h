@@ -50,7 +50,8 @@ class WorkerPool {
   // mean predicted steps left of what runs there), at its median step time, times the pool's
   // learned correction (ObserveTtft).
   double PredictTtftSeconds(size_t i, int64_t prompt_tokens, double remaining_steps) const;
-  // The worker with room and the least predicted TTFT (within half a step or 5%, the least loaded:
+  // The worker with room and the least predicted TTFT (within half a step or 5%, the one holding
+  // more of the prompt in its cache, then the least loaded:
   // predictions of one step or two tie often, and the load breaks the tie), with that prediction; nullopt
   // when none has room. `remaining_steps[i]` as above. BestTtft only looks; PickByTtft also moves
   // the rotation past the pick, as Pick does.

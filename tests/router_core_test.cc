@@ -338,6 +338,62 @@ TEST_F(RouterCoreTest, SloPlacesAPromptWhereItsPrefixIsCachedUntilThatWorkerIsLo
   EXPECT_EQ(serve(4, with_suffix('4')), 1 - home) << "the queue outweighs the cached prefix";
 }
 
+// A session's request whose prefix no worker is known to hold goes where the session's last one
+// went while that worker is at most a step slower; further behind, or with affinity off, the
+// fastest worker takes it.
+TEST_F(RouterCoreTest, SloKeepsASessionOnItsWorkerWhileItIsAtMostAStepSlower) {
+  config_.batching.mode = "slo";
+  config_.router.slo_reject_waiting = 0;
+  config_.router.cache_aware_routing = false;
+  Start(2, 8, /*poll_ms=*/5);
+  v1::WorkerStatus idle;
+  idle.set_max_waiting(64);
+  idle.set_step_token_budget(64);
+  idle.set_step_time_p50_seconds(0.01);
+  for (FakeWorker* f : fakes_) f->SetStatus(idle);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::vector<size_t> calls(2, 0);
+  auto serve = [&](uint64_t key, const std::string& session) -> size_t {
+    ParsedRequest r;
+    r.request_id = "r" + std::to_string(key);
+    r.prompt = {'h', 'i'};
+    r.max_tokens = 1;
+    r.session_id = session;
+    auto client = std::make_shared<ClientRecorder>();
+    core_->Submit(key, r, client, SystemClock::Get().Now());
+    for (int tries = 0; tries < 400; ++tries) {
+      for (size_t w = 0; w < 2; ++w) {
+        if (fakes_[w]->calls() > calls[w]) {
+          FakeWorker::Call c = fakes_[w]->WaitCall(calls[w]++);
+          c.on_event(Event(c.batch.sequences(0).sequence_id(), {'z'}, v1::FINISH_STATE_LENGTH));
+          c.on_done(grpc::Status::OK);
+          EXPECT_TRUE(client->WaitFinish().ok());
+          return w;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ADD_FAILURE() << "request " << key << " was not dispatched";
+    return 9;
+  };
+  auto queue_on = [&](size_t w, int tokens) {
+    v1::WorkerStatus st = idle;
+    st.set_queued_prefill_tokens(tokens);
+    fakes_[w]->SetStatus(st);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  };
+  // A served request's last event resets the worker's load fields: each serve below first
+  // re-reports the queue and waits for a poll to read it.
+  const size_t home = serve(1, "chat-1");
+  queue_on(home, 100);  // its first token two steps away, the other's one
+  EXPECT_EQ(serve(2, "chat-1"), home) << "one step slower: the session stays";
+  queue_on(home, 100);
+  EXPECT_EQ(serve(3, "chat-2"), 1 - home) << "no session there: the fastest";
+  queue_on(home, 300);  // five steps
+  EXPECT_EQ(serve(4, "chat-1"), 1 - home) << "four steps slower: the session moves";
+  EXPECT_EQ(CounterValue("\ntailserve_router_session_affinity_placements_total"), 1);
+}
+
 // slo mode refuses at arrival what no worker can serve in time once queues are deep, with the
 // documented status and a retry-after hint; batch priority goes first, whatever its objective.
 TEST_F(RouterCoreTest, SloRejectsEarlyWhatNoWorkerCanMeet) {
