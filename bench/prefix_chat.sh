@@ -13,6 +13,7 @@
 # TTFT and E2E percentiles, throughput, goodput, and the busiest worker's sequences over the mean
 # (the shared system prompt is a hot prefix: affinity must not pin traffic to one worker).
 #   bench/prefix_chat.sh [USERS=200] [TURNS=4] [RATE=8] [ARMS="nocache cache session aware"] [OUT=bench/out/chat]
+# ROUTER_FLAGS: more router flags for every arm (e.g. "--set router.max_load_imbalance=1.5").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 USERS=${USERS:-200}
@@ -45,7 +46,7 @@ trap stop_sim_cluster EXIT
 for arm in $ARMS; do
   flags=$(arm_flags "$arm")
   start_sim_cluster "$OUT/run" "$WORKERS" "--set worker.sim.kv_blocks=$KV_BLOCKS ${flags%%|*}" \
-    "--set predictor.model_path= ${flags#*|}"
+    "--set predictor.model_path= ${flags#*|} ${ROUTER_FLAGS:-}"
   echo "== chat $arm: $USERS conversations x $TURNS turns at $RATE/s" >&2
   "$B/tailserve-load" --target "127.0.0.1:$router_grpc" --chat-users "$USERS" --chat-turns "$TURNS" \
     --chat-rate "$RATE" --chat-system-tokens "$SYSTEM" --chat-user-tokens "$USER_TOKENS" \

@@ -12,6 +12,7 @@
 # the oracle's (one infinite cache seeing every request in order), the busiest worker's requests
 # over the mean, and bench/ladb_table.py's latency table.
 #   bench/prefix_traces.sh [FROM_S=1200] [WINDOW_S=150] [SPEEDS="1 2"] [OUT=bench/out/prefix]
+# ROUTER_FLAGS: more router flags for every arm (e.g. "--set router.max_load_imbalance=1.5").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FROM_S=${FROM_S:-1200}
@@ -42,7 +43,7 @@ start_cluster() {  # $1: arm
   local flags
   flags=$(arm_flags "$1")
   start_sim_cluster "$OUT/run" "$WORKERS" "--set worker.sim.kv_blocks=$KV_BLOCKS ${flags%%|*}" \
-    "--set predictor.model_path= --set router.max_prompt_tokens=$MAX_PROMPT ${flags#*|}"
+    "--set predictor.model_path= --set router.max_prompt_tokens=$MAX_PROMPT ${flags#*|} ${ROUTER_FLAGS:-}"
 }
 
 for speed in $SPEEDS; do
