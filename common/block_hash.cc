@@ -20,6 +20,17 @@ uint64_t ChainBlockHash(uint64_t parent, std::span<const int32_t> tokens) {
   return h == 0 ? 1 : h;  // 0 marks "no hash"
 }
 
+std::vector<uint64_t> ChainBlockHashes(uint64_t salt, std::span<const int32_t> tokens, size_t block_tokens) {
+  std::vector<uint64_t> out;
+  out.reserve(tokens.size() / block_tokens);
+  uint64_t h = salt;
+  for (size_t b = 0; (b + 1) * block_tokens <= tokens.size(); ++b) {
+    h = ChainBlockHash(h, tokens.subspan(b * block_tokens, block_tokens));
+    out.push_back(h);
+  }
+  return out;
+}
+
 uint64_t BlockHashSalt(std::span<const char> context) {
   uint64_t h = 0x8e3d0fb4a1c2e5f7ull;
   for (char c : context) h = Mix(h ^ static_cast<unsigned char>(c));

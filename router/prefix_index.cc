@@ -11,14 +11,7 @@ PrefixIndex::PrefixIndex(size_t workers, size_t capacity_blocks, std::chrono::mi
 
 PrefixIndex::Blocks PrefixIndex::Hash(std::span<const int32_t> tokens) {
   static const uint64_t salt = BlockHashSalt(std::string_view("router"));
-  Blocks out;
-  out.tokens = tokens;
-  uint64_t h = salt;
-  for (size_t b = 0; (b + 1) * kBlockTokens <= tokens.size(); ++b) {
-    h = ChainBlockHash(h, tokens.subspan(b * kBlockTokens, kBlockTokens));
-    out.hashes.push_back(h);
-  }
-  return out;
+  return Blocks{ChainBlockHashes(salt, tokens, kBlockTokens), tokens};
 }
 
 std::vector<int64_t> PrefixIndex::Overlap(const Blocks& prompt, SteadyTime now) const {
@@ -31,13 +24,7 @@ std::vector<int64_t> PrefixIndex::Overlap(const Blocks& prompt, SteadyTime now) 
     const std::vector<uint64_t>* mine = nullptr;
     if (s.exact) {
       auto [it, fresh] = salted.try_emplace(s.salt);
-      if (fresh) {
-        uint64_t h = s.salt;
-        for (size_t b = 0; b < usable; ++b) {
-          h = ChainBlockHash(h, prompt.tokens.subspan(b * kBlockTokens, kBlockTokens));
-          it->second.push_back(h);
-        }
-      }
+      if (fresh) it->second = ChainBlockHashes(s.salt, prompt.tokens.first(usable * kBlockTokens), kBlockTokens);
       mine = &it->second;
     }
     size_t b = 0;

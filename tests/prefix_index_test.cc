@@ -54,13 +54,7 @@ TEST(PrefixIndexTest, EachWorkerForgetsItsLeastRecentlyRoutedBlocksFirst) {
 
 // A worker's chained block hashes under its salt, as its cache publishes them.
 std::vector<uint64_t> WorkerHashes(uint64_t salt, const std::vector<int32_t>& tokens) {
-  std::vector<uint64_t> out;
-  uint64_t h = salt;
-  for (size_t b = 0; (b + 1) * 16 <= tokens.size(); ++b) {
-    h = ChainBlockHash(h, std::span(tokens).subspan(b * 16, 16));
-    out.push_back(h);
-  }
-  return out;
+  return ChainBlockHashes(salt, tokens, 16);
 }
 
 TEST(PrefixIndexTest, EventsGiveWhatTheWorkerHoldsEvictionsIncluded) {

@@ -185,6 +185,24 @@ class RouterCoreTest : public ::testing::Test {
     core_->Submit(key, r, sink, SystemClock::Get().Now());
     return sink;
   }
+  // Waits for the worker call that dispatches request `key` (the first past calls[w] on any
+  // worker), finishes its one sequence at once, and returns that worker's index (9 if none came).
+  size_t FinishNextCall(uint64_t key, const std::shared_ptr<ClientRecorder>& client, std::vector<size_t>* calls) {
+    for (int tries = 0; tries < 400; ++tries) {
+      for (size_t w = 0; w < fakes_.size(); ++w) {
+        if (fakes_[w]->calls() > (*calls)[w]) {
+          FakeWorker::Call c = fakes_[w]->WaitCall((*calls)[w]++);
+          c.on_event(Event(c.batch.sequences(0).sequence_id(), {'z'}, v1::FINISH_STATE_LENGTH));
+          c.on_done(grpc::Status::OK);
+          EXPECT_TRUE(client->WaitFinish().ok());
+          return w;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ADD_FAILURE() << "request " << key << " was not dispatched";
+    return 9;
+  }
   double CounterValue(const std::string& needle) {
     const std::string text = registry_.Serialize();
     const size_t at = text.find(needle + " ");
@@ -310,22 +328,8 @@ TEST_F(RouterCoreTest, SloPlacesAPromptWhereItsPrefixIsCachedUntilThatWorkerIsLo
   };
   // Which worker got call `n` of the run, and the call itself answered at once.
   std::vector<size_t> calls(2, 0);
-  auto serve = [&](uint64_t key, std::vector<int32_t> prompt) -> size_t {
-    auto client = Send(key, 1, {}, v1::PRIORITY_STANDARD, 0, std::move(prompt));
-    for (int tries = 0; tries < 400; ++tries) {
-      for (size_t w = 0; w < 2; ++w) {
-        if (fakes_[w]->calls() > calls[w]) {
-          FakeWorker::Call c = fakes_[w]->WaitCall(calls[w]++);
-          c.on_event(Event(c.batch.sequences(0).sequence_id(), {'z'}, v1::FINISH_STATE_LENGTH));
-          c.on_done(grpc::Status::OK);
-          EXPECT_TRUE(client->WaitFinish().ok());
-          return w;
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    ADD_FAILURE() << "request " << key << " was not dispatched";
-    return 9;
+  auto serve = [&](uint64_t key, std::vector<int32_t> prompt) {
+    return FinishNextCall(key, Send(key, 1, {}, v1::PRIORITY_STANDARD, 0, std::move(prompt)), &calls);
   };
   const size_t home = serve(1, with_suffix('1'));
   EXPECT_EQ(serve(2, with_suffix('2')), home) << "192 of 203 tokens cached there: 1 prefill step against 4";
@@ -353,7 +357,7 @@ TEST_F(RouterCoreTest, SloKeepsASessionOnItsWorkerWhileItIsAtMostAStepSlower) {
   for (FakeWorker* f : fakes_) f->SetStatus(idle);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::vector<size_t> calls(2, 0);
-  auto serve = [&](uint64_t key, const std::string& session) -> size_t {
+  auto serve = [&](uint64_t key, const std::string& session) {
     ParsedRequest r;
     r.request_id = "r" + std::to_string(key);
     r.prompt = {'h', 'i'};
@@ -361,20 +365,7 @@ TEST_F(RouterCoreTest, SloKeepsASessionOnItsWorkerWhileItIsAtMostAStepSlower) {
     r.session_id = session;
     auto client = std::make_shared<ClientRecorder>();
     core_->Submit(key, r, client, SystemClock::Get().Now());
-    for (int tries = 0; tries < 400; ++tries) {
-      for (size_t w = 0; w < 2; ++w) {
-        if (fakes_[w]->calls() > calls[w]) {
-          FakeWorker::Call c = fakes_[w]->WaitCall(calls[w]++);
-          c.on_event(Event(c.batch.sequences(0).sequence_id(), {'z'}, v1::FINISH_STATE_LENGTH));
-          c.on_done(grpc::Status::OK);
-          EXPECT_TRUE(client->WaitFinish().ok());
-          return w;
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    ADD_FAILURE() << "request " << key << " was not dispatched";
-    return 9;
+    return FinishNextCall(key, client, &calls);
   };
   auto queue_on = [&](size_t w, int tokens) {
     v1::WorkerStatus st = idle;

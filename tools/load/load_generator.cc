@@ -181,10 +181,7 @@ std::pair<uint64_t, int32_t> SimEosSeed(uint64_t seed, int32_t length, int32_t v
 }
 
 LoadReport RunLoad(const LoadOptions& o, const std::vector<PlannedRequest>& plan) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
-  auto stub = v1::Generation::NewStub(channel);
+  auto stub = LoadStub(o.target);
   LoadReport report;
   report.ttft_slo_s = o.ttft_slo_s, report.tpot_slo_s = o.tpot_slo_s;
   report.results.resize(plan.size());
@@ -206,18 +203,7 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<PlannedRequest>& plan
     } else {
       for (int32_t t : HashIdPromptTokens(plan[i], o.vocab, o.seed)) req.add_prompt_token_ids(t);
     }
-    if (o.sim_eos) {
-      const auto [seed, eos] = SimEosSeed(rng(), plan[i].max_tokens, o.vocab);
-      req.mutable_sampling()->set_seed(seed);
-      req.add_stop_token_ids(eos);
-      req.set_max_tokens(std::max(o.max_tokens_cap, plan[i].max_tokens));
-    } else if (o.client_stop) {
-      req.set_max_tokens(std::max(o.max_tokens_cap, plan[i].max_tokens));
-      req.mutable_sampling()->set_seed(rng());
-    } else {
-      req.set_max_tokens(plan[i].max_tokens);
-      req.mutable_sampling()->set_seed(rng());
-    }
+    SetPlannedLength(o, plan[i].max_tokens, rng, &req);
     req.set_priority(static_cast<v1::Priority>(o.priority));
     report.results[i].expected_tokens = plan[i].max_tokens;
     StartStreamingCall(stub.get(), std::move(req), o.timeout_s, o.client_stop ? plan[i].max_tokens : 0,

@@ -1,7 +1,5 @@
 #include "tools/load/multi_turn.h"
 
-#include <grpcpp/grpcpp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -24,25 +22,15 @@ constexpr size_t kOracleBlockTokens = 16;  // the workers' KV block
 // its answer leave behind.
 class OracleCache {
  public:
-  int64_t CachedPrefix(const std::vector<int32_t>& tokens) const {
-    uint64_t h = 0;
-    int64_t cached = 0;
-    // Whole blocks, leaving the last token, which is always computed (as the workers do).
-    const size_t usable = tokens.empty() ? 0 : tokens.size() - 1;
-    for (size_t b = 0; (b + 1) * kOracleBlockTokens <= usable; ++b) {
-      h = ChainBlockHash(h, std::span(tokens).subspan(b * kOracleBlockTokens, kOracleBlockTokens));
-      if (!blocks_.contains(h)) break;
-      cached += kOracleBlockTokens;
-    }
-    return cached;
+  // `hashes`: the prompt's full blocks (ChainBlockHashes); whole blocks count, leaving the last
+  // token, which is always computed (as the workers do).
+  int64_t CachedPrefix(const std::vector<uint64_t>& hashes, size_t prompt_tokens) const {
+    const size_t usable = prompt_tokens == 0 ? 0 : (prompt_tokens - 1) / kOracleBlockTokens;
+    size_t b = 0;
+    while (b < std::min(usable, hashes.size()) && blocks_.contains(hashes[b])) ++b;
+    return static_cast<int64_t>(b * kOracleBlockTokens);
   }
-  void Insert(const std::vector<int32_t>& tokens) {
-    uint64_t h = 0;
-    for (size_t b = 0; (b + 1) * kOracleBlockTokens <= tokens.size(); ++b) {
-      h = ChainBlockHash(h, std::span(tokens).subspan(b * kOracleBlockTokens, kOracleBlockTokens));
-      blocks_.insert(h);
-    }
-  }
+  void Insert(const std::vector<uint64_t>& hashes) { blocks_.insert(hashes.begin(), hashes.end()); }
 
  private:
   std::unordered_set<uint64_t> blocks_;
@@ -57,10 +45,7 @@ struct Conversation {
 }  // namespace
 
 LoadReport RunMultiTurn(const LoadOptions& o, const MultiTurnSpec& spec) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
-  auto stub = v1::Generation::NewStub(channel);
+  auto stub = LoadStub(o.target);
   LoadReport report;
   report.ttft_slo_s = o.ttft_slo_s, report.tpot_slo_s = o.tpot_slo_s;
   const int users = std::max(1, spec.users), turns = std::max(1, spec.turns);
@@ -102,23 +87,16 @@ LoadReport RunMultiTurn(const LoadOptions& o, const MultiTurnSpec& spec) {
     // This turn's new user message joins the conversation.
     const int message = around(spec.user_tokens);
     for (int k = 0; k < message; ++k) c.tokens.push_back(token());
-    report.oracle_cached_tokens += oracle.CachedPrefix(c.tokens);
+    const std::vector<uint64_t> blocks = ChainBlockHashes(0, c.tokens, kOracleBlockTokens);
+    report.oracle_cached_tokens += oracle.CachedPrefix(blocks, c.tokens.size());
     report.oracle_prompt_tokens += static_cast<int64_t>(c.tokens.size());
-    oracle.Insert(c.tokens);
+    oracle.Insert(blocks);
     const int32_t length = around(spec.answer_tokens);
     v1::GenerateRequest req;
     req.set_request_id(absl::StrCat("chat-", u, "-", c.turn));
     req.set_session_id(absl::StrCat("chat-", u));
     for (int32_t t : c.tokens) req.add_prompt_token_ids(t);
-    if (o.sim_eos) {
-      const auto [seed, eos] = SimEosSeed(rng(), length, o.vocab);
-      req.mutable_sampling()->set_seed(seed);
-      req.add_stop_token_ids(eos);
-      req.set_max_tokens(std::max(o.max_tokens_cap, length));
-    } else {
-      req.set_max_tokens(o.client_stop ? std::max(o.max_tokens_cap, length) : length);
-      req.mutable_sampling()->set_seed(rng());
-    }
+    SetPlannedLength(o, length, rng, &req);
     req.set_priority(static_cast<v1::Priority>(o.priority));
     RequestResult* result = &report.results[static_cast<size_t>(u) * turns + c.turn];
     result->expected_tokens = length;
@@ -129,7 +107,7 @@ LoadReport RunMultiTurn(const LoadOptions& o, const MultiTurnSpec& spec) {
                          std::lock_guard done_lock(mu);
                          Conversation& conv = convs[static_cast<size_t>(u)];
                          conv.tokens.insert(conv.tokens.end(), conv.answer.begin(), conv.answer.end());
-                         oracle.Insert(conv.tokens);
+                         oracle.Insert(ChainBlockHashes(0, conv.tokens, kOracleBlockTokens));
                          if (result->code != 0 || ++conv.turn >= turns) {
                            ++finished;  // a failed turn ends its conversation: the user gives up
                          } else {

@@ -67,6 +67,24 @@ class Call final : public grpc::ClientReadReactor<v1::GenerateResponse> {
 
 }  // namespace
 
+std::unique_ptr<v1::Generation::Stub> LoadStub(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return v1::Generation::NewStub(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+}
+
+void SetPlannedLength(const LoadOptions& o, int32_t length, std::mt19937_64& rng, v1::GenerateRequest* req) {
+  if (o.sim_eos) {
+    const auto [seed, eos] = SimEosSeed(rng(), length, o.vocab);
+    req->mutable_sampling()->set_seed(seed);
+    req->add_stop_token_ids(eos);
+    req->set_max_tokens(std::max(o.max_tokens_cap, length));
+  } else {
+    req->set_max_tokens(o.client_stop ? std::max(o.max_tokens_cap, length) : length);
+    req->mutable_sampling()->set_seed(rng());
+  }
+}
+
 void StartStreamingCall(v1::Generation::Stub* stub, v1::GenerateRequest req, double timeout_s, int32_t stop_after,
                         RequestResult* out, std::vector<int32_t>* tokens_out, std::function<void()> done) {
   new Call(stub, std::move(req), timeout_s, stop_after, out, tokens_out, std::move(done));  // deletes itself
