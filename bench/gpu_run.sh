@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run (see ../shared/gpu/README.md): GPU tests, kernel tests under compute-sanitizer,
 # then the decode/prefill benchmark on synthetic Llama-3.2-1B and Llama-3.1-8B checkpoints.
-# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|tests|bench|bench8b|ab|soak|kernels|kvlayout|trace|serve]
+# Everything it prints also lands in $OUT. Usage on the device: bash bench/gpu_run.sh [check|tests|bench|bench8b|ab|soak|kernels|kvlayout|trace|serve|prefix]
 # (tests: check's GPU tests and memcheck without its benchmarks; MEMCHECK_TIMEOUT (300) bounds memcheck)
 # (kernels [args]: the projections and attention alone at the 8B shape, no checkpoint: seconds, for kernel work;
 # args go to tailserve-bench-kernels, e.g. --gemm-search, --ksplit, --gemv-splits or --stream-gemm; ab: decode at 512 tokens, batch 1/16/64, of a baseline
@@ -12,6 +12,8 @@
 # trace: the 8B (TRACE_MODEL=l1b: the 1B) decode at TRACE_BATCHES (1,16,64), with TRACE_FLAGS (files named by TRACE_TAG), under
 # bench/cupti_trace.cc, then bench/trace_table.py: what each kernel of the replayed step costs it;
 # serve: the schedulers behind the router on one CUDA worker, bench/gpu_serve.sh (packed with SERVE=1);
+# prefix: the prefix cache's GPU tests, then multi-turn chat on one CUDA worker with the cache off and on,
+# bench/gpu_prefix.sh (packed with SERVE=1);
 # BENCH_FLAGS: engine options for check, bench, bench8b and soak, e.g. to measure an option before it
 # becomes the default)
 set -uo pipefail
@@ -59,7 +61,7 @@ fi
 echo "== checkpoints"
 mkdir -p /tmp/ckpt
 # A warm machine keeps /tmp: reuse checkpoints a previous call made.
-[ "$MODE" = bench8b ] || [ "$MODE" = serve ] || { [ "$MODE" = ab ] && [ "${AB_MODELS:-l8b l1b}" = l8b ]; } || [ -f /tmp/ckpt/l1b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
+[ "$MODE" = bench8b ] || [ "$MODE" = serve ] || [ "$MODE" = prefix ] || { [ "$MODE" = ab ] && [ "${AB_MODELS:-l8b l1b}" = l8b ]; } || [ -f /tmp/ckpt/l1b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.2-1b --vocab 128256 --out /tmp/ckpt/l1b ) 2>&1 | tail -4
 # A 1B-only trace (TRACE_MODEL=l1b) skips the 8B checkpoint's ~37 s.
 [ "$MODE" = trace ] && [ "${TRACE_MODEL:-l8b}" = l1b ] || [ -f /tmp/ckpt/l8b/config.json ] || ( time $R tailserve-make-checkpoint --preset llama-3.1-8b --vocab 128256 --out /tmp/ckpt/l8b ) 2>&1 | tail -4
 if [ "$MODE" = ab ]; then
@@ -85,6 +87,12 @@ if [ "$MODE" = ab ]; then
   done
 elif [ "$MODE" = serve ]; then
   bash bench/gpu_serve.sh
+elif [ "$MODE" = prefix ]; then
+  echo "== prefix cache GPU tests"
+  timeout 120 $R tailserve_cuda_tests --gtest_filter='*PrefixCache*' > "$OUT/prefix_tests.log" 2>&1
+  echo "exit code $?"
+  grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|rel. L2|position|PASSED|FAILED TEST" "$OUT/prefix_tests.log" | head -60
+  bash bench/gpu_prefix.sh
 elif [ "$MODE" = trace ]; then
   # TRACE_FLAGS: engine options for the traced process; TRACE_TAG names its files.
   tag=${TRACE_TAG:+_$TRACE_TAG}

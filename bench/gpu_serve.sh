@@ -32,20 +32,8 @@ REJECT_WAITING=${REJECT_WAITING:-8}
 source bench/ladb_arms.sh
 
 B=${SERVE_BIN_DIR:-.gpu/bin}
-# Waits up to $2 tenths of a second for file $1, giving up at once when process $3 has exited (a
-# worker refusing its configuration must not hold the device for minutes).
-wait_file() {
-  for _ in $(seq "$2"); do
-    [ -s "$1" ] && return 0
-    kill -0 "$3" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
-port_of() { sed -n "s/$2=//p" "$1"; }
-
-pids=()
-stop() { kill "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null; pids=(); }
+# shellcheck source=bench/gpu_serve_lib.sh
+source bench/gpu_serve_lib.sh
 trap stop EXIT
 
 for speed in $SPEEDS; do
@@ -54,28 +42,18 @@ for speed in $SPEEDS; do
     r=$D/run; rm -rf "$r"; mkdir -p "$r"
     t0=$SECONDS
     # shellcheck disable=SC2046  # arm flags: words
-    .gpu/run "$B/tailserve-worker" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
-      --log-level warn --ports-file "$r/w" --set worker.backend="$BACKEND" --set worker.model_path="$CKPT" \
-      $(arm_flags "$arm") > "$D/$run.wlog" 2>&1 &
-    pids+=($!)
-    if ! wait_file "$r/w" 3000 "${pids[-1]}"; then echo "$run: the worker did not start"; tail -5 "$D/$run.wlog"; stop; continue; fi
-    w_http=$(port_of "$r/w" http_port)
+    start_worker "$r" "$D/$run.wlog" --set worker.backend="$BACKEND" --set worker.model_path="$CKPT" \
+      $(arm_flags "$arm") || continue
     # shellcheck disable=SC2046  # arm flags: words
-    .gpu/run "$B/tailserve-router" --config ladb_config.yaml --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
-      --log-level warn --workers "127.0.0.1:$(port_of "$r/w" grpc_port)" --ports-file "$r/r" \
-      --set batching.mode="$(arm_mode "$arm")" --set predictor.model_path="$(realpath "$DATA/model_conv.onnx")" \
-      --set predictor.warmup_steps=0 --set router.max_prompt_tokens=16384 $(arm_router_flags "$arm") \
-      > "$D/$run.rlog" 2>&1 &
-    pids+=($!)
-    wait_file "$r/r" 200 "${pids[-1]}" || { echo "$run: the router did not start"; tail -5 "$D/$run.rlog"; stop; continue; }
-    r_http=$(port_of "$r/r" http_port)
-    for _ in $(seq 600); do curl -sf "localhost:$r_http/readyz" > /dev/null && break; sleep 0.5; done
+    start_router "$r" "$D/$run.rlog" "127.0.0.1:$w_grpc" --set batching.mode="$(arm_mode "$arm")" \
+      --set predictor.model_path="$(realpath "$DATA/model_conv.onnx")" --set predictor.warmup_steps=0 \
+      --set router.max_prompt_tokens=16384 $(arm_router_flags "$arm") || continue
     echo "== $run: serving after $((SECONDS - t0)) s"
     ( while sleep 10; do
         echo "t=$((SECONDS - t0))"; curl -s "localhost:$w_http/metrics" | grep -E '^tailserve_worker_step_cost_seconds'
       done ) > "$D/$run.stepcost" 2>&1 &
     sampler=$!
-    timeout 400 .gpu/run "$B/tailserve-load" --target "127.0.0.1:$(port_of "$r/r" grpc_port)" --trace "$DATA/conv.csv" \
+    timeout 400 .gpu/run "$B/tailserve-load" --target "127.0.0.1:$r_grpc" --trace "$DATA/conv.csv" \
       --from-s "$FROM_S" --duration-s "$WINDOW_S" --speed "$speed" --client-stop --max-prompt-tokens 16384 \
       --vocab "${SERVE_VOCAB:-256}" --timeout-s 120 --json "$D/$run.json" > "$D/$run.load" 2>&1
     kill "$sampler" 2>/dev/null

@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const WorkerConfig& wc) {
     TAILSERVE_ASSIGN_OR_RETURN(const KvDtype kv, ParseKvDtype(wc.kv_cache_dtype));
     CudaEngineOptions o{.kv_dtype = kv, .kv_memory_fraction = wc.kv_memory_fraction,
                         .max_sequences = std::max(256, wc.slots), .max_context = wc.max_context, .device = wc.cuda_device,
-                        .tuning = {}};
+                        .prefix_caching = wc.prefix_caching, .tuning = {}};
     TAILSERVE_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> cuda, CudaEngine::Load(wc.model_path, o));
     LogLoaded(cuda->config(), wc.model_path, start);
     for (const auto& [what, bytes] : cuda->memory()) spdlog::info("device memory: {} {:.2f} GiB", what, bytes / double(1 << 30));

@@ -7,12 +7,14 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/block_hash.h"
 #include "common/status_macros.h"
 #include "worker/backends/cuda/cuda_check.h"
 #include "worker/backends/cuda/kernels/attention.h"
 #include "worker/backends/cuda/kernels/attention_block.h"
 #include "worker/backends/cuda/kernels/gemv.h"
 #include "worker/backends/cuda/plan/stream_layout.h"
+#include "worker/engine/kv_dtype.h"
 
 namespace tailserve {
 
@@ -90,12 +92,20 @@ absl::Status CudaEngine::Init(const Checkpoint& ckpt) {
   TAILSERVE_ASSIGN_OR_RETURN(side_gemm_, cuda::GemmRunner::Create(streams_.side.get(), buf_->side_cublas_workspace,
                                                                   buf_->cublas_workspace_bytes));
   // The KV pool takes what is left, times the configured fraction.
-  TAILSERVE_ASSIGN_OR_RETURN(pool_, cuda::AllocateKvPool(c, kv_, options_.kv_memory_fraction));
+  TAILSERVE_ASSIGN_OR_RETURN(pool_, cuda::AllocateKvPool(c, kv_, options_.kv_memory_fraction, options_.max_kv_blocks));
   memory_["kv_cache"] = pool_.bytes;
+  // The salt keeps blocks of another model or KV format (the CPU engine's, another worker's) from
+  // ever matching: the router's index holds every worker's hashes.
+  std::optional<uint64_t> salt;
+  if (options_.prefix_caching) {
+    salt = BlockHashSalt(std::string_view(absl::StrCat("cuda|", model_id_, "|", c.vocab_size, "|", c.num_layers, "|",
+                                                       KvDtypeName(kv_.dtype), "|", kv_.block_size)));
+  }
   blocks_ = std::make_unique<KvBlockAllocator>(
       pool_.num_blocks, kv_.block_size, kv_.max_blocks_per_seq, options_.max_sequences, max_context_,
       std::span<int32_t>(static_cast<int32_t*>(buf_->host_table.get()),
-                         static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq));
+                         static_cast<size_t>(table_rows) * kv_.max_blocks_per_seq),
+      salt);
   forward_ = std::make_unique<cuda::ForwardPass>(c, kv_, weights_, pool_, *buf_, streams_, *gemm_, *side_gemm_);
   graphs_ =
       std::make_unique<cuda::DecodeGraphs>(*forward_, *buf_, streams_.main.get(), *gemm_, *side_gemm_, decode_plans_);
@@ -178,6 +188,12 @@ absl::Status CudaEngine::Reserve(uint64_t id, int64_t max_tokens) { return block
 
 void CudaEngine::Release(uint64_t id) { blocks_->Release(id); }
 
+absl::StatusOr<int32_t> CudaEngine::AttachCachedPrefix(uint64_t id, std::span<const int32_t> tokens) {
+  if (!blocks_->prefix_caching()) return 0;
+  TAILSERVE_ASSIGN_OR_RETURN(const int64_t hit, blocks_->AttachCachedPrefix(id, tokens));
+  return static_cast<int32_t>(hit);
+}
+
 absl::Status CudaEngine::Prefill(std::span<const StepSequence> batch) {
   // Rows: every uncached token but each sequence's last (the decode graph takes that one).
   cuda::Workspaces& b = *buf_;
@@ -207,7 +223,14 @@ absl::Status CudaEngine::Prefill(std::span<const StepSequence> batch) {
     }
     st->cached = std::max<int64_t>(st->cached, stop);
   }
-  return flush();
+  TAILSERVE_RETURN_IF_ERROR(flush());
+  // Published only once computed: a block is shared from the moment it is in the index, and
+  // everything here runs on one stream, so a later step that attaches it reads it after it is written.
+  for (const StepSequence& seq : batch) {
+    KvBlockAllocator::Sequence* st = blocks_->Find(seq.id);
+    blocks_->PublishComputed(*st, *seq.tokens, st->cached);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t first, size_t count,
@@ -251,7 +274,10 @@ absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t
   std::memcpy(next->data() + first, out, static_cast<size_t>(n) * 4);
   std::memcpy(&clamps_, out + b.clamps_at, 8);
   for (int i = 0; i < n; ++i) {
-    blocks_->Find(batch[first + i].id)->cached = static_cast<int64_t>(batch[first + i].tokens->size());
+    const StepSequence& seq = batch[first + i];
+    KvBlockAllocator::Sequence* st = blocks_->Find(seq.id);
+    st->cached = static_cast<int64_t>(seq.tokens->size());
+    blocks_->PublishComputed(*st, *seq.tokens, st->cached);
   }
   return absl::OkStatus();
 }
@@ -291,10 +317,17 @@ absl::Status CudaEngine::Step(std::span<const StepSequence> batch, std::vector<i
 }
 
 absl::Status CudaEngine::ForwardAllLogits(std::span<const int32_t> tokens, std::vector<float>* logits) {
+  return TeacherForced(tokens, /*through_cache=*/false, logits).status();
+}
+
+absl::StatusOr<int32_t> CudaEngine::ForwardLogitsThroughCache(std::span<const int32_t> tokens,
+                                                              std::vector<float>* logits) {
+  return TeacherForced(tokens, /*through_cache=*/true, logits);
+}
+
+absl::StatusOr<int32_t> CudaEngine::TeacherForced(std::span<const int32_t> tokens, bool through_cache,
+                                                  std::vector<float>* logits) {
   const int n = static_cast<int>(tokens.size());
-  if (n > logit_rows_ || n > max_rows_) {
-    return absl::InvalidArgumentError(absl::StrCat("ForwardAllLogits: ", n, " tokens; at most ", logit_rows_));
-  }
   for (int32_t t : tokens) {
     if (t < 0 || t >= config_.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("ForwardAllLogits: token id ", t, " outside the vocabulary"));
@@ -302,35 +335,53 @@ absl::Status CudaEngine::ForwardAllLogits(std::span<const int32_t> tokens, std::
   }
   TAILSERVE_RETURN_IF_ERROR(UseDevice());
   const uint64_t id = ~0ull - 1;
-  TAILSERVE_ASSIGN_OR_RETURN(KvBlockAllocator::Sequence * st, blocks_->Acquire(id));
+  int first = 0;
+  if (through_cache) {
+    TAILSERVE_ASSIGN_OR_RETURN(first, AttachCachedPrefix(id, tokens));
+  }
+  const int rows = n - first;
+  if (rows > logit_rows_ || rows > max_rows_) {
+    Release(id);
+    return absl::InvalidArgumentError(absl::StrCat("ForwardAllLogits: ", rows, " tokens; at most ", logit_rows_));
+  }
+  absl::StatusOr<KvBlockAllocator::Sequence*> acquired = blocks_->Acquire(id);
+  if (!acquired.ok()) return acquired.status();
+  KvBlockAllocator::Sequence* st = *acquired;
   if (absl::Status s = blocks_->EnsurePositions(*st, n); !s.ok()) {
     Release(id);
     return s;
   }
   cuda::Workspaces& b = *buf_;
-  for (int i = 0; i < n; ++i) {
-    b.h_tokens[i] = tokens[i];
-    b.h_pos[i] = i;
+  for (int i = 0; i < rows; ++i) {
+    b.h_tokens[i] = tokens[first + i];
+    b.h_pos[i] = first + i;
     b.h_row_seq[i] = st->table_row;
     b.h_logit_src[i] = i;
   }
   cudaStream_t s = streams_.main.get();
   absl::Status result = UploadInputs();
-  if (result.ok()) result = forward_->Run(Plan(n, /*decode=*/false), n);
+  if (result.ok()) result = forward_->Run(Plan(rows, /*decode=*/false), rows);
   if (result.ok()) {
-    logits->resize(static_cast<size_t>(n) * config_.vocab_size);
+    logits->resize(static_cast<size_t>(rows) * config_.vocab_size);
     const cudaError_t e1 = cudaMemcpyAsync(logits->data(), b.logits, logits->size() * 4, cudaMemcpyDeviceToHost, s);
     const cudaError_t e2 = cudaStreamSynchronize(s);
     if (e1 != cudaSuccess || e2 != cudaSuccess) result = absl::InternalError(cudaGetErrorString(e1 ? e1 : e2));
   }
-  for (int i = 0; i < n; ++i) b.h_row_seq[i] = blocks_->trash_row();
+  if (result.ok() && through_cache) {
+    st->cached = n;
+    blocks_->PublishComputed(*st, tokens, n);
+  }
+  for (int i = 0; i < rows; ++i) b.h_row_seq[i] = blocks_->trash_row();
   Release(id);
-  return result;
+  if (!result.ok()) return result;
+  return first;
 }
 
 std::optional<EngineStats> CudaEngine::stats() const {
   return EngineStats{.kv_blocks_total = blocks_->usable_blocks(),
                      .kv_blocks_free = blocks_->unpromised_blocks(),
+                     .kv_blocks_cached = blocks_->cached_blocks(),
+                     .kv_evictions = blocks_->evictions(),
                      .kv_clamps = clamps_,
                      .graph_replays = graph_replays_};
 }

@@ -38,6 +38,10 @@ struct CudaEngineOptions {
   int logits_rows = 0;       // rows whose logits one forward can produce (0: the largest bucket)
   bool use_graphs = true;
   int device = 0;
+  // Automatic prefix caching (worker.prefix_caching): full blocks are published under their
+  // chained hash and reused by later sequences; the FP8 scales sit beside each block's data.
+  bool prefix_caching = false;
+  int64_t max_kv_blocks = 0;  // a cap on the pool's blocks (0: the memory fraction alone decides)
   // The decode path's tuning: its defaults are what the worker runs (plan/decode_plan.h).
   cuda::DecodeTuning tuning;
 };
@@ -56,9 +60,15 @@ class CudaEngine final : public Engine {
   absl::Status Step(std::span<const StepSequence> batch, std::vector<int32_t>* next) override;
   absl::Status Reserve(uint64_t id, int64_t max_tokens) override;
   void Release(uint64_t id) override;
+  absl::StatusOr<int32_t> AttachCachedPrefix(uint64_t id, std::span<const int32_t> tokens) override;
+  const KvEventLog* kv_events() const override { return blocks_->events(); }
 
   // Teacher-forced logits of one sequence (a fresh one, released afterwards): [tokens, vocab].
   absl::Status ForwardAllLogits(std::span<const int32_t> tokens, std::vector<float>* logits);
+  // The same through the prefix cache: the fresh sequence attaches the cached blocks `tokens`
+  // begin with, computes the rest and publishes its full blocks before it is released. Returns
+  // the positions attached, h; `logits` holds the computed positions' rows, [tokens - h, vocab].
+  absl::StatusOr<int32_t> ForwardLogitsThroughCache(std::span<const int32_t> tokens, std::vector<float>* logits);
   std::optional<EngineStats> stats() const override;
   const ModelConfig& config() const { return config_; }
   const CudaEngineOptions& options() const { return options_; }
@@ -94,6 +104,7 @@ class CudaEngine final : public Engine {
   absl::Status DownloadOutputs();
   absl::Status Prefill(std::span<const StepSequence> batch);
   absl::Status DecodeChunk(std::span<const StepSequence> batch, size_t first, size_t count, std::vector<int32_t>* next);
+  absl::StatusOr<int32_t> TeacherForced(std::span<const int32_t> tokens, bool through_cache, std::vector<float>* logits);
   // The smallest decode bucket holding `rows` rows (`rows` itself past the largest).
   int BucketFor(int rows) const;
   cuda::StepPlan Plan(int rows, bool decode, bool profiling = false) const;

@@ -103,7 +103,7 @@ absl::StatusOr<std::unique_ptr<Workspaces>> AllocateWorkspaces(const ModelConfig
   return b;
 }
 
-absl::StatusOr<KvPool> AllocateKvPool(const ModelConfig& c, const KvGeometry& kv, double fraction) {
+absl::StatusOr<KvPool> AllocateKvPool(const ModelConfig& c, const KvGeometry& kv, double fraction, int64_t max_blocks) {
   size_t free_bytes = 0, total_bytes = 0;
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   const bool scaled = kv.dtype != KvDtype::kFp16;
@@ -112,6 +112,7 @@ absl::StatusOr<KvPool> AllocateKvPool(const ModelConfig& c, const KvGeometry& kv
   const size_t per_block = per_block_layer * static_cast<size_t>(c.num_layers);
   KvPool pool;
   pool.num_blocks = static_cast<int64_t>(free_bytes * fraction / per_block);
+  if (max_blocks > 0) pool.num_blocks = std::min(pool.num_blocks, max_blocks);
   if (pool.num_blocks < 2) return absl::ResourceExhaustedError("cuda: no device memory left for the KV cache");
   pool.bytes = per_block * static_cast<size_t>(pool.num_blocks) + 256 * 4 * c.num_layers;
   TAILSERVE_ASSIGN_OR_RETURN(pool.memory, DeviceAlloc(pool.bytes));

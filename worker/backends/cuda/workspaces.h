@@ -103,6 +103,8 @@ struct KvPool {
   int64_t num_blocks = 0;
   std::vector<KvLayerView> layers;
 };
-absl::StatusOr<KvPool> AllocateKvPool(const ModelConfig& config, const KvGeometry& kv, double fraction);
+// `fraction` of the free device memory, at most `max_blocks` blocks (0: no cap).
+absl::StatusOr<KvPool> AllocateKvPool(const ModelConfig& config, const KvGeometry& kv, double fraction,
+                                      int64_t max_blocks = 0);
 
 }  // namespace tailserve::cuda
