@@ -25,6 +25,10 @@ TARGET_MS=${TARGET_MS:-25}
 # the best worker's queue holds this many (0: never).
 REJECT_WAITING=${REJECT_WAITING:-8}
 KV_BLOCKS=${KV_BLOCKS:-53000}
+# The sim's step cost, "a b c p": step = a ms + b ms a sequence + c ns a KV token + p ms a prefill
+# token. Default: the cost model issue 3 gives (the recorded sim results use it), not the defaults
+# fitted later; the GPU serving runs' online fit is "4.92 0 96 0.0368" (bench/RESULTS.md).
+read -r SIM_A SIM_B SIM_C SIM_P <<< "${SIM_COST:-4.0 0.02 15 0.03}"
 # WORKER_FLAGS go to every worker (e.g. --set worker.aging_ms=1000); TAG is appended to the arm in
 # the output files, so such a run sits beside the defaults in one table.
 WORKER_FLAGS=${WORKER_FLAGS:-}
@@ -43,9 +47,8 @@ source bench/sim_cluster.sh
 trap stop_sim_cluster EXIT
 
 start_cluster() {  # $1: arm, $2: model
-  # The cost model issue 3 gives (the recorded results use it), not the defaults fitted later.
-  local sim="--set worker.sim.step_base_ms=4.0 --set worker.sim.step_per_sequence_ms=0.02"
-  sim+=" --set worker.sim.step_per_kv_token_ns=15 --set worker.sim.step_per_prefill_token_ms=0.03"
+  local sim="--set worker.sim.step_base_ms=$SIM_A --set worker.sim.step_per_sequence_ms=$SIM_B"
+  sim+=" --set worker.sim.step_per_kv_token_ns=$SIM_C --set worker.sim.step_per_prefill_token_ms=$SIM_P"
   sim+=" --set worker.sim.kv_blocks=$KV_BLOCKS"
   start_sim_cluster "$OUT/run" "$WORKERS" "$sim $(arm_flags "$1") $WORKER_FLAGS" \
     "--set batching.mode=$(arm_mode "$1") --set predictor.model_path=$(realpath "$2") --set predictor.warmup_steps=0 \
