@@ -66,7 +66,8 @@ TEST(JinjaParserTest, RefusesWhatItDoesNotSupportByName) {
   const std::pair<const char*, const char*> cases[] = {
       {"{% macro f() %}x{% endmacro %}", "line 1: {% macro %} is not supported"},
       {"a\n{% raw %}{{ x }}{% endraw %}", "line 2: {% raw %} is not supported"},
-      {"{% for x in y %}{% break %}{% endfor %}", "{% break %} is not supported"},
+      {"{% break %}", "{% break %} outside a loop"},
+      {"{% for x in y %}{% else %}{% continue %}{% endfor %}", "{% continue %} outside a loop"},
       {"{% set x %}body{% endset %}", "{% set %} without '=' (a block set) is not supported"},
       {"{% for x in y recursive %}{% endfor %}", "{% for ... recursive %} is not supported"},
       {"{% if x %}open", "missing {% endif %}"},

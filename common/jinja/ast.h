@@ -44,6 +44,8 @@ struct Stmt {
     kIf,      // branches: (condition, body)...; a final else branch has a null condition
     kFor,     // for targets in iter [if filter]: body [else: else_body]
     kSet,     // set targets = expr (targets: one name, or "ns.attr" as name + attr)
+    kBreak,   // {% break %} / {% continue %} (jinja2's loopcontrols, which transformers enables)
+    kContinue,
   };
   Kind kind;
   std::string text;

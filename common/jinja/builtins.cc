@@ -23,32 +23,6 @@ Value MakeFunction(std::string name, Function fn) {
   return Value(std::make_shared<Callable>(Callable{std::move(name), std::move(fn)}));
 }
 
-std::string AsciiMap(std::string s, int (*f)(int)) {
-  for (char& c : s) c = static_cast<char>(f(static_cast<unsigned char>(c)));
-  return s;
-}
-
-std::string Title(const std::string& s) {
-  std::string out = s;
-  bool start = true;
-  for (char& c : out) {
-    const auto u = static_cast<unsigned char>(c);
-    if (std::isalpha(u)) {
-      c = static_cast<char>(start ? std::toupper(u) : std::tolower(u));
-      start = false;
-    } else {
-      start = u < 0x80;  // a byte of a multi-byte letter continues the word
-    }
-  }
-  return out;
-}
-
-std::string Capitalize(const std::string& s) {
-  std::string out = AsciiMap(s, [](int c) { return std::tolower(c); });
-  if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
-  return out;
-}
-
 int64_t Length(const Value& v) {
   if (v.is_string()) return static_cast<int64_t>(DecodeUtf8(v.as_string()).size());
   if (v.is_array()) return static_cast<int64_t>(v.as_array().size());
@@ -176,8 +150,8 @@ std::optional<Value> StringMethod(const std::string& s, std::string_view name) {
       return Value(Strip(s, chars && chars->is_string() ? &chars->as_string() : nullptr, left, right));
     });
   }
-  if (name == "upper") return bind([s](const Args&) -> absl::StatusOr<Value> { return Value(AsciiMap(s, [](int c) { return std::toupper(c); })); });
-  if (name == "lower") return bind([s](const Args&) -> absl::StatusOr<Value> { return Value(AsciiMap(s, [](int c) { return std::tolower(c); })); });
+  if (name == "upper") return bind([s](const Args&) -> absl::StatusOr<Value> { return Value(Upper(s)); });
+  if (name == "lower") return bind([s](const Args&) -> absl::StatusOr<Value> { return Value(Lower(s)); });
   if (name == "title") return bind([s](const Args&) -> absl::StatusOr<Value> { return Value(Title(s)); });
   if (name == "capitalize") return bind([s](const Args&) -> absl::StatusOr<Value> { return Value(Capitalize(s)); });
   if (name == "replace") {
@@ -353,7 +327,7 @@ absl::StatusOr<Value> MapFilter(const Args& a) {
 // sort / unique / min / max compare strings case-insensitively unless case_sensitive (jinja2).
 Value SortKey(const Value& v, bool case_sensitive, const std::string& attribute) {
   Value k = attribute.empty() ? v : Attribute(v, attribute);
-  if (!case_sensitive && k.is_string()) return Value(AsciiMap(k.as_string(), [](int c) { return std::tolower(c); }));
+  if (!case_sensitive && k.is_string()) return Value(Lower(k.as_string()));
   return k;
 }
 
@@ -572,8 +546,8 @@ absl::StatusOr<Value> ApplyFilter(std::string_view name, const Args& a) {
     if (items->empty()) return Value(Undefined{std::string(name)});
     return name == "first" ? items->front() : items->back();
   }
-  if (name == "lower") return Value(AsciiMap(v.Str(), [](int c) { return std::tolower(c); }));
-  if (name == "upper") return Value(AsciiMap(v.Str(), [](int c) { return std::toupper(c); }));
+  if (name == "lower") return Value(Lower(v.Str()));
+  if (name == "upper") return Value(Upper(v.Str()));
   if (name == "capitalize") return Value(Capitalize(v.Str()));
   if (name == "title") return Value(Title(v.Str()));
   if (name == "replace") {
@@ -635,6 +609,22 @@ absl::StatusOr<Value> ApplyFilter(std::string_view name, const Args& a) {
     return Value(*std::move(items));
   }
   if (name == "sort") return SortFilter(a);
+  if (name == "batch") {
+    absl::StatusOr<Array> items = Iterate(v);
+    if (!items.ok()) return items.status();
+    const Value* count = Arg(a, 1, "linecount");
+    const Value* fill = Arg(a, 2, "fill_with");
+    if (!count || !count->is_int() || count->as_int() <= 0) return Invalid("batch: linecount must be a positive integer");
+    const size_t n = static_cast<size_t>(count->as_int());
+    Array out;
+    for (size_t i = 0; i < items->size(); i += n) {
+      Array group(items->begin() + static_cast<std::ptrdiff_t>(i),
+                  items->begin() + static_cast<std::ptrdiff_t>(std::min(items->size(), i + n)));
+      while (fill && !fill->is_none() && group.size() < n) group.push_back(*fill);
+      out.push_back(Value(std::move(group)));
+    }
+    return Value(std::move(out));
+  }
   if (name == "unique") {
     absl::StatusOr<Array> items = Iterate(v);
     if (!items.ok()) return items.status();
@@ -722,8 +712,8 @@ absl::StatusOr<bool> ApplyTest(std::string_view name, const Args& a) {
   if (name == "iterable") return v.is_string() || v.is_array() || v.is_object();
   if (name == "sequence") return v.is_string() || v.is_array() || v.is_object();
   if (name == "callable") return v.is_callable();
-  if (name == "lower") return v.is_string() && AsciiMap(v.as_string(), [](int c) { return std::tolower(c); }) == v.as_string();
-  if (name == "upper") return v.is_string() && AsciiMap(v.as_string(), [](int c) { return std::toupper(c); }) == v.as_string();
+  if (name == "lower") return v.is_string() && Lower(v.as_string()) == v.as_string();
+  if (name == "upper") return v.is_string() && Upper(v.as_string()) == v.as_string();
   if (name == "escaped") return false;
   if (name == "odd" || name == "even") {
     if (!v.is_int() && !v.is_bool()) return Invalid(absl::StrCat("test '", std::string(name), "' expects an integer"));

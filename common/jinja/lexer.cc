@@ -4,6 +4,7 @@
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
+#include "common/jinja/unicode.h"
 
 namespace tailserve::jinja {
 namespace {
@@ -121,7 +122,17 @@ class Lexer {
         if (pos_ + 1 < s_.size() && s_[pos_] == '.' && std::isdigit(static_cast<unsigned char>(s_[pos_ + 1]))) {
           is_float = true;
           ++pos_;
-          while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+          while (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '_')) ++pos_;
+        }
+        // An exponent, with or without a fraction (1e16, 2.5e-3), as Jinja's float pattern has it.
+        if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+          size_t q = pos_ + 1;
+          if (q < s_.size() && (s_[q] == '+' || s_[q] == '-')) ++q;
+          if (q < s_.size() && std::isdigit(static_cast<unsigned char>(s_[q]))) {
+            is_float = true;
+            pos_ = q;
+            while (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '_')) ++pos_;
+          }
         }
         std::string number = s_.substr(b, pos_ - b);
         number.erase(std::remove(number.begin(), number.end(), '_'), number.end());
@@ -146,8 +157,9 @@ class Lexer {
     }
   }
 
-  // A quoted literal from pos_ (at its quote), escapes decoded as Python's string literals do for
-  // the ones templates use: \n \t \r \\ \' \" \0; others stay as written.
+  // A quoted literal from pos_ (at its quote), escapes decoded as Jinja decodes them (Python's
+  // unicode-escape codec): \n \t \r \a \b \f \v \\ \' \", octal \ooo, \xhh, \uhhhh,
+  // \Uhhhhhhhh; others stay as written.
   absl::StatusOr<std::string> String(char quote) {
     const int start = line_;
     std::string out;
@@ -163,14 +175,45 @@ class Lexer {
         continue;
       }
       const char e = s_[++pos_];
+      auto hex = [&](int digits) -> absl::Status {
+        uint32_t cp = 0;
+        for (int k = 0; k < digits; ++k) {
+          const size_t at = pos_ + 1 + static_cast<size_t>(k);
+          if (at >= s_.size() || !std::isxdigit(static_cast<unsigned char>(s_[at]))) {
+            return Error(line_, absl::StrCat("truncated \\", std::string(1, e), " escape in a string"));
+          }
+          cp = cp * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(s_[at])) ? s_[at] - '0'
+                                                                                                : (s_[at] | 0x20) - 'a' + 10);
+        }
+        if (cp > 0x10FFFF) return Error(line_, "illegal Unicode character in a string");
+        pos_ += static_cast<size_t>(digits);
+        AppendUtf8(static_cast<char32_t>(cp), &out);
+        return absl::OkStatus();
+      };
       switch (e) {
         case 'n': out.push_back('\n'); break;
         case 't': out.push_back('\t'); break;
         case 'r': out.push_back('\r'); break;
-        case '0': out.push_back('\0'); break;
+        case 'a': out.push_back('\a'); break;
+        case 'b': out.push_back('\b'); break;
+        case 'f': out.push_back('\f'); break;
+        case 'v': out.push_back('\v'); break;
         case '\\': case '\'': case '"': out.push_back(e); break;
         case '\n': ++line_; break;  // a line continuation
-        default: out.push_back('\\'); out.push_back(e);
+        case 'x': case 'u': case 'U':
+          if (absl::Status st = hex(e == 'x' ? 2 : e == 'u' ? 4 : 8); !st.ok()) return st;
+          break;
+        default:
+          if (e >= '0' && e <= '7') {
+            uint32_t cp = static_cast<uint32_t>(e - '0');
+            for (int k = 0; k < 2 && pos_ + 1 < s_.size() && s_[pos_ + 1] >= '0' && s_[pos_ + 1] <= '7'; ++k) {
+              cp = cp * 8 + static_cast<uint32_t>(s_[++pos_] - '0');
+            }
+            AppendUtf8(static_cast<char32_t>(cp), &out);
+          } else {
+            out.push_back('\\');
+            out.push_back(e);
+          }
       }
     }
     return Error(start, "unterminated string");

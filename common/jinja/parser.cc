@@ -50,6 +50,21 @@ class Parser {
           return absl::OkStatus();
         }
         ++i_;
+        if (keyword == "break" || keyword == "continue") {
+          if (loops_ == 0) return Error(absl::StrCat("{% ", keyword, " %} outside a loop"), tok.line);
+          body->push_back(Node(keyword == "break" ? Stmt::Kind::kBreak : Stmt::Kind::kContinue, tok.line));
+          if (absl::Status s = Expect(K::kBlockEnd, "%}"); !s.ok()) return s;
+          continue;
+        }
+        if (keyword == "generation") {
+          // transformers' AssistantTracker marks the assistant's tokens for training masks; rendering
+          // is the body as it is.
+          if (absl::Status s = Expect(K::kBlockEnd, "%}"); !s.ok()) return s;
+          std::string inner_end;
+          if (absl::Status s = Statements(body, {"endgeneration"}, &inner_end); !s.ok()) return s;
+          if (absl::Status s = Expect(K::kBlockEnd, "%}"); !s.ok()) return s;
+          continue;
+        }
         absl::Status s = keyword == "if"    ? If(body, tok.line)
                          : keyword == "for" ? For(body, tok.line)
                          : keyword == "set" ? Set(body, tok.line)
@@ -96,7 +111,10 @@ class Parser {
     if (Peek(K::kName, "recursive")) return Error("{% for ... recursive %} is not supported");
     if (absl::Status s = Expect(K::kBlockEnd, "%}"); !s.ok()) return s;
     std::string end;
-    if (absl::Status s = Statements(&stmt->body, {"else", "endfor"}, &end); !s.ok()) return s;
+    ++loops_;
+    absl::Status in_body = Statements(&stmt->body, {"else", "endfor"}, &end);
+    --loops_;
+    if (!in_body.ok()) return in_body;
     if (end == "else") {
       if (absl::Status s = Expect(K::kBlockEnd, "%}"); !s.ok()) return s;
       if (absl::Status s = Statements(&stmt->else_body, {"endfor"}, &end); !s.ok()) return s;
@@ -449,6 +467,7 @@ class Parser {
 
   std::vector<Token> t_;
   size_t i_ = 0;
+  int loops_ = 0;  // for bodies being parsed: break and continue need one
 };
 
 std::string Quote(const std::string& s) {
@@ -511,6 +530,8 @@ std::string ToSExpr(const Body& body) {
                         (s->filter ? " if " + ToSExpr(*s->filter) : "") + " [" + ToSExpr(s->body) + "]" +
                         (s->else_body.empty() ? "" : " else [" + ToSExpr(s->else_body) + "]") + ")");
         break;
+      case Stmt::Kind::kBreak: parts.push_back("(break)"); break;
+      case Stmt::Kind::kContinue: parts.push_back("(continue)"); break;
       case Stmt::Kind::kSet:
         parts.push_back("(set " + absl::StrJoin(s->targets, ",") + (s->attr.empty() ? "" : "." + s->attr) + " " +
                         ToSExpr(*s->expr) + ")");

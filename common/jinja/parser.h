@@ -3,8 +3,9 @@
 // operator precedence. What chat templates use is supported: {% if/elif/else %}, {% for %} (one
 // or more targets, an inline if, an else), {% set %} (a name, names, or namespace.attr), {{ }},
 // literals (strings, numbers, lists, tuples, dicts, true/false/none), attribute, item and slice
-// access, calls with keyword arguments, filters, tests, the conditional expression. Anything else
-// (macro, call, filter and raw blocks, include, import, extends, break, continue, block set) is
+// access, calls with keyword arguments, filters, tests, the conditional expression, break and
+// continue (transformers enables loopcontrols), {% generation %} (rendered as its body). Anything
+// else (macro, call, filter and raw blocks, include, import, extends, block set) is
 // refused naming it and its line: a template is rendered exactly or not at all.
 #include <string>
 #include <string_view>

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -112,6 +113,7 @@ class Renderer {
   absl::Status Exec(const Body& body, std::string* out) {
     for (const StmtPtr& s : body) {
       if (absl::Status st = ExecOne(*s, out); !st.ok()) return st;
+      if (control_ != Control::kNone) return absl::OkStatus();  // unwinding to the loop
     }
     return absl::OkStatus();
   }
@@ -138,6 +140,8 @@ class Renderer {
         }
         return absl::OkStatus();
       case Stmt::Kind::kFor: return For(s, out);
+      case Stmt::Kind::kBreak: control_ = Control::kBreak; return absl::OkStatus();
+      case Stmt::Kind::kContinue: control_ = Control::kContinue; return absl::OkStatus();
       case Stmt::Kind::kSet: {
         absl::StatusOr<Value> v = Eval(*s.expr);
         if (!v.ok()) return v.status();
@@ -199,6 +203,8 @@ class Renderer {
       if (st.ok()) st = Exec(s.body, out);
       scopes_.pop_back();
       if (!st.ok()) return st;
+      const Control c = std::exchange(control_, Control::kNone);
+      if (c == Control::kBreak) break;
     }
     return absl::OkStatus();
   }
@@ -436,6 +442,8 @@ class Renderer {
   }
 
   std::vector<std::unordered_map<std::string, Value>> scopes_;
+  enum class Control { kNone, kBreak, kContinue };
+  Control control_ = Control::kNone;
 };
 
 }  // namespace

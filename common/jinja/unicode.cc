@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <utf8proc.h>
+
 namespace tailserve::jinja {
 
 std::vector<char32_t> DecodeUtf8(std::string_view s) {
@@ -49,6 +51,46 @@ bool IsPythonSpace(char32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
          (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
          cp == 0x3000;
+}
+
+namespace {
+
+bool IsCased(char32_t cp) {
+  const utf8proc_category_t c = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
+  return c == UTF8PROC_CATEGORY_LU || c == UTF8PROC_CATEGORY_LL || c == UTF8PROC_CATEGORY_LT;
+}
+
+template <typename F>
+std::string MapCodePoints(std::string_view s, F f) {
+  std::string out;
+  out.reserve(s.size());
+  const std::vector<char32_t> cps = DecodeUtf8(s);
+  for (size_t i = 0; i < cps.size(); ++i) AppendUtf8(f(i, cps[i], i ? cps[i - 1] : 0), &out);
+  return out;
+}
+
+char32_t ToUpper(char32_t c) { return static_cast<char32_t>(utf8proc_toupper(static_cast<utf8proc_int32_t>(c))); }
+char32_t ToLower(char32_t c) { return static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))); }
+char32_t ToTitle(char32_t c) { return static_cast<char32_t>(utf8proc_totitle(static_cast<utf8proc_int32_t>(c))); }
+
+}  // namespace
+
+std::string Upper(std::string_view s) { return MapCodePoints(s, [](size_t, char32_t c, char32_t) { return ToUpper(c); }); }
+std::string Lower(std::string_view s) { return MapCodePoints(s, [](size_t, char32_t c, char32_t) { return ToLower(c); }); }
+
+std::string Title(std::string_view s) {
+  // Python: a cased character after an uncased one starts a word.
+  bool previous_cased = false;
+  return MapCodePoints(s, [&](size_t, char32_t c, char32_t) {
+    const bool cased = IsCased(c);
+    const char32_t r = cased ? (previous_cased ? ToLower(c) : ToTitle(c)) : c;
+    previous_cased = cased;
+    return r;
+  });
+}
+
+std::string Capitalize(std::string_view s) {
+  return MapCodePoints(s, [](size_t i, char32_t c, char32_t) { return i == 0 ? ToTitle(c) : ToLower(c); });
 }
 
 bool IsPythonPrintable(char32_t cp) {

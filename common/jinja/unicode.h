@@ -16,6 +16,12 @@ std::string EncodeUtf8(const std::vector<char32_t>& cps);
 bool IsPythonSpace(char32_t cp);
 // str.strip / lstrip / rstrip: `chars` null strips whitespace, else the code points it holds.
 std::string Strip(std::string_view s, const std::string* chars, bool left, bool right);
+// str.upper() / lower() / title() / capitalize() by Unicode's simple case mappings (utf8proc):
+// Python's full mappings differ only where one character becomes several (ß.upper() is SS).
+std::string Upper(std::string_view s);
+std::string Lower(std::string_view s);
+std::string Title(std::string_view s);
+std::string Capitalize(std::string_view s);
 // Python's str.isprintable() for one code point (repr keeps printable ones, escapes the rest).
 bool IsPythonPrintable(char32_t cp);
 
