@@ -25,3 +25,4 @@ if ((${#missing[@]})); then
 fi
 
 "$(dirname "$0")/fetch-tokenizers.sh"
+"$(dirname "$0")/fetch-node-packages.sh"
