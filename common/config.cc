@@ -229,6 +229,10 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.Bool("prefix_cache_events", &r.prefix_cache_events);
     s.Bool("session_affinity", &r.session_affinity);
     s.Double("max_load_imbalance", &r.max_load_imbalance, 0, 1000);
+    s.Int("api_port", &r.api_port, -1, 65535);
+    s.Int("api_threads", &r.api_threads, 1, 64);
+    s.Int("api_max_body_bytes", &r.api_max_body_bytes, 1024, 1 << 30);
+    s.String("served_model_name", &r.served_model_name);
   }
   {
     Section s = top.Sub("worker");

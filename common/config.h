@@ -94,6 +94,13 @@ struct RouterConfig {
   // Checkpoint directory whose tokenizer.json (text prompts, streamed text) and context length the
   // router uses; empty: a byte tokenizer (sim clusters).
   std::string model_path;
+  // The OpenAI-compatible HTTP API (router/http): its port (-1: off; 0: a free one, written to
+  // --ports-file as api_port=), the threads serving it, the largest request body, and the model name
+  // it answers to (empty: model_path's folder name, or "sim").
+  int api_port = -1;
+  int api_threads = 2;
+  int api_max_body_bytes = 4 << 20;
+  std::string served_model_name;
 };
 
 // Defaults: fitted to the CUDA engine on an H200, Llama-3.1-8B shape, FP8 KV (bench/RESULTS.md).

@@ -2,11 +2,15 @@
 // workers, relays their token streams.
 #include <spdlog/spdlog.h>
 
+#include <fstream>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/process.h"
 #include "router/generation_service.h"
+#include "router/http/api_server.h"
+#include "router/http/model_info.h"
 #include "router/model_tokenizer.h"
 #include "router/predictor/onnx_model.h"
 #include "router/router_core.h"
@@ -85,11 +89,29 @@ int Main(int argc, char** argv) {
   core.Start();
   spdlog::info("router listening: grpc {}:{} http {}:{}; workers: {}", config->router.listen_host, servers->grpc_port,
                config->router.listen_host, servers->http_port, absl::StrJoin(config->router.workers, ", "));
+  // The OpenAI-compatible HTTP API, on its own port.
+  std::unique_ptr<http::ServedModel> served = http::LoadServedModel(config->router);
+  std::unique_ptr<http::ApiServer> api;
+  if (config->router.api_port >= 0) {
+    api = std::make_unique<http::ApiServer>(core, config->router, *tokenizer, metrics, served->info);
+    absl::StatusOr<int> port = api->Start(config->router.listen_host, config->router.api_port);
+    if (!port.ok()) {
+      spdlog::critical("{}", std::string(port.status().message()));
+      core.Stop();
+      servers->Shutdown(std::chrono::seconds(1));
+      return 1;
+    }
+    if (!common.ports_file.empty()) {
+      std::ofstream(common.ports_file, std::ios::app) << "api_port=" << *port << "\n";
+    }
+    spdlog::info("OpenAI API on http://{}:{}/v1 serving model '{}'", config->router.listen_host, *port, served->info.name);
+  }
 
   const int sig = WaitForTermination();
   spdlog::info("signal {}: shutting down", sig);
   servers->SetServing(false);
   core.Stop();
+  if (api) api->Stop();
   servers->Shutdown(std::chrono::seconds(5));
   return 0;
 }

@@ -145,6 +145,12 @@ def tokenizer_json(merges):
     }
 
 
+# tiny-en is a base model: its chat template lays a conversation out as a plain transcript
+# ("User: ...", blank line, "Assistant:"), which the OpenAI chat endpoint renders.
+CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ message['role'] | capitalize }}: "
+                 "{{ message['content'] | trim }}\n\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
+
+
 def tokenizer_config(vocab_size):
     return {
         "bos_token": BOS,
@@ -154,6 +160,7 @@ def tokenizer_config(vocab_size):
         "tokenizer_class": "PreTrainedTokenizerFast",
         "added_tokens_decoder": {str(vocab_size - 2): {"content": BOS, "special": True},
                                  str(vocab_size - 1): {"content": EOS, "special": True}},
+        "chat_template": CHAT_TEMPLATE,
     }
 
 

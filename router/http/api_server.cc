@@ -1,0 +1,372 @@
+#include "router/http/api_server.h"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <ctime>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "router/validate.h"
+
+namespace tailserve::http {
+namespace {
+
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+// Posting from the core's thread into a connection must stop before the server's threads and
+// io_context go away: sinks post only while the gate is open, under its lock.
+struct Gate {
+  std::mutex mu;
+  bool open = true;
+};
+
+std::string StatusLine(int status) {
+  switch (status) {
+    case 200: return "200 OK";
+    case 400: return "400 Bad Request";
+    case 401: return "401 Unauthorized";
+    case 404: return "404 Not Found";
+    case 405: return "405 Method Not Allowed";
+    case 413: return "413 Payload Too Large";
+    case 429: return "429 Too Many Requests";
+    case 503: return "503 Service Unavailable";
+    case 504: return "504 Gateway Timeout";
+    default: return absl::StrCat(status, status >= 500 ? " Internal Server Error" : " Error");
+  }
+}
+
+std::string Chunk(const std::string& data) {
+  char size[32];
+  std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+  return size + data + "\r\n";
+}
+
+}  // namespace
+
+struct ApiServer::Impl {
+  Impl(RouterCore& c, const RouterConfig& cfg, const Tokenizer& t, RouterMetrics& m, const ModelInfo& mi)
+      : core(c), config(cfg), tokenizer(t), metrics(m), model(mi), gate(std::make_shared<Gate>()) {}
+  RouterCore& core;
+  const RouterConfig config;
+  const Tokenizer& tokenizer;
+  RouterMetrics& metrics;
+  const ModelInfo& model;
+  std::shared_ptr<Gate> gate;
+  net::io_context ioc;
+  std::optional<tcp::acceptor> acceptor;
+  std::vector<std::thread> threads;
+
+  void Accept();
+};
+
+namespace {
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, ApiServer::Impl& srv) : stream_(std::move(socket)), srv_(srv) {}
+  ~Session() {
+    if (active_) srv_.core.Cancel(key_, /*deadline=*/false);
+  }
+
+  void Start() { net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); }); }
+
+  // From the core's thread, through HttpSink.
+  void PostToken(v1::GenerateResponse resp) {
+    net::post(stream_.get_executor(), [self = shared_from_this(), r = std::move(resp)]() mutable { self->OnToken(r); });
+  }
+  void PostFinish(grpc::Status status) {
+    net::post(stream_.get_executor(), [self = shared_from_this(), s = std::move(status)] { self->OnFinish(s); });
+  }
+
+ private:
+  void Read() {
+    parser_.emplace();
+    parser_->body_limit(static_cast<uint64_t>(srv_.config.api_max_body_bytes));
+    parser_->header_limit(64 * 1024);
+    stream_.expires_after(std::chrono::seconds(60));
+    bhttp::async_read(stream_, buffer_, *parser_,
+                      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+  }
+
+  void OnRead(beast::error_code ec) {
+    if (ec == bhttp::error::body_limit) {
+      keep_alive_ = false;
+      return SendError(ApiError::Make(413, absl::StrCat("the request body exceeds ", srv_.config.api_max_body_bytes, " bytes"),
+                                      "invalid_request_error", "", "request_too_large"));
+    }
+    if (ec) return Close();
+    stream_.expires_never();
+    Handle(parser_->release());
+  }
+
+  void Handle(bhttp::request<bhttp::string_body> req) {
+    keep_alive_ = req.keep_alive();
+    std::string path(req.target());
+    if (const size_t q = path.find('?'); q != std::string::npos) path.resize(q);
+    if (path == "/v1/models") {
+      if (req.method() != bhttp::verb::get) return SendError(ApiError::Make(405, "use GET /v1/models"));
+      nlohmann::ordered_json m = {{"object", "list"},
+                                  {"data", {{{"id", srv_.model.name}, {"object", "model"}, {"created", 0}, {"owned_by", "tailserve"}}}}};
+      return SendResponse(200, "application/json", m.dump());
+    }
+    const bool chat = path == "/v1/chat/completions";
+    if (!chat && path != "/v1/completions") {
+      return SendError(ApiError::Make(404, absl::StrCat("no route ", path), "invalid_request_error", "", "not_found"));
+    }
+    if (req.method() != bhttp::verb::post) return SendError(ApiError::Make(405, absl::StrCat("use POST ", path)));
+    const SteadyTime arrival = SystemClock::Get().Now();
+    ApiError error;
+    absl::StatusOr<ApiRequest> api = ParseRequest(req.body(), chat, srv_.model, &error);
+    if (!api.ok()) {
+      srv_.metrics.requests.Labels({"invalid_argument"}).Inc();
+      return SendError(error);
+    }
+    if (chat) {
+      // The template placed the special tokens it wants (a BOS among them): tokenized as they
+      // stand, as transformers tokenizes a rendered chat (add_special_tokens=False).
+      for (int32_t id : srv_.tokenizer.Encode(api->generate.prompt())) api->generate.add_prompt_token_ids(id);
+      api->generate.clear_prompt();
+    }
+    absl::StatusOr<ParsedRequest> parsed = ValidateRequest(api->generate, srv_.config, srv_.tokenizer);
+    if (!parsed.ok()) {
+      srv_.metrics.requests.Labels({"invalid_argument"}).Inc();
+      return SendError(ErrorFromStatus(parsed.status()));
+    }
+    req_ = *std::move(api);
+    key_ = srv_.core.NewKey();
+    id_ = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", key_);
+    created_ = static_cast<int64_t>(std::time(nullptr));
+    if (parsed->request_id.empty()) parsed->request_id = id_;
+    active_ = true;
+    WatchPeer();
+    srv_.core.Submit(key_, *std::move(parsed), std::make_shared<HttpSink>(weak_from_this(), srv_.gate), arrival);
+  }
+
+  // The core's sink for one request: posts onto the connection's executor, never blocks.
+  class HttpSink final : public MessageSink<v1::GenerateResponse> {
+   public:
+    HttpSink(std::weak_ptr<Session> s, std::shared_ptr<Gate> gate) : session_(std::move(s)), gate_(std::move(gate)) {}
+    void Write(v1::GenerateResponse msg) override {
+      std::lock_guard lock(gate_->mu);
+      if (auto s = session_.lock(); s && gate_->open) s->PostToken(std::move(msg));
+    }
+    void Finish(grpc::Status status) override {
+      std::lock_guard lock(gate_->mu);
+      if (auto s = session_.lock(); s && gate_->open) s->PostFinish(std::move(status));
+    }
+
+   private:
+    std::weak_ptr<Session> session_;
+    std::shared_ptr<Gate> gate_;
+  };
+
+  // A client that goes away while its request runs cancels it. The wait consumes nothing, so bytes
+  // a client pipelines stay for the next request.
+  void WatchPeer() {
+    watching_ = true;
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+      self->watching_ = false;
+      if (self->read_after_watch_) {
+        self->read_after_watch_ = false;
+        return self->Read();
+      }
+      if (ec || !self->active_) return;
+      beast::error_code avail_ec;
+      if (self->stream_.socket().available(avail_ec) == 0 || avail_ec) {
+        self->srv_.core.Cancel(self->key_, /*deadline=*/false);
+        self->active_ = false;
+        self->Close();
+      }
+    });
+  }
+
+  void OnToken(const v1::GenerateResponse& r) {
+    if (!active_) return;
+    if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) finish_ = r.finish_reason();
+    if (r.has_usage()) usage_ = r.usage();
+    if (!req_.stream) {
+      text_ += r.text();
+      return;
+    }
+    if (!header_sent_) StartStream();
+    if (!r.text().empty()) {
+      Enqueue(Chunk(ChunkEvent(req_, id_, created_, r.text(), !role_sent_, std::nullopt)));
+      role_sent_ = true;
+    }
+  }
+
+  void OnFinish(const grpc::Status& status) {
+    if (!active_) return;
+    active_ = false;
+    if (!status.ok()) {
+      const ApiError e = ErrorFromStatus(FromGrpcStatus(status));
+      if (!header_sent_) return SendError(e);
+      Enqueue(Chunk("data: " + e.Json() + "\n\n"));
+      Enqueue(Chunk(kDoneEvent));
+      return EndStream();
+    }
+    if (!req_.stream) {
+      return SendResponse(200, "application/json", CompletionJson(req_, id_, created_, text_, finish_, usage_));
+    }
+    if (!header_sent_) StartStream();
+    Enqueue(Chunk(ChunkEvent(req_, id_, created_, "", !role_sent_, finish_)));
+    if (req_.include_usage) Enqueue(Chunk(UsageEvent(req_, id_, created_, usage_)));
+    Enqueue(Chunk(kDoneEvent));
+    EndStream();
+  }
+
+  void StartStream() {
+    header_sent_ = true;
+    Enqueue(absl::StrCat("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n",
+                         "Transfer-Encoding: chunked\r\nConnection: ", keep_alive_ ? "keep-alive" : "close", "\r\n\r\n"));
+  }
+  void EndStream() {
+    Enqueue("0\r\n\r\n");
+    response_done_ = true;
+  }
+
+  void SendError(const ApiError& e) {
+    std::string extra;
+    if (e.retry_after_s > 0) extra = absl::StrCat("Retry-After: ", static_cast<int64_t>(std::ceil(e.retry_after_s)), "\r\n");
+    SendResponse(e.status, "application/json", e.Json(), extra);
+  }
+
+  void SendResponse(int status, const char* type, const std::string& body, const std::string& extra = "") {
+    header_sent_ = true;
+    Enqueue(absl::StrCat("HTTP/1.1 ", StatusLine(status), "\r\nContent-Type: ", type, "\r\nContent-Length: ", body.size(),
+                         "\r\n", extra, "Connection: ", keep_alive_ ? "keep-alive" : "close", "\r\n\r\n", body));
+    response_done_ = true;
+  }
+
+  void Enqueue(std::string bytes) {
+    out_.push_back(std::move(bytes));
+    if (!writing_) DoWrite();
+  }
+
+  void DoWrite() {
+    writing_ = true;
+    net::async_write(stream_, net::buffer(out_.front()), [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->OnWrite(ec);
+    });
+  }
+
+  void OnWrite(beast::error_code ec) {
+    out_.pop_front();
+    writing_ = false;
+    if (ec) {
+      if (active_) srv_.core.Cancel(key_, /*deadline=*/false), active_ = false;
+      return Close();
+    }
+    if (!out_.empty()) return DoWrite();
+    if (!response_done_) return;
+    if (!keep_alive_) return Close();
+    // The next request on this connection.
+    response_done_ = header_sent_ = role_sent_ = false;
+    text_.clear();
+    usage_.Clear();
+    finish_ = v1::FINISH_REASON_UNSPECIFIED;
+    if (watching_) {
+      read_after_watch_ = true;
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);
+      return;
+    }
+    Read();
+  }
+
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.socket().close(ignored);
+  }
+
+  beast::tcp_stream stream_;
+  ApiServer::Impl& srv_;
+  beast::flat_buffer buffer_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::deque<std::string> out_;
+  bool writing_ = false, keep_alive_ = true, response_done_ = false;
+  bool watching_ = false, read_after_watch_ = false;
+  // The request being served.
+  bool active_ = false, header_sent_ = false, role_sent_ = false;
+  uint64_t key_ = 0;
+  ApiRequest req_;
+  std::string id_, text_;
+  int64_t created_ = 0;
+  v1::FinishReason finish_ = v1::FINISH_REASON_UNSPECIFIED;
+  v1::Usage usage_;
+};
+
+}  // namespace
+
+void ApiServer::Impl::Accept() {
+  acceptor->async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == net::error::operation_aborted) return;
+    if (!ec) {
+      beast::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      std::make_shared<Session>(std::move(socket), *this)->Start();
+    } else {
+      spdlog::warn("api: accept failed: {}", ec.message());
+    }
+    Accept();
+  });
+}
+
+ApiServer::ApiServer(RouterCore& core, const RouterConfig& config, const Tokenizer& tokenizer, RouterMetrics& metrics,
+                     const ModelInfo& model)
+    : impl_(std::make_unique<Impl>(core, config, tokenizer, metrics, model)) {}
+
+ApiServer::~ApiServer() { Stop(); }
+
+absl::StatusOr<int> ApiServer::Start(const std::string& host, int port) {
+  beast::error_code ec;
+  const net::ip::address address = net::ip::make_address(host, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("router.listen_host: ", host, ": ", ec.message()));
+  Impl& i = *impl_;
+  i.acceptor.emplace(i.ioc);
+  const tcp::endpoint endpoint(address, static_cast<uint16_t>(port));
+  if (i.acceptor->open(endpoint.protocol(), ec); ec) return absl::InternalError(absl::StrCat("api: open: ", ec.message()));
+  i.acceptor->set_option(net::socket_base::reuse_address(true), ec);
+  if (i.acceptor->bind(endpoint, ec); ec) {
+    return absl::UnavailableError(absl::StrCat("router.api_port: cannot bind ", host, ":", port, ": ", ec.message()));
+  }
+  if (i.acceptor->listen(net::socket_base::max_listen_connections, ec); ec) {
+    return absl::InternalError(absl::StrCat("api: listen: ", ec.message()));
+  }
+  const int bound = i.acceptor->local_endpoint().port();
+  i.Accept();
+  for (int t = 0; t < i.config.api_threads; ++t) i.threads.emplace_back([&i] { i.ioc.run(); });
+  return bound;
+}
+
+void ApiServer::Stop() {
+  Impl& i = *impl_;
+  {
+    std::lock_guard lock(i.gate->mu);
+    i.gate->open = false;
+  }
+  if (i.acceptor) {
+    beast::error_code ignored;
+    i.acceptor->close(ignored);
+  }
+  i.ioc.stop();
+  for (std::thread& t : i.threads) {
+    if (t.joinable()) t.join();
+  }
+  i.threads.clear();
+}
+
+}  // namespace tailserve::http
