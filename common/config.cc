@@ -233,6 +233,7 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.Int("api_threads", &r.api_threads, 1, 64);
     s.Int("api_max_body_bytes", &r.api_max_body_bytes, 1024, 1 << 30);
     s.String("served_model_name", &r.served_model_name);
+    s.String("api_keys_file", &r.api_keys_file);
   }
   {
     Section s = top.Sub("worker");
@@ -309,7 +310,7 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path, const std::vector
   // Relative paths in the file are relative to the file's folder, wherever the process starts.
   if (config.ok()) {
     for (std::string* p : {&config->predictor.model_path, &config->predictor.feedback_log, &config->router.model_path,
-                           &config->worker.model_path}) {
+                           &config->router.api_keys_file, &config->worker.model_path}) {
       if (!p->empty() && (*p)[0] != '/') *p = (std::filesystem::path(path).parent_path() / *p).lexically_normal().string();
     }
   }

@@ -101,6 +101,9 @@ struct RouterConfig {
   int api_threads = 2;
   int api_max_body_bytes = 4 << 20;
   std::string served_model_name;
+  // API keys the client APIs (gRPC and HTTP) require, one per line as router/auth/api_keys.h
+  // describes, reloaded when the file changes; empty: no keys.
+  std::string api_keys_file;
 };
 
 // Defaults: fitted to the CUDA engine on an H200, Llama-3.1-8B shape, FP8 KV (bench/RESULTS.md).

@@ -2,7 +2,9 @@
 // workers, relays their token streams.
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -72,7 +74,18 @@ int Main(int argc, char** argv) {
   RouterCore core(*config, config->router.workers, std::move(clients),
                   MakeBatcher(config->batching, config->router),
                   std::make_unique<LengthPredictor>(config->predictor, std::move(model), metrics), *tokenizer, metrics);
-  GenerationService service(core, config->router, *tokenizer, metrics);
+  // API keys: loaded now (a bad file stops the start), then re-read every 2 s; a bad edit keeps the
+  // keys in force and says why.
+  std::unique_ptr<ApiKeys> keys;
+  if (!config->router.api_keys_file.empty()) {
+    keys = std::make_unique<ApiKeys>();
+    if (absl::Status s = keys->ReloadIfChanged(config->router.api_keys_file); !s.ok()) {
+      spdlog::critical("invalid configuration: {}", std::string(s.message()));
+      return 2;
+    }
+    spdlog::info("API keys: {} from {}", keys->size(), config->router.api_keys_file);
+  }
+  GenerationService service(core, config->router, *tokenizer, metrics, SystemClock::Get(), keys.get());
   absl::StatusOr<Servers> servers = StartServers(
       config->router.listen_host, config->router.grpc_port, config->router.http_port, {&service}, registry,
       {.ready = [&]() -> absl::Status {
@@ -93,7 +106,7 @@ int Main(int argc, char** argv) {
   std::unique_ptr<http::ServedModel> served = http::LoadServedModel(config->router);
   std::unique_ptr<http::ApiServer> api;
   if (config->router.api_port >= 0) {
-    api = std::make_unique<http::ApiServer>(core, config->router, *tokenizer, metrics, served->info);
+    api = std::make_unique<http::ApiServer>(core, config->router, *tokenizer, metrics, served->info, keys.get());
     absl::StatusOr<int> port = api->Start(config->router.listen_host, config->router.api_port);
     if (!port.ok()) {
       spdlog::critical("{}", std::string(port.status().message()));
@@ -107,7 +120,30 @@ int Main(int argc, char** argv) {
     spdlog::info("OpenAI API on http://{}:{}/v1 serving model '{}'", config->router.listen_host, *port, served->info.name);
   }
 
+  if (!keys && config->router.listen_host != "127.0.0.1" && config->router.listen_host != "localhost" &&
+      config->router.listen_host != "::1") {
+    spdlog::warn("the client APIs listen on {} without API keys (router.api_keys_file): anyone who reaches the ports "
+                 "can use them",
+                 config->router.listen_host);
+  }
+  std::atomic<bool> stop_reload{false};
+  std::thread reload;
+  if (keys) {
+    reload = std::thread([&] {
+      while (!stop_reload.load()) {
+        for (int i = 0; i < 20 && !stop_reload.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        const size_t before = keys->size();
+        if (absl::Status s = keys->ReloadIfChanged(config->router.api_keys_file); !s.ok()) {
+          spdlog::error("API keys not reloaded (the previous ones stay): {}", std::string(s.message()));
+        } else if (keys->size() != before) {
+          spdlog::info("API keys reloaded: {}", keys->size());
+        }
+      }
+    });
+  }
   const int sig = WaitForTermination();
+  stop_reload = true;
+  if (reload.joinable()) reload.join();
   spdlog::info("signal {}: shutting down", sig);
   servers->SetServing(false);
   core.Stop();

@@ -89,6 +89,10 @@ RouterMetrics::RouterMetrics(Registry& r, double w)
                                          "Coefficient of variation (std / mean) of predicted steps within a batch.",
                                          {0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2})
                               .Get()),
-      worker_up(r.AddGauge("tailserve_router_worker_up", "1 when the worker is in rotation, else 0.", {"worker"})) {}
+      worker_up(r.AddGauge("tailserve_router_worker_up", "1 when the worker is in rotation, else 0.", {"worker"})),
+      api_key_requests(r.AddCounter("tailserve_router_api_key_requests_total",
+                                    "Client requests by API key name (\"\" when missing or unknown) and outcome: admitted, "
+                                    "unauthenticated, rate_limited.",
+                                    {"key", "outcome"})) {}
 
 }  // namespace tailserve

@@ -36,6 +36,7 @@ struct RouterMetrics {
   Gauge& prefix_event_workers;
   Histogram& batch_prediction_cv;
   Registry::Family<Gauge>& worker_up;  // worker
+  Registry::Family<Counter>& api_key_requests;  // key (its name; "" for none or unknown), outcome
 };
 
 }  // namespace tailserve

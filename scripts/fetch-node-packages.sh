@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the npm packages the tests run into .deps/node (idempotent), versions pinned:
-# @huggingface/jinja, the reference chat-template renderer (tests/jinja_differential.py).
+# @huggingface/jinja, the reference chat-template renderer (tests/jinja_differential.py), and the
+# official OpenAI client the HTTP API is tested with (tests/openai_client_test.mjs).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 DEST="$ROOT/.deps/node"
-PKGS=("@huggingface/jinja@0.5.13")
+PKGS=("@huggingface/jinja@0.5.13" "openai@6.30.1")
 missing=()
 for p in "${PKGS[@]}"; do
   name=${p%@*}
@@ -14,5 +15,6 @@ for p in "${PKGS[@]}"; do
 done
 ((${#missing[@]})) || exit 0
 mkdir -p "$DEST"
-(cd "$DEST" && npm install --no-save --no-audit --no-fund --silent "${missing[@]}")
-echo "installed ${missing[*]} -> $DEST"
+# All of them in one install: npm prunes what an install does not name.
+(cd "$DEST" && npm install --no-save --no-audit --no-fund --silent "${PKGS[@]}")
+echo "installed ${PKGS[*]} -> $DEST"

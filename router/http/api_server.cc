@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "router/client_auth.h"
 #include "router/validate.h"
 
 namespace tailserve::http {
@@ -56,13 +57,14 @@ std::string Chunk(const std::string& data) {
 }  // namespace
 
 struct ApiServer::Impl {
-  Impl(RouterCore& c, const RouterConfig& cfg, const Tokenizer& t, RouterMetrics& m, const ModelInfo& mi)
-      : core(c), config(cfg), tokenizer(t), metrics(m), model(mi), gate(std::make_shared<Gate>()) {}
+  Impl(RouterCore& c, const RouterConfig& cfg, const Tokenizer& t, RouterMetrics& m, const ModelInfo& mi, ApiKeys* k)
+      : core(c), config(cfg), tokenizer(t), metrics(m), model(mi), keys(k), gate(std::make_shared<Gate>()) {}
   RouterCore& core;
   const RouterConfig config;
   const Tokenizer& tokenizer;
   RouterMetrics& metrics;
   const ModelInfo& model;
+  ApiKeys* keys;
   std::shared_ptr<Gate> gate;
   net::io_context ioc;
   std::optional<tcp::acceptor> acceptor;
@@ -115,6 +117,10 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = req.keep_alive();
     std::string path(req.target());
     if (const size_t q = path.find('?'); q != std::string::npos) path.resize(q);
+    const auto authorization = req[bhttp::field::authorization];
+    absl::StatusOr<std::unique_ptr<ApiKeys::Lease>> lease =
+        AdmitClient(srv_.keys, std::string_view(authorization.data(), authorization.size()), srv_.metrics);
+    if (!lease.ok()) return SendError(ErrorFromStatus(lease.status()));
     if (path == "/v1/models") {
       if (req.method() != bhttp::verb::get) return SendError(ApiError::Make(405, "use GET /v1/models"));
       nlohmann::ordered_json m = {{"object", "list"},
@@ -145,6 +151,7 @@ class Session : public std::enable_shared_from_this<Session> {
       return SendError(ErrorFromStatus(parsed.status()));
     }
     req_ = *std::move(api);
+    lease_ = *std::move(lease);
     key_ = srv_.core.NewKey();
     id_ = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", key_);
     created_ = static_cast<int64_t>(std::time(nullptr));
@@ -210,6 +217,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnFinish(const grpc::Status& status) {
     if (!active_) return;
     active_ = false;
+    lease_.reset();
     if (!status.ok()) {
       const ApiError e = ErrorFromStatus(FromGrpcStatus(status));
       if (!header_sent_) return SendError(e);
@@ -302,6 +310,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // The request being served.
   bool active_ = false, header_sent_ = false, role_sent_ = false;
   uint64_t key_ = 0;
+  std::unique_ptr<ApiKeys::Lease> lease_;  // the API key's stream, held while the request runs
   ApiRequest req_;
   std::string id_, text_;
   int64_t created_ = 0;
@@ -326,8 +335,8 @@ void ApiServer::Impl::Accept() {
 }
 
 ApiServer::ApiServer(RouterCore& core, const RouterConfig& config, const Tokenizer& tokenizer, RouterMetrics& metrics,
-                     const ModelInfo& model)
-    : impl_(std::make_unique<Impl>(core, config, tokenizer, metrics, model)) {}
+                     const ModelInfo& model, ApiKeys* keys)
+    : impl_(std::make_unique<Impl>(core, config, tokenizer, metrics, model, keys)) {}
 
 ApiServer::~ApiServer() { Stop(); }
 

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/config.h"
 #include "common/tokenizer.h"
+#include "router/auth/api_keys.h"
 #include "router/http/openai_api.h"
 #include "router/router_core.h"
 #include "router/router_metrics.h"
@@ -22,9 +23,10 @@ namespace tailserve::http {
 
 class ApiServer {
  public:
-  // `model` must outlive the server (its chat template is read by every chat request).
+  // `model` (its chat template is read by every chat request) and `keys` (null: no keys) must
+  // outlive the server.
   ApiServer(RouterCore& core, const RouterConfig& config, const Tokenizer& tokenizer, RouterMetrics& metrics,
-            const ModelInfo& model);
+            const ModelInfo& model, ApiKeys* keys = nullptr);
   ~ApiServer();
   ApiServer(const ApiServer&) = delete;
   ApiServer& operator=(const ApiServer&) = delete;
