@@ -3,6 +3,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +57,12 @@ std::optional<Config> InitProcess(const std::string& name, const CommonFlags& fl
   if (!InitLogging(name, flags.log_level)) {
     std::fprintf(stderr, "--log-level: unknown level '%s'\n", flags.log_level.c_str());
     return std::nullopt;
+  }
+  // Every client connection and stream holds a descriptor: take the hard limit, not the soft one
+  // (often 1024), which a few hundred streams would exhaust.
+  if (rlimit lim{}; getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
   }
   std::vector<std::string> all = flags.overrides;
   all.insert(all.end(), flags.shorthands.begin(), flags.shorthands.end());

@@ -5,6 +5,9 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <chrono>
 #include <ctime>
 #include <deque>
@@ -108,7 +111,10 @@ class Session : public std::enable_shared_from_this<Session> {
       return SendError(ApiError::Make(413, absl::StrCat("the request body exceeds ", srv_.config.api_max_body_bytes, " bytes"),
                                       "invalid_request_error", "", "request_too_large"));
     }
-    if (ec) return Close();
+    if (ec) {
+      if (ec != bhttp::error::end_of_stream) spdlog::debug("api: read: {}", ec.message());
+      return Close();
+    }
     stream_.expires_never();
     Handle(parser_->release());
   }
@@ -190,12 +196,16 @@ class Session : public std::enable_shared_from_this<Session> {
         return self->Read();
       }
       if (ec || !self->active_) return;
-      beast::error_code avail_ec;
-      if (self->stream_.socket().available(avail_ec) == 0 || avail_ec) {
-        self->srv_.core.Cancel(self->key_, /*deadline=*/false);
-        self->active_ = false;
-        self->Close();
-      }
+      // Readable: the client closed (recv sees 0), sent more (kept for the next request; stop
+      // watching), or the wake was spurious (EAGAIN: watch again).
+      char c;
+      const ssize_t n = ::recv(self->stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return self->WatchPeer();
+      if (n > 0) return;
+      spdlog::debug("api: the client of {} went away", self->id_);
+      self->srv_.core.Cancel(self->key_, /*deadline=*/false);
+      self->active_ = false;
+      self->Close();
     });
   }
 
@@ -274,6 +284,7 @@ class Session : public std::enable_shared_from_this<Session> {
     out_.pop_front();
     writing_ = false;
     if (ec) {
+      spdlog::debug("api: write: {}", ec.message());
       if (active_) srv_.core.Cancel(key_, /*deadline=*/false), active_ = false;
       return Close();
     }
