@@ -42,10 +42,13 @@ text = cm["data"]["ladb_config.yaml"]
 config = yaml.safe_load(text)
 want = json.loads(json.dumps(values["config"]))
 want["router"].update({"listen_host": "0.0.0.0", "grpc_port": v_router["grpcPort"], "http_port": v_router["httpPort"],
+                       "api_port": v_router["apiPort"],
                        "workers": [f"{name}-worker-{i}.{name}-worker.default.svc.cluster.local:{v_worker['grpcPort']}"
                                    for i in range(v_worker["replicas"])]})
 if v_worker["backend"] != "sim":
     want["router"]["model_path"] = v_worker["modelPath"]
+if v_router["apiKeys"]["secretName"]:
+    want["router"]["api_keys_file"] = "/etc/tailserve-keys/keys"
 want["worker"].update({"listen_host": "0.0.0.0", "grpc_port": v_worker["grpcPort"], "http_port": v_worker["httpPort"],
                        "backend": v_worker["backend"], "model_path": v_worker["modelPath"]})
 check(config == want, f"ConfigMap ladb_config.yaml differs from the values: {config} != {want}")
@@ -81,6 +84,15 @@ if v_worker["backend"] != "sim":
     check(any(m["mountPath"] == v_worker["modelVolume"]["mountPath"] for m in c["volumeMounts"]),
           "router: the model volume (tokenizer) is not mounted")
 check(router["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0, "router: maxUnavailable is not 0")
+ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+check((ports.get("api") == v_router["apiPort"]) == (v_router["apiPort"] >= 0), f"router: API port {ports}")
+service_ports = {p["name"] for p in by_kind["Service"][f"{name}-router"]["spec"]["ports"]}
+check(("api" in service_ports) == (v_router["apiPort"] >= 0), f"router Service ports {service_ports}")
+if v_router["apiKeys"]["secretName"]:
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    check(volumes.get("api-keys", {}).get("secret", {}).get("secretName") == v_router["apiKeys"]["secretName"],
+          "router: the API keys Secret is not a volume")
+    check(any(m["mountPath"] == "/etc/tailserve-keys" for m in c["volumeMounts"]), "router: API keys not mounted")
 if v_router["autoscaling"]["enabled"]:
     check("replicas" not in router["spec"], "router: replicas set while the HPA owns them")
     hpa = by_kind["HorizontalPodAutoscaler"][f"{name}-router"]

@@ -33,7 +33,10 @@ app.kubernetes.io/component: {{ .component }}
 {{/* ladb_config.yaml: the values' config with the chart's ports and the worker list filled in. */}}
 {{- define "tailserve.config" -}}
 {{- $cfg := deepCopy .Values.config -}}
-{{- $router := merge (dict "listen_host" "0.0.0.0" "grpc_port" (int .Values.router.grpcPort) "http_port" (int .Values.router.httpPort) "workers" (include "tailserve.workerAddresses" . | fromJsonArray)) $cfg.router -}}
+{{- $router := merge (dict "listen_host" "0.0.0.0" "grpc_port" (int .Values.router.grpcPort) "http_port" (int .Values.router.httpPort) "api_port" (int .Values.router.apiPort) "workers" (include "tailserve.workerAddresses" . | fromJsonArray)) $cfg.router -}}
+{{- if .Values.router.apiKeys.secretName -}}
+{{- $_ := set $router "api_keys_file" "/etc/tailserve-keys/keys" -}}
+{{- end -}}
 {{- /* Real models: the router tokenizes with the served checkpoint's tokenizer.json (same volume). */ -}}
 {{- if ne .Values.worker.backend "sim" -}}
 {{- $_ := set $router "model_path" .Values.worker.modelPath -}}
