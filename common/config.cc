@@ -234,6 +234,11 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.Int("api_max_body_bytes", &r.api_max_body_bytes, 1024, 1 << 30);
     s.String("served_model_name", &r.served_model_name);
     s.String("api_keys_file", &r.api_keys_file);
+    s.String("tls_cert_file", &r.tls_cert_file);
+    s.String("tls_key_file", &r.tls_key_file);
+    s.String("worker_tls_ca_file", &r.worker_tls_ca_file);
+    s.String("worker_tls_cert_file", &r.worker_tls_cert_file);
+    s.String("worker_tls_key_file", &r.worker_tls_key_file);
   }
   {
     Section s = top.Sub("worker");
@@ -243,6 +248,9 @@ void ReadAll(YAML::Node root, Config* c, std::vector<std::string>* errors) {
     s.Int("http_port", &w.http_port, 0, 65535);
     s.String("backend", &w.backend, {"sim", "cpu", "cuda"});
     s.String("model_id", &w.model_id);
+    s.String("tls_cert_file", &w.tls_cert_file);
+    s.String("tls_key_file", &w.tls_key_file);
+    s.String("tls_client_ca_file", &w.tls_client_ca_file);
     s.String("model_path", &w.model_path);
     s.Int("threads", &w.threads, 0, 1024);
     s.String("kv_cache_dtype", &w.kv_cache_dtype, {"fp8_e4m3", "fp8_e5m2", "fp16"});
@@ -310,7 +318,11 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path, const std::vector
   // Relative paths in the file are relative to the file's folder, wherever the process starts.
   if (config.ok()) {
     for (std::string* p : {&config->predictor.model_path, &config->predictor.feedback_log, &config->router.model_path,
-                           &config->router.api_keys_file, &config->worker.model_path}) {
+                           &config->router.api_keys_file, &config->router.tls_cert_file, &config->router.tls_key_file,
+                           &config->router.worker_tls_ca_file, &config->router.worker_tls_cert_file,
+                           &config->router.worker_tls_key_file, &config->worker.model_path,
+                           &config->worker.tls_cert_file, &config->worker.tls_key_file,
+                           &config->worker.tls_client_ca_file}) {
       if (!p->empty() && (*p)[0] != '/') *p = (std::filesystem::path(path).parent_path() / *p).lexically_normal().string();
     }
   }

@@ -104,6 +104,11 @@ struct RouterConfig {
   // API keys the client APIs (gRPC and HTTP) require, one per line as router/auth/api_keys.h
   // describes, reloaded when the file changes; empty: no keys.
   std::string api_keys_file;
+  // TLS on the client gRPC API (PEM files, re-read while serving; empty: plaintext).
+  std::string tls_cert_file, tls_key_file;
+  // TLS to the workers: the CA their certificates chain to, and the router's own certificate and
+  // key for mutual TLS (workers that require client certificates). Empty: plaintext.
+  std::string worker_tls_ca_file, worker_tls_cert_file, worker_tls_key_file;
 };
 
 // Defaults: fitted to the CUDA engine on an H200, Llama-3.1-8B shape, FP8 KV (bench/RESULTS.md).
@@ -162,6 +167,9 @@ struct WorkerConfig {
   bool prefix_caching = true;
   double metrics_window_seconds = 60;
   SimBackendConfig sim;
+  // TLS on the worker's gRPC server (PEM, re-read while serving); with tls_client_ca_file only
+  // clients (routers) with a certificate from that CA are served (mutual TLS). Empty: plaintext.
+  std::string tls_cert_file, tls_key_file, tls_client_ca_file;
 };
 
 struct Config {

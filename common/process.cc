@@ -92,12 +92,14 @@ int WaitForTermination() {
 
 absl::StatusOr<Servers> StartServers(const std::string& host, int grpc_port, int http_port,
                                      const std::vector<grpc::Service*>& services, const Registry& registry,
-                                     Probes probes, const std::string& ports_file, int max_receive_bytes) {
+                                     Probes probes, const std::string& ports_file, int max_receive_bytes,
+                                     std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   Servers out;
-  builder.AddListeningPort(absl::StrCat(host, ":", grpc_port), grpc::InsecureServerCredentials(), &out.grpc_port);
+  builder.AddListeningPort(absl::StrCat(host, ":", grpc_port),
+                           credentials ? credentials : grpc::InsecureServerCredentials(), &out.grpc_port);
   builder.SetMaxReceiveMessageSize(max_receive_bytes);
   for (grpc::Service* s : services) builder.RegisterService(s);
   out.grpc = builder.BuildAndStart();

@@ -53,9 +53,11 @@ struct Servers {
   void Shutdown(std::chrono::milliseconds grace);
 };
 // Port 0 picks a free port; the bound ports are written to `ports_file` when it is not empty.
-// `max_receive_bytes`: the largest request message gRPC accepts (-1: no limit).
+// `max_receive_bytes`: the largest request message gRPC accepts (-1: no limit). `credentials`:
+// the gRPC port's (common/tls.h; null: plaintext).
 absl::StatusOr<Servers> StartServers(const std::string& host, int grpc_port, int http_port,
                                      const std::vector<grpc::Service*>& services, const Registry& registry,
-                                     Probes probes, const std::string& ports_file, int max_receive_bytes = 4 << 20);
+                                     Probes probes, const std::string& ports_file, int max_receive_bytes = 4 << 20,
+                                     std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
 
 }  // namespace tailserve

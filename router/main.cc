@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/process.h"
+#include "common/tls.h"
 #include "router/generation_service.h"
 #include "router/http/api_server.h"
 #include "router/http/model_info.h"
@@ -60,7 +61,19 @@ int Main(int argc, char** argv) {
     tokenizer = *std::move(loaded);
   }
   std::vector<std::unique_ptr<WorkerClient>> clients;
-  for (const auto& w : config->router.workers) clients.push_back(MakeGrpcWorkerClient(w));
+  const RouterConfig& rc = config->router;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> worker_credentials = GrpcChannelCredentials(
+      {.cert_file = rc.worker_tls_cert_file, .key_file = rc.worker_tls_key_file, .ca_file = rc.worker_tls_ca_file},
+      "router.worker_tls_");
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> client_credentials =
+      GrpcServerCredentials({.cert_file = rc.tls_cert_file, .key_file = rc.tls_key_file, .ca_file = ""}, "router.tls_");
+  for (const absl::Status& s : {worker_credentials.status(), client_credentials.status()}) {
+    if (!s.ok()) {
+      spdlog::critical("invalid configuration: {}", std::string(s.message()));
+      return 2;
+    }
+  }
+  for (const auto& w : config->router.workers) clients.push_back(MakeGrpcWorkerClient(w, *worker_credentials));
   std::unique_ptr<LengthModel> model;
   if (!config->predictor.model_path.empty()) {
     auto loaded = OnnxModel::Load(config->predictor.model_path, kFeatureInputName, kNumFeatures);
@@ -92,7 +105,7 @@ int Main(int argc, char** argv) {
          return core.ready() ? absl::OkStatus() : absl::UnavailableError("no healthy worker");
        },
        .live = {}},  // alive while it answers: the router holds no device
-      common.ports_file);
+      common.ports_file, 4 << 20, *client_credentials);
   if (!servers.ok()) {
     spdlog::critical("{}", std::string(servers.status().message()));
     return 1;
@@ -120,6 +133,11 @@ int Main(int argc, char** argv) {
     spdlog::info("OpenAI API on http://{}:{}/v1 serving model '{}'", config->router.listen_host, *port, served->info.name);
   }
 
+  if (rc.tls_cert_file.empty() && rc.listen_host != "127.0.0.1" && rc.listen_host != "localhost" && rc.listen_host != "::1") {
+    spdlog::warn("the client gRPC API listens on {} without TLS (router.tls_cert_file): requests and tokens cross the "
+                 "network in the clear",
+                 rc.listen_host);
+  }
   if (!keys && config->router.listen_host != "127.0.0.1" && config->router.listen_host != "localhost" &&
       config->router.listen_host != "::1") {
     spdlog::warn("the client APIs listen on {} without API keys (router.api_keys_file): anyone who reaches the ports "

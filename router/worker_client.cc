@@ -58,7 +58,7 @@ class ExecuteReactor final : public grpc::ClientReadReactor<v1::TokenEvent> {
 
 class GrpcWorkerClient final : public WorkerClient {
  public:
-  explicit GrpcWorkerClient(const std::string& address) {
+  GrpcWorkerClient(const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
     grpc::ChannelArguments args;
     // Notice a dead peer on an idle connection within seconds, and retry the connect quickly.
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
@@ -67,7 +67,7 @@ class GrpcWorkerClient final : public WorkerClient {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
-    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    channel_ = grpc::CreateCustomChannel(address, credentials ? credentials : grpc::InsecureChannelCredentials(), args);
     stub_ = v1::Worker::NewStub(channel_);
   }
 
@@ -118,8 +118,9 @@ class GrpcWorkerClient final : public WorkerClient {
 
 }  // namespace
 
-std::unique_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address) {
-  return std::make_unique<GrpcWorkerClient>(address);
+std::unique_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address,
+                                                   std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  return std::make_unique<GrpcWorkerClient>(address, std::move(credentials));
 }
 
 }  // namespace tailserve

@@ -33,6 +33,8 @@ class WorkerClient {
 };
 
 // Over a gRPC channel to host:port.
-std::unique_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address);
+// `credentials`: the channel's (common/tls.h; null: plaintext).
+std::unique_ptr<WorkerClient> MakeGrpcWorkerClient(const std::string& address,
+                                                   std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
 
 }  // namespace tailserve

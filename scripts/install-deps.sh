@@ -6,7 +6,7 @@ PKGS=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   libboost-dev libcpp-httplib-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
-  libpcre2-dev libutf8proc-dev libopenblas-dev libonnx-dev libssl-dev zlib1g-dev
+  libpcre2-dev libutf8proc-dev libopenblas-dev libonnx-dev libssl-dev openssl zlib1g-dev
   prometheus
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev yamllint python3-yaml python3-jinja2
 )

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/process.h"
+#include "common/tls.h"
 #include "common/status_macros.h"
 #include "worker/backends/cpu/cpu_engine.h"
 #include "worker/backends/sim/sim_engine.h"
@@ -107,6 +108,13 @@ int Main(int argc, char** argv) {
 
   Registry registry;
   WorkerMetrics metrics(registry, wc.metrics_window_seconds);
+  // Checked before the model loads: a TLS mistake should not cost a minute of loading first.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = GrpcServerCredentials(
+      {.cert_file = wc.tls_cert_file, .key_file = wc.tls_key_file, .ca_file = wc.tls_client_ca_file}, "worker.tls_");
+  if (!credentials.ok()) {
+    spdlog::critical("invalid configuration: {}", std::string(credentials.status().message()));
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<Engine>> loaded = MakeEngine(wc);
   if (!loaded.ok()) {
     spdlog::critical("cannot start the {} backend: {}", wc.backend, std::string(loaded.status().message()));
@@ -131,7 +139,7 @@ int Main(int argc, char** argv) {
       // A batch carries each sequence's prompt and tokens so far: up to max_batch_size times the
       // context, past gRPC's 4 MB default, whose RESOURCE_EXHAUSTED a router takes for "full"
       // and retries forever. The worker's only client is the router.
-      /*max_receive_bytes=*/-1);
+      /*max_receive_bytes=*/-1, *credentials);
   if (!servers.ok()) {
     spdlog::critical("{}", std::string(servers.status().message()));
     return 1;

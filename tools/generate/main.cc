@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "common/tls.h"
 #include "tailserve/v1/generation.grpc.pb.h"
 
 int main(int argc, char** argv) {
@@ -13,16 +14,29 @@ int main(int argc, char** argv) {
   int max_tokens = 32;
   double temperature = 0, timeout_s = 60;
   std::optional<uint64_t> seed;
+  std::string ca_file, api_key;
   app.add_option("--target", target, "router host:port");
   app.add_option("--prompt", prompt, "prompt text")->required();
   app.add_option("--max-tokens", max_tokens, "tokens to generate");
   app.add_option("--temperature", temperature, "0: greedy");
   app.add_option("--seed", seed, "sampling seed");
   app.add_option("--timeout-s", timeout_s, "deadline in seconds");
+  app.add_option("--ca-file", ca_file, "TLS: the CA the router's certificate chains to (default: plaintext)");
+  app.add_option("--api-key", api_key, "sent as authorization: Bearer <key> (router.api_keys_file)");
   CLI11_PARSE(app, argc, argv);
 
-  auto stub = tailserve::v1::Generation::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  auto credentials = grpc::InsecureChannelCredentials();
+  if (!ca_file.empty()) {
+    auto files = tailserve::GrpcChannelCredentials({.cert_file = "", .key_file = "", .ca_file = ca_file}, "--");
+    if (!files.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(files.status().message()).c_str());
+      return 2;
+    }
+    credentials = *files;
+  }
+  auto stub = tailserve::v1::Generation::NewStub(grpc::CreateChannel(target, credentials));
   grpc::ClientContext ctx;
+  if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3)));
   tailserve::v1::GenerateRequest req;
   req.set_prompt(prompt);

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# TLS with certificates made here (OpenSSL): a router serving clients over TLS and reaching a sim
+# worker over mutual TLS. Shown: a client with the CA gets tokens, one without it (plaintext) does
+# not; a worker refuses routers without a client certificate or with one from another CA (they
+# never turn ready); a bad key file stops the router at start naming the key; the worker's
+# certificate replaced on disk is served to new connections without a restart.
+#   tls_test.sh SOURCE_DIR BIN_DIR
+set -euo pipefail
+SRC=$1
+BIN=$2
+d=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true; rm -rf "$d"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in "$d"/*.log; do echo "== $f"; tail -5 "$f"; done; exit 1; }
+cd "$d"
+# A CA, a rogue CA, and certificates for 127.0.0.1 signed by them.
+ca() { openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=$1" -keyout "$1.key" -out "$1.pem" 2>/dev/null; }
+cert() {  # name ca
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$1" -keyout "$1.key" -out "$1.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n' > "$1.ext"
+  openssl x509 -req -in "$1.csr" -CA "$2.pem" -CAkey "$2.key" -CAcreateserial -days 2 -extfile "$1.ext" -out "$1.pem" 2>/dev/null
+}
+ca ca; ca rogue
+cert worker ca; cert router ca; cert front ca; cert intruder rogue; cert worker2 ca
+cp worker.pem worker-live.pem; cp worker.key worker-live.key
+port_of() { for _ in $(seq 200); do v=$(sed -n "s/^$2=//p" "$1" 2>/dev/null); [ -n "$v" ] && echo "$v" && return; sleep 0.05; done; return 1; }
+ready() { for _ in $(seq "$2"); do curl -sf "localhost:$1/readyz" > /dev/null && return 0; sleep 0.1; done; return 1; }
+
+"$BIN/tailserve-worker" --config "$SRC/ladb_config.yaml" --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
+  --log-level warn --ports-file w --set worker.tls_cert_file="$d/worker-live.pem" \
+  --set worker.tls_key_file="$d/worker-live.key" --set worker.tls_client_ca_file="$d/ca.pem" > worker.log 2>&1 &
+pids+=($!)
+wport=$(port_of w grpc_port) || fail "worker did not start"
+router() {  # name, then flags
+  local name=$1; shift
+  "$BIN/tailserve-router" --config "$SRC/ladb_config.yaml" --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
+    --log-level warn --ports-file "$name.ports" --workers "127.0.0.1:$wport" "$@" > "$name.log" 2>&1 &
+  pids+=($!)
+}
+router good --set router.worker_tls_ca_file="$d/ca.pem" --set router.worker_tls_cert_file="$d/router.pem" \
+  --set router.worker_tls_key_file="$d/router.key" --set router.tls_cert_file="$d/front.pem" --set router.tls_key_file="$d/front.key"
+router anonymous --set router.worker_tls_ca_file="$d/ca.pem"
+router intruder --set router.worker_tls_ca_file="$d/ca.pem" --set router.worker_tls_cert_file="$d/intruder.pem" \
+  --set router.worker_tls_key_file="$d/intruder.key"
+ready "$(port_of good.ports http_port)" 100 || fail "the router with a client certificate did not reach the worker"
+echo "ok   mutual TLS: the router with the CA's client certificate is ready"
+gport=$(port_of good.ports grpc_port)
+out=$("$BIN/tailserve-generate" --target "127.0.0.1:$gport" --ca-file "$d/ca.pem" --prompt hi --max-tokens 4 --timeout-s 10) ||
+  fail "a client with the CA got no tokens"
+echo "$out" | grep -q "finish=FINISH_REASON_LENGTH tokens=4" || fail "unexpected output: $out"
+echo "ok   a client with the CA gets its tokens over TLS"
+if "$BIN/tailserve-generate" --target "127.0.0.1:$gport" --prompt hi --max-tokens 4 --timeout-s 3 > plain.out 2>&1; then
+  fail "a plaintext client was served by the TLS port"
+fi
+if "$BIN/tailserve-generate" --target "127.0.0.1:$gport" --ca-file "$d/rogue.pem" --prompt hi --max-tokens 4 --timeout-s 3 > rogue.out 2>&1; then
+  fail "a client trusting another CA was served"
+fi
+echo "ok   plaintext clients and clients trusting another CA are refused"
+for r in anonymous intruder; do
+  if ready "$(port_of $r.ports http_port)" 30; then fail "the $r router reached the worker"; fi
+done
+echo "ok   the worker refuses routers without a certificate or with one from another CA"
+if "$BIN/tailserve-router" --config "$SRC/ladb_config.yaml" --grpc-port 0 --http-port 0 --listen-host 127.0.0.1 \
+    --workers "127.0.0.1:$wport" --set router.tls_cert_file="$d/front.pem" --set router.tls_key_file="$d/router.key" \
+    > badkey.log 2>&1; then
+  fail "a router with a mismatched key started"
+fi
+grep -q "router.tls_key_file: .* is not the private key of router.tls_cert_file" badkey.log || fail "$(cat badkey.log)"
+echo "ok   a key that does not match its certificate stops the router naming the key"
+serial() { openssl s_client -connect "127.0.0.1:$wport" -CAfile ca.pem -cert router.pem -key router.key </dev/null 2>/dev/null |
+  openssl x509 -noout -serial; }
+before=$(serial)
+[ "$before" = "$(openssl x509 -in worker.pem -noout -serial)" ] || fail "the worker serves $before"
+cp worker2.key worker-live.key.tmp; cp worker2.pem worker-live.pem.tmp
+mv worker-live.key.tmp worker-live.key; mv worker-live.pem.tmp worker-live.pem
+want=$(openssl x509 -in worker2.pem -noout -serial)
+for _ in $(seq 60); do [ "$(serial)" = "$want" ] && break; sleep 0.25; done
+[ "$(serial)" = "$want" ] || fail "the rotated certificate is not served: $(serial), want $want"
+out=$("$BIN/tailserve-generate" --target "127.0.0.1:$gport" --ca-file "$d/ca.pem" --prompt again --max-tokens 4 --timeout-s 10) ||
+  fail "no tokens after the rotation"
+echo "ok   the worker serves its rotated certificate without a restart, and requests still flow"
