@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# TLS with certificates made here (OpenSSL): a router serving clients over TLS and reaching a sim
-# worker over mutual TLS. Shown: a client with the CA gets tokens, one without it (plaintext) does
-# not; a worker refuses routers without a client certificate or with one from another CA (they
+# TLS with certificates made here (OpenSSL): a router serving clients over TLS (gRPC and the
+# OpenAI HTTP API) and reaching a sim worker over mutual TLS. Shown: a client with the CA gets
+# tokens, one without it (plaintext) does not; a worker refuses routers without a client certificate or with one from another CA (they
 # never turn ready); a bad key file stops the router at start naming the key; the worker's
-# certificate replaced on disk is served to new connections without a restart.
+# certificate and the router's HTTPS certificate, replaced on disk, are served to new connections
+# without a restart.
 #   tls_test.sh SOURCE_DIR BIN_DIR
 set -euo pipefail
 SRC=$1
@@ -22,8 +23,8 @@ cert() {  # name ca
   openssl x509 -req -in "$1.csr" -CA "$2.pem" -CAkey "$2.key" -CAcreateserial -days 2 -extfile "$1.ext" -out "$1.pem" 2>/dev/null
 }
 ca ca; ca rogue
-cert worker ca; cert router ca; cert front ca; cert intruder rogue; cert worker2 ca
-cp worker.pem worker-live.pem; cp worker.key worker-live.key
+cert worker ca; cert router ca; cert front ca; cert intruder rogue; cert worker2 ca; cert front2 ca
+cp worker.pem worker-live.pem; cp worker.key worker-live.key; cp front.pem front-live.pem; cp front.key front-live.key
 port_of() { for _ in $(seq 200); do v=$(sed -n "s/^$2=//p" "$1" 2>/dev/null); [ -n "$v" ] && echo "$v" && return; sleep 0.05; done; return 1; }
 ready() { for _ in $(seq "$2"); do curl -sf "localhost:$1/readyz" > /dev/null && return 0; sleep 0.1; done; return 1; }
 
@@ -39,7 +40,8 @@ router() {  # name, then flags
   pids+=($!)
 }
 router good --set router.worker_tls_ca_file="$d/ca.pem" --set router.worker_tls_cert_file="$d/router.pem" \
-  --set router.worker_tls_key_file="$d/router.key" --set router.tls_cert_file="$d/front.pem" --set router.tls_key_file="$d/front.key"
+  --set router.worker_tls_key_file="$d/router.key" --set router.tls_cert_file="$d/front-live.pem" \
+  --set router.tls_key_file="$d/front-live.key" --set router.api_port=0
 router anonymous --set router.worker_tls_ca_file="$d/ca.pem"
 router intruder --set router.worker_tls_ca_file="$d/ca.pem" --set router.worker_tls_cert_file="$d/intruder.pem" \
   --set router.worker_tls_key_file="$d/intruder.key"
@@ -57,6 +59,13 @@ if "$BIN/tailserve-generate" --target "127.0.0.1:$gport" --ca-file "$d/rogue.pem
   fail "a client trusting another CA was served"
 fi
 echo "ok   plaintext clients and clients trusting another CA are refused"
+aport=$(port_of good.ports api_port)
+curl -sf --cacert ca.pem "https://127.0.0.1:$aport/v1/models" | grep -q '"id":"sim"' || fail "HTTPS with the CA failed"
+curl -sf --cacert ca.pem "https://127.0.0.1:$aport/v1/completions" -d '{"model":"sim","prompt":[1,2,3],"max_tokens":2}' |
+  grep -q '"finish_reason":"length"' || fail "an HTTPS completion failed"
+if curl -sf "http://127.0.0.1:$aport/v1/models" -m 3 > /dev/null; then fail "plain HTTP was served on the TLS port"; fi
+if curl -sf --cacert rogue.pem "https://127.0.0.1:$aport/v1/models" -m 3 > /dev/null; then fail "a client trusting another CA was served"; fi
+echo "ok   the OpenAI API serves HTTPS with the certificate, refuses plain HTTP and other CAs' clients"
 for r in anonymous intruder; do
   if ready "$(port_of $r.ports http_port)" 30; then fail "the $r router reached the worker"; fi
 done
@@ -68,10 +77,12 @@ if "$BIN/tailserve-router" --config "$SRC/ladb_config.yaml" --grpc-port 0 --http
 fi
 grep -q "router.tls_key_file: .* is not the private key of router.tls_cert_file" badkey.log || fail "$(cat badkey.log)"
 echo "ok   a key that does not match its certificate stops the router naming the key"
-serial() { openssl s_client -connect "127.0.0.1:$wport" -CAfile ca.pem -cert router.pem -key router.key </dev/null 2>/dev/null |
-  openssl x509 -noout -serial; }
-before=$(serial)
-[ "$before" = "$(openssl x509 -in worker.pem -noout -serial)" ] || fail "the worker serves $before"
+# The serial a new connection is served (empty when the handshake fails; callers retry).
+serial() { { openssl s_client -connect "127.0.0.1:$wport" -CAfile ca.pem -cert router.pem -key router.key </dev/null 2>/dev/null |
+  openssl x509 -noout -serial 2>/dev/null; } || true; }
+want=$(openssl x509 -in worker.pem -noout -serial)
+for _ in $(seq 20); do [ "$(serial)" = "$want" ] && break; sleep 0.25; done
+[ "$(serial)" = "$want" ] || fail "the worker serves $(serial), want $want"
 cp worker2.key worker-live.key.tmp; cp worker2.pem worker-live.pem.tmp
 mv worker-live.key.tmp worker-live.key; mv worker-live.pem.tmp worker-live.pem
 want=$(openssl x509 -in worker2.pem -noout -serial)
@@ -80,3 +91,14 @@ for _ in $(seq 60); do [ "$(serial)" = "$want" ] && break; sleep 0.25; done
 out=$("$BIN/tailserve-generate" --target "127.0.0.1:$gport" --ca-file "$d/ca.pem" --prompt again --max-tokens 4 --timeout-s 10) ||
   fail "no tokens after the rotation"
 echo "ok   the worker serves its rotated certificate without a restart, and requests still flow"
+https_serial() { { openssl s_client -connect "127.0.0.1:$aport" -CAfile ca.pem </dev/null 2>/dev/null |
+  openssl x509 -noout -serial 2>/dev/null; } || true; }
+want=$(openssl x509 -in front.pem -noout -serial)
+for _ in $(seq 20); do [ "$(https_serial)" = "$want" ] && break; sleep 0.25; done
+[ "$(https_serial)" = "$want" ] || fail "HTTPS serves $(https_serial), want $want"
+cp front2.key front-live.key.tmp; cp front2.pem front-live.pem.tmp
+mv front-live.key.tmp front-live.key; mv front-live.pem.tmp front-live.pem
+want=$(openssl x509 -in front2.pem -noout -serial)
+for _ in $(seq 60); do [ "$(https_serial)" = "$want" ] && break; sleep 0.25; done
+[ "$(https_serial)" = "$want" ] || fail "the rotated HTTPS certificate is not served: $(https_serial), want $want"
+echo "ok   the router serves its rotated HTTPS certificate without a restart"

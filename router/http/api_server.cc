@@ -2,9 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/stat.h>
+
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -18,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/tls.h"
 #include "router/client_auth.h"
 #include "router/validate.h"
 
@@ -72,20 +77,90 @@ struct ApiServer::Impl {
   net::io_context ioc;
   std::optional<tcp::acceptor> acceptor;
   std::vector<std::thread> threads;
+  // TLS (router.tls_cert_file): the context new connections get, rebuilt when the files change.
+  bool tls_enabled = false;  // set before the threads start
+  std::mutex tls_mu;
+  std::shared_ptr<net::ssl::context> tls;
+  int64_t tls_mtime = 0;
+  std::chrono::steady_clock::time_point tls_checked{};
 
   void Accept();
+  absl::StatusOr<std::shared_ptr<net::ssl::context>> MakeTlsContext() const;
+  int64_t TlsFilesMtime() const;
+  std::shared_ptr<net::ssl::context> CurrentTls();
 };
+
+int64_t ApiServer::Impl::TlsFilesMtime() const {
+  int64_t newest = 0;
+  for (const std::string* f : {&config.tls_cert_file, &config.tls_key_file}) {
+    struct stat st {};
+    if (::stat(f->c_str(), &st) == 0) newest = std::max<int64_t>(newest, st.st_mtim.tv_sec * 1'000'000'000LL + st.st_mtim.tv_nsec);
+  }
+  return newest;
+}
+
+absl::StatusOr<std::shared_ptr<net::ssl::context>> ApiServer::Impl::MakeTlsContext() const {
+  auto ctx = std::make_shared<net::ssl::context>(net::ssl::context::tls_server);
+  ctx->set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 | net::ssl::context::no_sslv3 |
+                   net::ssl::context::no_tlsv1 | net::ssl::context::no_tlsv1_1);
+  beast::error_code ec;
+  ctx->use_certificate_chain_file(config.tls_cert_file, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("router.tls_cert_file: ", config.tls_cert_file, ": ", ec.message()));
+  ctx->use_private_key_file(config.tls_key_file, net::ssl::context::pem, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("router.tls_key_file: ", config.tls_key_file, ": ", ec.message()));
+  return ctx;
+}
+
+std::shared_ptr<net::ssl::context> ApiServer::Impl::CurrentTls() {
+  std::lock_guard lock(tls_mu);
+  const auto now = std::chrono::steady_clock::now();
+  if (now - tls_checked > std::chrono::seconds(kTlsReloadSeconds)) {
+    tls_checked = now;
+    if (const int64_t m = TlsFilesMtime(); m != tls_mtime) {
+      // A pair caught half-written fails to load: the old context stays and the next check retries.
+      if (absl::StatusOr<std::shared_ptr<net::ssl::context>> fresh = MakeTlsContext(); fresh.ok()) {
+        tls = *std::move(fresh);
+        tls_mtime = m;
+        spdlog::info("api: TLS certificate reloaded from {}", config.tls_cert_file);
+      } else {
+        spdlog::warn("api: TLS certificate not reloaded (the previous one stays): {}", std::string(fresh.status().message()));
+      }
+    }
+  }
+  return tls;
+}
 
 namespace {
 
-class Session : public std::enable_shared_from_this<Session> {
+// Stream: beast::tcp_stream (plaintext) or beast::ssl_stream<beast::tcp_stream> (TLS).
+template <class Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
+  using std::enable_shared_from_this<Session<Stream>>::shared_from_this;
+  using std::enable_shared_from_this<Session<Stream>>::weak_from_this;
+  static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
+
  public:
   Session(tcp::socket socket, ApiServer::Impl& srv) : stream_(std::move(socket)), srv_(srv) {}
+  // TLS: the context the connection was accepted with stays alive with it across a reload.
+  Session(tcp::socket socket, std::shared_ptr<net::ssl::context> tls, ApiServer::Impl& srv)
+      : tls_(std::move(tls)), stream_(std::move(socket), *tls_), srv_(srv) {}
   ~Session() {
     if (active_) srv_.core.Cancel(key_, /*deadline=*/false);
   }
 
-  void Start() { net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->Read(); }); }
+  void Start() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      if constexpr (kTls) {
+        self->Lowest().expires_after(std::chrono::seconds(30));
+        self->stream_.async_handshake(net::ssl::stream_base::server, [self](beast::error_code ec) {
+          if (ec) return self->Close();  // not TLS, or a certificate the client refused
+          self->Read();
+        });
+      } else {
+        self->Read();
+      }
+    });
+  }
 
   // From the core's thread, through HttpSink.
   void PostToken(v1::GenerateResponse resp) {
@@ -100,7 +175,7 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(static_cast<uint64_t>(srv_.config.api_max_body_bytes));
     parser_->header_limit(64 * 1024);
-    stream_.expires_after(std::chrono::seconds(60));
+    Lowest().expires_after(std::chrono::seconds(60));
     bhttp::async_read(stream_, buffer_, *parser_,
                       [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
   }
@@ -115,7 +190,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec != bhttp::error::end_of_stream) spdlog::debug("api: read: {}", ec.message());
       return Close();
     }
-    stream_.expires_never();
+    Lowest().expires_never();
     Handle(parser_->release());
   }
 
@@ -189,7 +264,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // a client pipelines stay for the next request.
   void WatchPeer() {
     watching_ = true;
-    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+    Lowest().socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
       self->watching_ = false;
       if (self->read_after_watch_) {
         self->read_after_watch_ = false;
@@ -199,7 +274,9 @@ class Session : public std::enable_shared_from_this<Session> {
       // Readable: the client closed (recv sees 0), sent more (kept for the next request; stop
       // watching), or the wake was spurious (EAGAIN: watch again).
       char c;
-      const ssize_t n = ::recv(self->stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      // Under TLS the bytes are records, a close_notify among them: only the socket's own close
+      // is seen here, and a stream's next write failing catches the rest.
+      const ssize_t n = ::recv(self->Lowest().socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return self->WatchPeer();
       if (n > 0) return;
       spdlog::debug("api: the client of {} went away", self->id_);
@@ -299,7 +376,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (watching_) {
       read_after_watch_ = true;
       beast::error_code ignored;
-      stream_.socket().cancel(ignored);
+      Lowest().socket().cancel(ignored);
       return;
     }
     Read();
@@ -307,11 +384,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Close() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.socket().close(ignored);
+    Lowest().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    Lowest().socket().close(ignored);
   }
 
-  beast::tcp_stream stream_;
+  beast::tcp_stream& Lowest() { return beast::get_lowest_layer(stream_); }
+
+  std::shared_ptr<net::ssl::context> tls_;
+  Stream stream_;
   ApiServer::Impl& srv_;
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
@@ -337,7 +417,11 @@ void ApiServer::Impl::Accept() {
     if (!ec) {
       beast::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
-      std::make_shared<Session>(std::move(socket), *this)->Start();
+      if (tls_enabled) {
+        std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(std::move(socket), CurrentTls(), *this)->Start();
+      } else {
+        std::make_shared<Session<beast::tcp_stream>>(std::move(socket), *this)->Start();
+      }
     } else {
       spdlog::warn("api: accept failed: {}", ec.message());
     }
@@ -356,6 +440,14 @@ absl::StatusOr<int> ApiServer::Start(const std::string& host, int port) {
   const net::ip::address address = net::ip::make_address(host, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("router.listen_host: ", host, ": ", ec.message()));
   Impl& i = *impl_;
+  if (!i.config.tls_cert_file.empty()) {
+    absl::StatusOr<std::shared_ptr<net::ssl::context>> tls = i.MakeTlsContext();
+    if (!tls.ok()) return tls.status();
+    i.tls = *std::move(tls);
+    i.tls_enabled = true;
+    i.tls_mtime = i.TlsFilesMtime();
+    i.tls_checked = std::chrono::steady_clock::now();
+  }
   i.acceptor.emplace(i.ioc);
   const tcp::endpoint endpoint(address, static_cast<uint16_t>(port));
   if (i.acceptor->open(endpoint.protocol(), ec); ec) return absl::InternalError(absl::StrCat("api: open: ", ec.message()));
