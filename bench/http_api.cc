@@ -13,6 +13,8 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/ssl.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -60,7 +62,8 @@ struct Cluster {
   int grpc = 0, api = 0, router_pid = 0;
 };
 
-absl::Status StartCluster(Cluster* c, const std::string& bin, const std::string& dir, double step_ms, int slots) {
+absl::Status StartCluster(Cluster* c, const std::string& bin, const std::string& dir, double step_ms, int slots,
+                          const std::vector<std::string>& router_flags = {}) {
   c->dir = dir;
   std::filesystem::create_directories(dir);
   std::string targets;
@@ -78,12 +81,13 @@ absl::Status StartCluster(Cluster* c, const std::string& bin, const std::string&
     c->procs.push_back(std::move(w));
   }
   auto r = std::make_unique<Subprocess>();
-  TAILSERVE_RETURN_IF_ERROR(r->Start({bin + "/tailserve-router", "--grpc-port", "0", "--http-port", "0", "--listen-host",
-                                      "127.0.0.1", "--log-level", "warn", "--ports-file", dir + "/r", "--workers", targets,
-                                      "--set", "router.timeout_ms=0", "--set", "batching.min_batch_size=1", "--set",
-                                      "router.max_queue_size=100000", "--set", "router.slo_reject_waiting=0", "--set",
-                                      "router.api_port=0", "--set", "router.health_check_interval_ms=100"},
-                                     dir + "/r.log"));
+  std::vector<std::string> argv = {bin + "/tailserve-router", "--grpc-port", "0", "--http-port", "0", "--listen-host",
+                                   "127.0.0.1", "--log-level", "warn", "--ports-file", dir + "/r", "--workers", targets,
+                                   "--set", "router.timeout_ms=0", "--set", "batching.min_batch_size=1", "--set",
+                                   "router.max_queue_size=100000", "--set", "router.slo_reject_waiting=0", "--set",
+                                   "router.api_port=0", "--set", "router.health_check_interval_ms=100"};
+  argv.insert(argv.end(), router_flags.begin(), router_flags.end());
+  TAILSERVE_RETURN_IF_ERROR(r->Start(argv, dir + "/r.log"));
   c->router_pid = r->pid();
   c->procs.push_back(std::move(r));
   TAILSERVE_ASSIGN_OR_RETURN(c->grpc, WaitForPort(dir + "/r", "grpc_port", std::chrono::seconds(10)));
@@ -211,6 +215,83 @@ int Main(int argc, char** argv) {
   std::printf("| HTTP added over gRPC | %+.0f us | %+.0f us | %+.0f us |\n\n", 1e3 * (Percentile(h, .5) - Percentile(g, .5)),
               1e3 * (Percentile(h, .9) - Percentile(g, .9)), 1e3 * (Percentile(h, .99) - Percentile(g, .99)));
   std::fflush(stdout);
+
+  // 2. What TLS costs: a second router serving the same API over TLS (a self-signed P-256
+  // certificate made here), against HTTP on the first, interleaved.
+  const std::string certs = dir + "/certs";
+  std::filesystem::create_directories(certs);
+  const std::string make_cert = absl::StrCat(
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost ",
+      "-addext subjectAltName=IP:127.0.0.1 -keyout ", certs, "/key.pem -out ", certs, "/cert.pem 2>/dev/null");
+  Cluster t;
+  if (std::system(make_cert.c_str()) != 0 ||
+      !StartCluster(&t, bin, dir + "/tls", 0, 512,
+                    {"--set", absl::StrCat("router.tls_cert_file=", certs, "/cert.pem"), "--set",
+                     absl::StrCat("router.tls_key_file=", certs, "/key.pem")})
+           .ok()) {
+    std::fprintf(stderr, "cannot start the TLS router (openssl on PATH?)\n");
+    return 1;
+  }
+  net::ssl::context tls_ctx(net::ssl::context::tls_client);
+  tls_ctx.load_verify_file(certs + "/cert.pem");
+  tls_ctx.set_verify_mode(net::ssl::verify_peer);
+  const tcp::endpoint tls_ep(net::ip::make_address("127.0.0.1"), static_cast<uint16_t>(t.api));
+  auto https_connect = [&](beast::ssl_stream<beast::tcp_stream>& s) {
+    beast::get_lowest_layer(s).connect(tls_ep);
+    beast::get_lowest_layer(s).socket().set_option(tcp::no_delay(true));
+    s.handshake(net::ssl::stream_base::client);
+  };
+  auto https_request = [&](beast::ssl_stream<beast::tcp_stream>& s, beast::flat_buffer& b, int i) {
+    bhttp::request<bhttp::string_body> req{bhttp::verb::post, "/v1/completions", 11};
+    req.set(bhttp::field::host, "127.0.0.1");
+    req.set(bhttp::field::content_type, "application/json");
+    req.body() = Body(i, false, 1);
+    req.prepare_payload();
+    bhttp::write(s, req);
+    bhttp::response<bhttp::string_body> resp;
+    bhttp::read(s, b, resp);
+    return resp.result_int() == 200;
+  };
+  beast::ssl_stream<beast::tcp_stream> kept(ioc, tls_ctx);
+  beast::flat_buffer kept_buffer;
+  std::vector<double> plain, tls_kept, tls_new;
+  try {
+    https_connect(kept);
+    for (int i = 0; i < requests + 100; ++i) {
+      const double a = http_call(i, false);
+      auto t0 = Clock::now();
+      const bool ok1 = https_request(kept, kept_buffer, i);
+      const double b = Ms(Clock::now() - t0);
+      t0 = Clock::now();
+      beast::ssl_stream<beast::tcp_stream> fresh(ioc, tls_ctx);
+      beast::flat_buffer fresh_buffer;
+      https_connect(fresh);
+      const bool ok2 = https_request(fresh, fresh_buffer, i);
+      const double c2 = Ms(Clock::now() - t0);
+      beast::error_code e;
+      beast::get_lowest_layer(fresh).socket().close(e);
+      if (a < 0 || !ok1 || !ok2) {
+        std::fprintf(stderr, "TLS request %d failed\n", i);
+        return 1;
+      }
+      if (i < 100) continue;  // warm-up
+      plain.push_back(a), tls_kept.push_back(b), tls_new.push_back(c2);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "TLS: %s\n", e.what());
+    return 1;
+  }
+  std::printf("## What TLS costs a 1-token request (n=%d each, interleaved; TLS 1.3, P-256 certificate)\n\n", requests);
+  std::printf("| path | P50 ms | P90 ms | P99 ms |\n|---|---:|---:|---:|\n");
+  for (const auto& [name, v] : {std::pair{"HTTP, kept-alive connection", &plain}, std::pair{"HTTPS, kept-alive connection", &tls_kept},
+                                std::pair{"HTTPS, a new connection each (handshake included)", &tls_new}}) {
+    std::printf("| %s | %.3f | %.3f | %.3f |\n", name, Percentile(*v, .5), Percentile(*v, .9), Percentile(*v, .99));
+  }
+  std::printf("| TLS on a kept connection | %+.0f us | %+.0f us | %+.0f us |\n\n",
+              1e3 * (Percentile(tls_kept, .5) - Percentile(plain, .5)), 1e3 * (Percentile(tls_kept, .9) - Percentile(plain, .9)),
+              1e3 * (Percentile(tls_kept, .99) - Percentile(plain, .99)));
+  std::fflush(stdout);
+  StopCluster(&t);
   beast::error_code ignored;
   http.socket().shutdown(tcp::socket::shutdown_both, ignored);
   StopCluster(&c);
