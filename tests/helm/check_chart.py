@@ -49,6 +49,16 @@ if v_worker["backend"] != "sim":
     want["router"]["model_path"] = v_worker["modelPath"]
 if v_router["apiKeys"]["secretName"]:
     want["router"]["api_keys_file"] = "/etc/tailserve-keys/keys"
+v_tls = values["tls"]
+if v_tls["routerSecretName"]:
+    want["router"].update({"tls_cert_file": "/etc/tailserve-tls/tls.crt", "tls_key_file": "/etc/tailserve-tls/tls.key"})
+if v_tls["routerClientSecretName"]:
+    want["router"].update({"worker_tls_ca_file": "/etc/tailserve-worker-client/ca.crt",
+                           "worker_tls_cert_file": "/etc/tailserve-worker-client/tls.crt",
+                           "worker_tls_key_file": "/etc/tailserve-worker-client/tls.key"})
+if v_tls["workerSecretName"]:
+    want["worker"].update({"tls_cert_file": "/etc/tailserve-tls/tls.crt", "tls_key_file": "/etc/tailserve-tls/tls.key",
+                           "tls_client_ca_file": "/etc/tailserve-tls/ca.crt"})
 want["worker"].update({"listen_host": "0.0.0.0", "grpc_port": v_worker["grpcPort"], "http_port": v_worker["httpPort"],
                        "backend": v_worker["backend"], "model_path": v_worker["modelPath"]})
 check(config == want, f"ConfigMap ladb_config.yaml differs from the values: {config} != {want}")
@@ -93,6 +103,13 @@ if v_router["apiKeys"]["secretName"]:
     check(volumes.get("api-keys", {}).get("secret", {}).get("secretName") == v_router["apiKeys"]["secretName"],
           "router: the API keys Secret is not a volume")
     check(any(m["mountPath"] == "/etc/tailserve-keys" for m in c["volumeMounts"]), "router: API keys not mounted")
+router_secrets = {v["secret"]["secretName"]: v["name"] for v in pod["volumes"] if "secret" in v}
+router_mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+for secret, path in ((v_tls["routerSecretName"], "/etc/tailserve-tls"),
+                     (v_tls["routerClientSecretName"], "/etc/tailserve-worker-client")):
+    if secret:
+        check(secret in router_secrets and router_mounts.get(router_secrets[secret]) == path,
+              f"router: the TLS Secret {secret} is not mounted at {path}")
 if v_router["autoscaling"]["enabled"]:
     check("replicas" not in router["spec"], "router: replicas set while the HPA owns them")
     hpa = by_kind["HorizontalPodAutoscaler"][f"{name}-router"]
@@ -109,6 +126,11 @@ else:
 
 worker = by_kind["StatefulSet"][f"{name}-worker"]
 c, pod = pod_checks(worker, "worker", v_worker["httpPort"])
+if v_tls["workerSecretName"]:
+    secrets = {v["secret"]["secretName"]: v["name"] for v in pod["volumes"] if "secret" in v}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    check(mounts.get(secrets.get(v_tls["workerSecretName"], "")) == "/etc/tailserve-tls",
+          "worker: the TLS Secret is not mounted at /etc/tailserve-tls")
 check(worker["spec"]["replicas"] == v_worker["replicas"], "worker replicas")
 check(worker["spec"]["serviceName"] == f"{name}-worker", "worker serviceName")
 sp = c["startupProbe"]

@@ -37,11 +37,25 @@ app.kubernetes.io/component: {{ .component }}
 {{- if .Values.router.apiKeys.secretName -}}
 {{- $_ := set $router "api_keys_file" "/etc/tailserve-keys/keys" -}}
 {{- end -}}
+{{- if .Values.tls.routerSecretName -}}
+{{- $_ := set $router "tls_cert_file" "/etc/tailserve-tls/tls.crt" -}}
+{{- $_ := set $router "tls_key_file" "/etc/tailserve-tls/tls.key" -}}
+{{- end -}}
+{{- if .Values.tls.routerClientSecretName -}}
+{{- $_ := set $router "worker_tls_ca_file" "/etc/tailserve-worker-client/ca.crt" -}}
+{{- $_ := set $router "worker_tls_cert_file" "/etc/tailserve-worker-client/tls.crt" -}}
+{{- $_ := set $router "worker_tls_key_file" "/etc/tailserve-worker-client/tls.key" -}}
+{{- end -}}
 {{- /* Real models: the router tokenizes with the served checkpoint's tokenizer.json (same volume). */ -}}
 {{- if ne .Values.worker.backend "sim" -}}
 {{- $_ := set $router "model_path" .Values.worker.modelPath -}}
 {{- end -}}
 {{- $worker := merge (dict "listen_host" "0.0.0.0" "grpc_port" (int .Values.worker.grpcPort) "http_port" (int .Values.worker.httpPort) "backend" .Values.worker.backend "model_path" .Values.worker.modelPath) $cfg.worker -}}
+{{- if .Values.tls.workerSecretName -}}
+{{- $_ := set $worker "tls_cert_file" "/etc/tailserve-tls/tls.crt" -}}
+{{- $_ := set $worker "tls_key_file" "/etc/tailserve-tls/tls.key" -}}
+{{- $_ := set $worker "tls_client_ca_file" "/etc/tailserve-tls/ca.crt" -}}
+{{- end -}}
 {{- $_ := set $cfg "router" $router -}}
 {{- $_ := set $cfg "worker" $worker -}}
 {{- toYaml $cfg -}}
