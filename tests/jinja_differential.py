@@ -129,6 +129,12 @@ PROBES = [
     ("{% for x in l %}{% if x > 1 %}{% break %}{% endif %}{{ x }}{% endfor %}", {"l": [1, 2, 3]}),
     ("{{ l | batch(2) | list }}", {"l": [1, 2, 3]}),
     ("{{ undefined_fn() }}", {}),
+    ("{%- macro render(m, prefix='> ') -%}{{ prefix }}{{ m.role }}: {{ m.content | trim }}{%- endmacro -%}"
+     "{% for m in messages %}{{ render(m) }}|{{ render(m, prefix='# ') }}\n{% endfor %}{{ render({'role': 'x', 'content': ' y '}, '') }}",
+     {"messages": [{"role": "user", "content": " hi "}, {"role": "assistant", "content": "yo"}]}),
+    ("{% macro f(a, b=2) %}{{ a }}-{{ b }}{% endmacro %}{{ f(1) }} {{ f(1, 3) }} {{ f(b=5, a=4) }} {{ f() }}", {}),
+    ("{% macro f(a) %}{{ a }}{% endmacro %}{{ f(1, 2) }}", {}),
+    ("{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}", {}),
     ("{{ 10 // 0 }}", {}),
 ]
 

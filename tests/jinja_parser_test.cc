@@ -64,7 +64,8 @@ TEST(JinjaParserTest, Statements) {
 
 TEST(JinjaParserTest, RefusesWhatItDoesNotSupportByName) {
   const std::pair<const char*, const char*> cases[] = {
-      {"{% macro f() %}x{% endmacro %}", "line 1: {% macro %} is not supported"},
+      {"{% call f() %}x{% endcall %}", "line 1: {% call %} is not supported"},
+      {"{% macro f(a=1, b) %}{% endmacro %}", "line 1: a parameter without a default after one with"},
       {"a\n{% raw %}{{ x }}{% endraw %}", "line 2: {% raw %} is not supported"},
       {"{% break %}", "{% break %} outside a loop"},
       {"{% for x in y %}{% else %}{% continue %}{% endfor %}", "{% continue %} outside a loop"},

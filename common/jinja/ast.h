@@ -46,6 +46,7 @@ struct Stmt {
     kSet,     // set targets = expr (targets: one name, or "ns.attr" as name + attr)
     kBreak,   // {% break %} / {% continue %} (jinja2's loopcontrols, which transformers enables)
     kContinue,
+    kMacro,   // macro text(targets = defaults): body
   };
   Kind kind;
   std::string text;
@@ -54,6 +55,7 @@ struct Stmt {
   std::vector<std::string> targets;                // for / set names
   std::string attr;                                // set ns.attr
   ExprPtr filter;                                  // for ... if filter
+  std::vector<ExprPtr> defaults;                   // macro: per parameter, its default or null
   Body body, else_body;                            // for
   int line = 1;
 };

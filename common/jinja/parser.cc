@@ -1,6 +1,7 @@
 #include "common/jinja/parser.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -68,6 +69,7 @@ class Parser {
         absl::Status s = keyword == "if"    ? If(body, tok.line)
                          : keyword == "for" ? For(body, tok.line)
                          : keyword == "set" ? Set(body, tok.line)
+                         : keyword == "macro" ? Macro(body, tok.line)
                                             : Error(absl::StrCat("{% ", keyword, " %} is not supported"), tok.line);
         if (!s.ok()) return s;
       } else {
@@ -134,6 +136,33 @@ class Parser {
     }
     if (!Operator("=")) return Error("{% set %} without '=' (a block set) is not supported");
     if (absl::Status s = Expression(&stmt->expr); !s.ok()) return s;
+    body->push_back(std::move(stmt));
+    return Expect(K::kBlockEnd, "%}");
+  }
+
+  // macro name(param, param=default, ...) body endmacro
+  absl::Status Macro(Body* body, int line) {
+    auto stmt = Node(Stmt::Kind::kMacro, line);
+    if (i_ >= t_.size() || t_[i_].kind != K::kName) return Error("expected a macro name");
+    stmt->text = t_[i_++].text;
+    if (absl::Status s = Expect(K::kOperator, "("); !s.ok()) return s;
+    while (!Operator(")")) {
+      if (!stmt->targets.empty() && !Operator(",")) return Error("expected ',' or ')' in the macro's parameters");
+      if (i_ >= t_.size() || t_[i_].kind != K::kName) return Error("expected a parameter name");
+      stmt->targets.push_back(t_[i_++].text);
+      stmt->defaults.emplace_back();
+      if (Operator("=")) {
+        if (absl::Status s = Expression(&stmt->defaults.back()); !s.ok()) return s;
+      } else if (stmt->defaults.size() > 1 && stmt->defaults[stmt->defaults.size() - 2]) {
+        return Error("a parameter without a default after one with");
+      }
+    }
+    if (absl::Status s = Expect(K::kBlockEnd, "%}"); !s.ok()) return s;
+    std::string end;
+    const int loops = std::exchange(loops_, 0);  // break and continue do not reach out of a macro
+    absl::Status in_body = Statements(&stmt->body, {"endmacro"}, &end);
+    loops_ = loops;
+    if (!in_body.ok()) return in_body;
     body->push_back(std::move(stmt));
     return Expect(K::kBlockEnd, "%}");
   }
@@ -529,6 +558,9 @@ std::string ToSExpr(const Body& body) {
         parts.push_back("(for " + absl::StrJoin(s->targets, ",") + " " + ToSExpr(*s->expr) +
                         (s->filter ? " if " + ToSExpr(*s->filter) : "") + " [" + ToSExpr(s->body) + "]" +
                         (s->else_body.empty() ? "" : " else [" + ToSExpr(s->else_body) + "]") + ")");
+        break;
+      case Stmt::Kind::kMacro:
+        parts.push_back("(macro " + s->text + " (" + absl::StrJoin(s->targets, ",") + ") [" + ToSExpr(s->body) + "])");
         break;
       case Stmt::Kind::kBreak: parts.push_back("(break)"); break;
       case Stmt::Kind::kContinue: parts.push_back("(continue)"); break;

@@ -4,8 +4,8 @@
 // or more targets, an inline if, an else), {% set %} (a name, names, or namespace.attr), {{ }},
 // literals (strings, numbers, lists, tuples, dicts, true/false/none), attribute, item and slice
 // access, calls with keyword arguments, filters, tests, the conditional expression, break and
-// continue (transformers enables loopcontrols), {% generation %} (rendered as its body). Anything
-// else (macro, call, filter and raw blocks, include, import, extends, block set) is
+// continue (transformers enables loopcontrols), {% generation %} (rendered as its body), macros.
+// Anything else (call, filter and raw blocks, include, import, extends, block set) is
 // refused naming it and its line: a template is rendered exactly or not at all.
 #include <string>
 #include <string_view>

@@ -1,5 +1,6 @@
 #include "common/jinja/template.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <climits>
@@ -140,6 +141,7 @@ class Renderer {
         }
         return absl::OkStatus();
       case Stmt::Kind::kFor: return For(s, out);
+      case Stmt::Kind::kMacro: DefineMacro(s); return absl::OkStatus();
       case Stmt::Kind::kBreak: control_ = Control::kBreak; return absl::OkStatus();
       case Stmt::Kind::kContinue: control_ = Control::kContinue; return absl::OkStatus();
       case Stmt::Kind::kSet: {
@@ -155,6 +157,46 @@ class Renderer {
       }
     }
     return absl::OkStatus();
+  }
+
+  // A macro is a callable rendering its body with its parameters bound in a scope of its own; it
+  // returns the text (jinja2 returns Markup, which prints the same with autoescape off).
+  void DefineMacro(const Stmt& s) {
+    scopes_.back()[s.text] = Value(std::make_shared<Callable>(Callable{
+        s.text, [this, &s](const Args& a) -> absl::StatusOr<Value> {
+          if (a.positional.size() > s.targets.size()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("macro '", s.text, "' takes not more than ", s.targets.size(), " argument(s)"));
+          }
+          for (const auto& [k, v] : a.keyword) {
+            if (std::find(s.targets.begin(), s.targets.end(), k) == s.targets.end()) {
+              return absl::InvalidArgumentError(absl::StrCat("macro '", s.text, "' takes no keyword argument '", k, "'"));
+            }
+          }
+          if (macro_depth_ >= 64) return absl::InvalidArgumentError(absl::StrCat("macro '", s.text, "': recursion too deep"));
+          ++macro_depth_;
+          scopes_.emplace_back();
+          absl::Status st;
+          for (size_t i = 0; i < s.targets.size() && st.ok(); ++i) {
+            Value v = Undefined{s.targets[i]};
+            if (i < a.positional.size()) {
+              v = a.positional[i];
+            } else if (const Value* kw = a.Keyword(s.targets[i])) {
+              v = *kw;
+            } else if (s.defaults[i]) {
+              absl::StatusOr<Value> d = Eval(*s.defaults[i]);
+              if (!d.ok()) st = d.status();
+              else v = *std::move(d);
+            }
+            scopes_.back()[s.targets[i]] = std::move(v);
+          }
+          std::string text;
+          if (st.ok()) st = Exec(s.body, &text);
+          scopes_.pop_back();
+          --macro_depth_;
+          if (!st.ok()) return st;
+          return Value(std::move(text));
+        }}));
   }
 
   absl::Status For(const Stmt& s, std::string* out) {
@@ -444,6 +486,7 @@ class Renderer {
   std::vector<std::unordered_map<std::string, Value>> scopes_;
   enum class Control { kNone, kBreak, kContinue };
   Control control_ = Control::kNone;
+  int macro_depth_ = 0;
 };
 
 }  // namespace
