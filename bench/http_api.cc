@@ -99,7 +99,7 @@ absl::Status StartCluster(Cluster* c, const std::string& bin, const std::string&
 void StopCluster(Cluster* c) {
   for (auto it = c->procs.rbegin(); it != c->procs.rend(); ++it) (*it)->Stop();
   c->procs.clear();
-  if (std::getenv("KEEP")) return;
+  if (std::getenv("KEEP")) return;  // KEEP=1: leave the logs for a look
   std::filesystem::remove_all(c->dir);
 }
 
@@ -179,7 +179,7 @@ int Main(int argc, char** argv) {
     return reader->Finish().ok() ? Ms(Clock::now() - t0) : -1.0;
   };
   auto http_call = [&](int i, bool stream) {
-    bhttp::request<bhttp::string_body> req{bhttp::verb::post, stream ? "/v1/completions" : "/v1/completions", 11};
+    bhttp::request<bhttp::string_body> req{bhttp::verb::post, "/v1/completions", 11};
     req.set(bhttp::field::host, "127.0.0.1");
     req.set(bhttp::field::content_type, "application/json");
     req.body() = Body(i, stream, 1);
