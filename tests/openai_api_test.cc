@@ -117,6 +117,27 @@ TEST_F(OpenAiApiTest, BadFieldsAreNamed) {
   EXPECT_EQ(e.message, "messages: no template here");
 }
 
+// Nesting is bounded before anything recurses over the body (the template's values, tojson).
+TEST_F(OpenAiApiTest, DeepNestingIsRefused) {
+  std::string tools = "[";
+  for (int i = 0; i < 100000; ++i) tools += "[";
+  for (int i = 0; i < 100000; ++i) tools += "]";
+  tools += "]";
+  ApiError e;
+  const std::string body = R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":)" + tools + "}";
+  EXPECT_FALSE(ParseRequest(body, true, model_, &e).ok());
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.message, "the body nests arrays and objects deeper than 64 levels");
+  std::string ok_tools = "[";
+  for (int i = 0; i < 30; ++i) ok_tools += "{\"a\":";
+  ok_tools += "1";
+  for (int i = 0; i < 30; ++i) ok_tools += "}";
+  ok_tools += "]";
+  EXPECT_TRUE(ParseRequest(R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":)" + ok_tools + "}", true,
+                           model_, &e)
+                  .ok());
+}
+
 TEST_F(OpenAiApiTest, ErrorsFromTheRequestPath) {
   ApiError e = ErrorFromStatus(absl::InvalidArgumentError("sampling.top_p: must be in [0, 1] (0 means 1), got 2"));
   EXPECT_EQ(e.status, 400);

@@ -1,7 +1,10 @@
 #include "router/http/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -34,6 +37,21 @@ absl::StatusOr<Json> FlattenContent(const Json& content, size_t i) {
     text += part["text"].get<std::string>();
   }
   return Json(text);
+}
+
+// The deepest nesting of arrays and objects, walked without recursion: the chat template's
+// values, tojson and repr recurse over whatever a client sends.
+int Depth(const Json& root) {
+  int deepest = 0;
+  std::vector<std::pair<const Json*, int>> todo = {{&root, 1}};
+  while (!todo.empty()) {
+    auto [j, d] = todo.back();
+    todo.pop_back();
+    if (!j->is_structured()) continue;
+    deepest = std::max(deepest, d);
+    for (const Json& child : *j) todo.emplace_back(&child, d + 1);
+  }
+  return deepest;
 }
 
 }  // namespace
@@ -83,6 +101,9 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body, bool chat, cons
     return fail(Bad("", absl::StrCat("the body is not valid JSON: ", e.what())));
   }
   if (!j.is_object()) return fail(Bad("", "the body must be a JSON object"));
+  if (Depth(j) > kMaxJsonDepth) {
+    return fail(Bad("", absl::StrCat("the body nests arrays and objects deeper than ", kMaxJsonDepth, " levels")));
+  }
   ApiRequest r;
   r.chat = chat;
   v1::GenerateRequest& g = r.generate;

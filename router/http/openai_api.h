@@ -59,6 +59,9 @@ struct ApiRequest {
   v1::GenerateRequest generate;
 };
 
+// Deepest nesting of arrays and objects a body may have (tools' JSON schemas need a dozen or so).
+inline constexpr int kMaxJsonDepth = 64;
+
 // Parses and translates a request body. Field-level problems are 400s naming the field; a model
 // other than the served one is 404 (code model_not_found).
 absl::StatusOr<ApiRequest> ParseRequest(const std::string& body, bool chat, const ModelInfo& model,
