@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/jinja/unicode.h"
 #include "tests/test_paths.h"
 
 namespace tailserve {
@@ -27,25 +28,6 @@ std::string IdList(const std::vector<int32_t>& ids) {
   for (size_t i = 0; i < ids.size(); ++i) out << (i ? ", " : "") << ids[i];
   out << "]";
   return out.str();
-}
-
-// Appends code point `cp` to `out` as UTF-8.
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 bool IsValidUtf8(const std::string& s) {
@@ -213,7 +195,7 @@ TEST_F(BpeTokenizerTest, LongWordsRoundTrip) {
   std::mt19937 rng(42);
   std::uniform_int_distribution<uint32_t> cjk(0x4E00, 0x9FFF);
   std::string han;
-  for (int i = 0; i < 5000; ++i) AppendUtf8(cjk(rng), &han);
+  for (int i = 0; i < 5000; ++i) jinja::AppendUtf8(static_cast<char32_t>(cjk(rng)), &han);
   for (const BpeTokenizer* tokenizer : {llama3_.get(), qwen3_.get()}) {
     for (const std::string* text : {&as, static_cast<const std::string*>(&han)}) {
       const std::vector<int32_t> ids = tokenizer->Encode(*text);

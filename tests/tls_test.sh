@@ -77,28 +77,29 @@ if "$BIN/tailserve-router" --config "$SRC/ladb_config.yaml" --grpc-port 0 --http
 fi
 grep -q "router.tls_key_file: .* is not the private key of router.tls_cert_file" badkey.log || fail "$(cat badkey.log)"
 echo "ok   a key that does not match its certificate stops the router naming the key"
-# The serial a new connection is served (empty when the handshake fails; callers retry).
-serial() { { openssl s_client -connect "127.0.0.1:$wport" -CAfile ca.pem -cert router.pem -key router.key </dev/null 2>/dev/null |
+# The serial a new connection to port $1 is served, with openssl s_client flags $2.. (empty when the
+# handshake fails; callers retry).
+serial() { local port=$1; shift; { openssl s_client -connect "127.0.0.1:$port" -CAfile ca.pem "$@" </dev/null 2>/dev/null |
   openssl x509 -noout -serial 2>/dev/null; } || true; }
-want=$(openssl x509 -in worker.pem -noout -serial)
-for _ in $(seq 20); do [ "$(serial)" = "$want" ] && break; sleep 0.25; done
-[ "$(serial)" = "$want" ] || fail "the worker serves $(serial), want $want"
-cp worker2.key worker-live.key.tmp; cp worker2.pem worker-live.pem.tmp
-mv worker-live.key.tmp worker-live.key; mv worker-live.pem.tmp worker-live.pem
-want=$(openssl x509 -in worker2.pem -noout -serial)
-for _ in $(seq 60); do [ "$(serial)" = "$want" ] && break; sleep 0.25; done
-[ "$(serial)" = "$want" ] || fail "the rotated certificate is not served: $(serial), want $want"
+# Waits up to $1 quarter-seconds for port $2 to serve the certificate file $3 (s_client flags after).
+serves() {
+  local tries=$1 port=$2 want; want=$(openssl x509 -in "$3" -noout -serial); shift 3
+  for _ in $(seq "$tries"); do [ "$(serial "$port" "$@")" = "$want" ] && return 0; sleep 0.25; done
+  echo "port $port serves $(serial "$port" "$@"), want $want"; return 1
+}
+# Replaces live files $1.key/$1.pem by $2's, each by a rename (as a Secret update lands).
+rotate() {
+  cp "$2.key" "$1.key.tmp"; cp "$2.pem" "$1.pem.tmp"
+  mv "$1.key.tmp" "$1.key"; mv "$1.pem.tmp" "$1.pem"
+}
+client=(-cert router.pem -key router.key)
+msg=$(serves 20 "$wport" worker.pem "${client[@]}") || fail "$msg"
+rotate worker-live worker2
+msg=$(serves 60 "$wport" worker2.pem "${client[@]}") || fail "the rotated certificate is not served: $msg"
 out=$("$BIN/tailserve-generate" --target "127.0.0.1:$gport" --ca-file "$d/ca.pem" --prompt again --max-tokens 4 --timeout-s 10) ||
   fail "no tokens after the rotation"
 echo "ok   the worker serves its rotated certificate without a restart, and requests still flow"
-https_serial() { { openssl s_client -connect "127.0.0.1:$aport" -CAfile ca.pem </dev/null 2>/dev/null |
-  openssl x509 -noout -serial 2>/dev/null; } || true; }
-want=$(openssl x509 -in front.pem -noout -serial)
-for _ in $(seq 20); do [ "$(https_serial)" = "$want" ] && break; sleep 0.25; done
-[ "$(https_serial)" = "$want" ] || fail "HTTPS serves $(https_serial), want $want"
-cp front2.key front-live.key.tmp; cp front2.pem front-live.pem.tmp
-mv front-live.key.tmp front-live.key; mv front-live.pem.tmp front-live.pem
-want=$(openssl x509 -in front2.pem -noout -serial)
-for _ in $(seq 60); do [ "$(https_serial)" = "$want" ] && break; sleep 0.25; done
-[ "$(https_serial)" = "$want" ] || fail "the rotated HTTPS certificate is not served: $(https_serial), want $want"
+msg=$(serves 20 "$aport" front.pem) || fail "HTTPS: $msg"
+rotate front-live front2
+msg=$(serves 60 "$aport" front2.pem) || fail "the rotated HTTPS certificate is not served: $msg"
 echo "ok   the router serves its rotated HTTPS certificate without a restart"

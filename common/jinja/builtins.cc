@@ -134,6 +134,13 @@ Value Attribute(const Value& v, const std::string& path) {
   return cur;
 }
 
+Array ItemPairs(const Object& o) {
+  Array out;
+  out.reserve(o.items.size());
+  for (const auto& [k, v] : o.items) out.push_back(Value(Array{Value(k), v}));
+  return out;
+}
+
 }  // namespace internal
 
 namespace {
@@ -141,6 +148,7 @@ namespace {
 using internal::Arg;
 using internal::Attribute;
 using internal::Invalid;
+using internal::ItemPairs;
 using internal::Length;
 using internal::MakeFunction;
 using internal::Replace;
@@ -242,10 +250,9 @@ std::optional<Value> DictMethod(const Value& obj, std::string_view name) {
   if (name == "items" || name == "keys" || name == "values") {
     const std::string which(name);
     return bind([obj, which](const Args&) -> absl::StatusOr<Value> {
+      if (which == "items") return Value(ItemPairs(obj.as_object()));
       Array out;
-      for (const auto& [k, v] : obj.as_object().items) {
-        out.push_back(which == "items" ? Value(Array{Value(k), v}) : which == "keys" ? Value(k) : v);
-      }
+      for (const auto& [k, v] : obj.as_object().items) out.push_back(which == "keys" ? Value(k) : v);
       return Value(std::move(out));
     });
   }

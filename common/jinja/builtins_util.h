@@ -19,6 +19,8 @@ int64_t Length(const Value& v);
 absl::StatusOr<Value> Split(const std::string& s, const Value* sep, const Value* maxsplit, bool from_right);
 // str.replace(old, new, count=-1).
 std::string Replace(const std::string& s, const std::string& from, const std::string& to, int64_t count);
+// A dict's (key, value) pairs as two-item lists: items(), |items, |dictsort.
+Array ItemPairs(const Object& o);
 // jinja2's attribute lookup for filters' attribute= arguments: "a.b" and "a.0" paths.
 Value Attribute(const Value& v, const std::string& path);
 

@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <functional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/jinja/builtins.h"
@@ -14,6 +16,7 @@ namespace {
 using internal::Arg;
 using internal::Attribute;
 using internal::Invalid;
+using internal::ItemPairs;
 using internal::Length;
 using internal::MakeFunction;
 using internal::Replace;
@@ -110,6 +113,28 @@ Value SortKey(const Value& v, bool case_sensitive, const std::string& attribute)
   return k;
 }
 
+// Sorts `items` stably by key(item), keys compared with Python's < (an error for keys that do not
+// compare), each key computed once; then reversed when asked.
+absl::StatusOr<Value> SortByKey(Array items, const std::function<Value(const Value&)>& key, bool reverse) {
+  std::vector<Value> keys;
+  keys.reserve(items.size());
+  for (const Value& item : items) keys.push_back(key(item));
+  std::vector<size_t> order(items.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  absl::Status error;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    absl::StatusOr<bool> lt = keys[x].Less(keys[y]);
+    if (!lt.ok()) error = lt.status();
+    return lt.ok() && *lt;
+  });
+  if (!error.ok()) return error;
+  Array sorted;
+  sorted.reserve(items.size());
+  for (size_t i : order) sorted.push_back(std::move(items[i]));
+  if (reverse) std::reverse(sorted.begin(), sorted.end());
+  return Value(std::move(sorted));
+}
+
 absl::StatusOr<Value> SortFilter(const Args& a) {
   absl::StatusOr<Array> items = Iterate(a.positional[0]);
   if (!items.ok()) return items.status();
@@ -117,16 +142,9 @@ absl::StatusOr<Value> SortFilter(const Args& a) {
   const Value* cs = Arg(a, 2, "case_sensitive");
   const Value* attr = Arg(a, 3, "attribute");
   const std::string attribute = attr && attr->is_string() ? attr->as_string() : "";
-  absl::Status error;
-  Array sorted = *std::move(items);
-  std::stable_sort(sorted.begin(), sorted.end(), [&](const Value& x, const Value& y) {
-    absl::StatusOr<bool> lt = SortKey(x, cs && cs->Truthy(), attribute).Less(SortKey(y, cs && cs->Truthy(), attribute));
-    if (!lt.ok()) error = lt.status();
-    return lt.ok() && *lt;
-  });
-  if (!error.ok()) return error;
-  if (rev && rev->Truthy()) std::reverse(sorted.begin(), sorted.end());
-  return Value(std::move(sorted));
+  const bool case_sensitive = cs && cs->Truthy();
+  return SortByKey(*std::move(items), [&](const Value& x) { return SortKey(x, case_sensitive, attribute); },
+                   rev && rev->Truthy());
 }
 
 absl::StatusOr<Value> Extreme(const Args& a, bool max) {
@@ -197,9 +215,7 @@ absl::StatusOr<Value> ApplyFilter(std::string_view name, const Args& a) {
   if (name == "items") {
     if (v.is_undefined()) return Value(Array{});
     if (!v.is_object()) return Invalid("Can only get item pairs from a mapping.");
-    Array out;
-    for (const auto& [k, x] : v.as_object().items) out.push_back(Value(Array{Value(k), x}));
-    return Value(std::move(out));
+    return Value(ItemPairs(v.as_object()));
   }
   if (name == "join") {
     absl::StatusOr<Array> items = Iterate(v);
@@ -360,19 +376,11 @@ absl::StatusOr<Value> ApplyFilter(std::string_view name, const Args& a) {
     const Value* cs = Arg(a, 1, "case_sensitive");
     const Value* by = Arg(a, 2, "by");
     const Value* rev = Arg(a, 3, "reverse");
-    const bool by_value = by && by->is_string() && by->as_string() == "value";
-    Array pairs;
-    for (const auto& [k, x] : v.as_object().items) pairs.push_back(Value(Array{Value(k), x}));
-    absl::Status error;
-    std::stable_sort(pairs.begin(), pairs.end(), [&](const Value& p, const Value& q) {
-      absl::StatusOr<bool> lt = SortKey(p.as_array()[by_value ? 1 : 0], cs && cs->Truthy(), "")
-                                    .Less(SortKey(q.as_array()[by_value ? 1 : 0], cs && cs->Truthy(), ""));
-      if (!lt.ok()) error = lt.status();
-      return lt.ok() && *lt;
-    });
-    if (!error.ok()) return error;
-    if (rev && rev->Truthy()) std::reverse(pairs.begin(), pairs.end());
-    return Value(std::move(pairs));
+    const size_t by_value = by && by->is_string() && by->as_string() == "value" ? 1 : 0;
+    const bool case_sensitive = cs && cs->Truthy();
+    return SortByKey(ItemPairs(v.as_object()),
+                     [&](const Value& pair) { return SortKey(pair.as_array()[by_value], case_sensitive, ""); },
+                     rev && rev->Truthy());
   }
   return absl::NotFoundError(std::string(name));
 }
