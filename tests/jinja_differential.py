@@ -111,6 +111,9 @@ PROBES = [
      {"l": ["a", "b", "c"], "d": [{"n": 0}, {"n": 2}, {"n": 3}]}),
     ("{{ l | sort }} {{ l | sort(reverse=true) }} {{ ['b', 'A', 'a'] | sort }} {{ l | unique | list }} {{ l | min }}"
      " {{ l | max }} {{ l | sum }} {{ l | reverse | list }} {{ 'abc' | reverse }}", {"l": [3, 1, 2, 1]}),
+    ("{{ l | sort(attribute='a', reverse=true) | map(attribute='n') | list }} {{ d | dictsort(reverse=true) | map('first') | list }}"
+     " {{ ['b', 'B', 'a'] | sort(reverse=true) }}",
+     {"l": [{"a": 1, "n": "x"}, {"a": 2, "n": "z"}, {"a": 1, "n": "y"}], "d": {"b": 1, "a": 2}}),
     ("{{ x | default('d') }} {{ none | default('d') }} {{ '' | default('d', true) }} {{ '12' | int + 1 }}"
      " {{ 'x' | int }} {{ '1.5' | float }} {{ -3 | abs }} {{ 2.567 | round(1) }} {{ 5 | string }}", {}),
     ("{{ 'a\\nb\\n\\nc' | indent(2) }}|{{ 'a\\nb' | indent(2, true) }}|{{ '<a href=\"x\">' | e }}|{{ 'a b c' | wordcount }}",

@@ -114,7 +114,8 @@ Value SortKey(const Value& v, bool case_sensitive, const std::string& attribute)
 }
 
 // Sorts `items` stably by key(item), keys compared with Python's < (an error for keys that do not
-// compare), each key computed once; then reversed when asked.
+// compare), each key computed once. Reversed as Python's sorted(reverse=True) is: items with equal
+// keys keep their order.
 absl::StatusOr<Value> SortByKey(Array items, const std::function<Value(const Value&)>& key, bool reverse) {
   std::vector<Value> keys;
   keys.reserve(items.size());
@@ -123,7 +124,7 @@ absl::StatusOr<Value> SortByKey(Array items, const std::function<Value(const Val
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   absl::Status error;
   std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    absl::StatusOr<bool> lt = keys[x].Less(keys[y]);
+    absl::StatusOr<bool> lt = reverse ? keys[y].Less(keys[x]) : keys[x].Less(keys[y]);
     if (!lt.ok()) error = lt.status();
     return lt.ok() && *lt;
   });
@@ -131,7 +132,6 @@ absl::StatusOr<Value> SortByKey(Array items, const std::function<Value(const Val
   Array sorted;
   sorted.reserve(items.size());
   for (size_t i : order) sorted.push_back(std::move(items[i]));
-  if (reverse) std::reverse(sorted.begin(), sorted.end());
   return Value(std::move(sorted));
 }
 
