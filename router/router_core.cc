@@ -160,6 +160,7 @@ bool RouterCore::Relay(Request& r, const v1::SequenceEvent& se) {
                             std::count(r.req.stop_token_ids.begin(), r.req.stop_token_ids.end(), t) > 0;
     if (!stop_token) text += r.decoder->Add(t);
   }
+  if (r.req.sampling.logprobs()) *resp.mutable_logprobs() = se.logprobs();
   if (!r.first_token) {
     r.first_token = now;
     r.cached_prompt_tokens = std::min<int32_t>(se.cached_tokens(), static_cast<int32_t>(r.req.prompt.size()));

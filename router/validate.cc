@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "proto/sampling_checks.h"
 #include "router/predictor/features.h"
 
 namespace tailserve {
@@ -64,13 +66,7 @@ absl::StatusOr<ParsedRequest> ValidateRequest(const v1::GenerateRequest& req, co
   out.max_tokens = req.max_tokens();
 
   const v1::SamplingParams& s = req.sampling();
-  if (!std::isfinite(s.temperature()) || s.temperature() < 0 || s.temperature() > 100) {
-    return Invalid("sampling.temperature", absl::StrCat("must be in [0, 100], got ", s.temperature()));
-  }
-  if (!std::isfinite(s.top_p()) || s.top_p() < 0 || s.top_p() > 1) {
-    return Invalid("sampling.top_p", absl::StrCat("must be in [0, 1] (0 means 1), got ", s.top_p()));
-  }
-  if (s.top_k() < 0) return Invalid("sampling.top_k", absl::StrCat("must be >= 0, got ", s.top_k()));
+  TAILSERVE_RETURN_IF_ERROR(CheckSamplingParams(s));
   out.sampling = s;
 
   if (req.stop_size() > kMaxStopStrings) {

@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <span>
 
 #include "common/model/safetensors.h"
 #include "tests/reference_cases.h"
 #include "tests/test_paths.h"
 #include "worker/backends/cpu/cpu_engine.h"
+#include "worker/engine/sampling.h"
 
 namespace tailserve {
 namespace {
@@ -142,6 +144,41 @@ TEST_P(ReferenceTest, GreedyGenerationReproducesTransformers) {
       computed[i] = static_cast<int32_t>(tokens[i].size()) - 1;
     }
   }
+}
+
+// The log-probabilities a step returns are those of transformers' logits: the sampled token's and
+// the 5 most likely, at each position of a teacher-forced greedy continuation.
+TEST_P(ReferenceTest, LogprobsMatchTransformersLogSoftmax) {
+  TAILSERVE_REQUIRE_CHECKPOINT(GetParam());
+  auto engine = CpuEngine::Load(testing::CheckpointDir(GetParam()));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto expected = SafetensorsFile::Open(testing::ExpectedDir(GetParam()) + "/expected_logits.safetensors");
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  const int64_t vocab = (*engine)->config().vocab_size;
+  const Case c = LoadReferenceCases(testing::ExpectedDir(GetParam()))[0];
+  const std::vector<float> want_logits = ExpectedLogits(**expected, c);
+  Sampling sampling{.top_logprobs = 5};
+  std::vector<int32_t> tokens = c.prompt;
+  double worst = 0;
+  for (size_t step = 0; step < std::min<size_t>(8, c.greedy.size()); ++step) {
+    TokenLogprobs got;
+    StepSequence seq{1, &tokens, static_cast<int32_t>(c.prompt.size()),
+                     step == 0 ? 0 : static_cast<int32_t>(tokens.size()) - 1, &sampling};
+    seq.logprobs = &got;
+    std::vector<int32_t> next;
+    ASSERT_TRUE((*engine)->Step({&seq, 1}, &next).ok());
+    const size_t pos = tokens.size() - 1;
+    TokenLogprobs want;
+    ComputeLogprobs(std::span<const float>(want_logits.data() + pos * vocab, static_cast<size_t>(vocab)), next[0], 5,
+                    &want);
+    worst = std::max(worst, std::abs(double(got.logprob) - want.logprob));
+    EXPECT_NEAR(got.logprob, want.logprob, 2e-3) << GetParam() << " step " << step;
+    ASSERT_EQ(got.top.size(), 5u);
+    EXPECT_EQ(got.top[0].first, next[0]);  // greedy: the sampled token is the most likely
+    for (size_t k = 0; k < 5; ++k) EXPECT_NEAR(got.top[k].second, want.top[k].second, 2e-3) << "rank " << k;
+    tokens.push_back(c.greedy[step]);  // teacher-forced, as the reference was computed
+  }
+  RecordProperty("worst_logprob_abs_error", std::to_string(worst));
 }
 
 TEST_P(ReferenceTest, IncrementalDecodeEqualsFullForward) {

@@ -330,5 +330,38 @@ TEST(SamplingTest, GreedyTopKTopPAndSeeds) {
   EXPECT_NEAR(ones / double(n), want, 0.015) << "seeds 0.." << n;
 }
 
+TEST(SamplingTest, LogprobsAreTheLogSoftmaxOfTheRawLogits) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> logits = {0.0f, 3.0f, 2.9f, -1.0f, 1.0f, nan, -inf, 1.0f};
+  double sum = 0;
+  for (float l : {0.0f, 3.0f, 2.9f, -1.0f, 1.0f, 1.0f}) sum += std::exp(double(l));
+  const double lse = std::log(sum);
+  TokenLogprobs lp;
+  ComputeLogprobs(logits, 2, 4, &lp);
+  EXPECT_NEAR(lp.logprob, 2.9 - lse, 1e-6);
+  // Most likely first; the tie between ids 4 and 7 (logit 1) goes to the lower id.
+  ASSERT_EQ(lp.top.size(), 4u);
+  const std::vector<std::pair<int32_t, double>> want = {{1, 3.0}, {2, 2.9}, {4, 1.0}, {7, 1.0}};
+  for (size_t k = 0; k < want.size(); ++k) {
+    EXPECT_EQ(lp.top[k].first, want[k].first) << k;
+    EXPECT_NEAR(lp.top[k].second, want[k].second - lse, 1e-6) << k;
+  }
+  // No alternatives asked; a token whose logit is not finite has probability 0; more asked than
+  // there are finite logits lists only those (NaN and -inf never appear).
+  ComputeLogprobs(logits, 1, 0, &lp);
+  EXPECT_NEAR(lp.logprob, 3.0 - lse, 1e-6);
+  EXPECT_TRUE(lp.top.empty());
+  ComputeLogprobs(logits, 5, 20, &lp);
+  EXPECT_EQ(lp.logprob, -inf);
+  EXPECT_EQ(lp.top.size(), 6u);
+  // Shifting every logit changes nothing (the log-softmax, not the logits, comes back).
+  std::vector<float> shifted = logits;
+  for (float& l : shifted) l += 1000.0f;
+  TokenLogprobs lp2;
+  ComputeLogprobs(shifted, 1, 2, &lp2);
+  EXPECT_NEAR(lp2.logprob, 3.0 - lse, 1e-4);
+  EXPECT_NEAR(lp2.top[1].second, 2.9 - lse, 1e-4);
+}
+
 }  // namespace
 }  // namespace tailserve

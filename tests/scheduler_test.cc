@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -187,6 +189,65 @@ TEST_F(SchedulerTest, AnInvalidSequenceIsRefusedAloneAndItsBatchMatesRun) {
   EXPECT_EQ(out[3].state, v1::FINISH_STATE_LENGTH);
   EXPECT_EQ(out[3].tokens.size(), 7u);
   EXPECT_TRUE(out[2].tokens.empty());
+}
+
+// The worker checks sampling itself (anyone who reaches its port skips the router's checks): each
+// hostile value refuses its sequence alone, naming the field.
+TEST_F(SchedulerTest, HostileSamplingIsRefusedNamingTheField) {
+  Start(4);
+  struct Case {
+    std::function<void(v1::SamplingParams*)> set;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {[](auto* p) { p->set_temperature(std::nanf("")); }, "sampling.temperature: must be in [0, 100], got nan"},
+      {[](auto* p) { p->set_temperature(-1); }, "sampling.temperature: must be in [0, 100], got -1"},
+      {[](auto* p) { p->set_top_p(7); }, "sampling.top_p: must be in [0, 1] (0 means 1), got 7"},
+      {[](auto* p) { p->set_top_k(-5); }, "sampling.top_k: must be >= 0, got -5"},
+      {[](auto* p) { p->set_logprobs(true), p->set_top_logprobs(21); }, "sampling.top_logprobs: must be in [0, 20], got 21"},
+      {[](auto* p) { p->set_top_logprobs(3); }, "sampling.top_logprobs: needs sampling.logprobs"},
+  };
+  for (const Case& c : cases) {
+    v1::Batch b;
+    *b.add_sequences() = Seq(1, 5);
+    c.set(b.mutable_sequences(0)->mutable_sampling());
+    *b.add_sequences() = Seq(2, 3);
+    auto sink = std::make_shared<Sink>();
+    scheduler_->Submit(sink, b);
+    ASSERT_TRUE(sink->WaitFinish().ok());
+    ExpectFirstEventRefuses(*sink, 1, v1::FINISH_STATE_INVALID, c.error);
+    EXPECT_EQ(Collect(*sink)[2].tokens.size(), 3u) << c.error;  // its batch mate ran
+  }
+}
+
+// With logprobs asked, every token comes with one entry (the simulator's tokens are certain:
+// log-probability 0, and the token itself its only alternative); without, none.
+TEST_F(SchedulerTest, LogprobsComeWithEachTokenWhenAsked) {
+  Start(4);
+  v1::Batch b;
+  *b.add_sequences() = Seq(1, 6, 11);
+  b.mutable_sequences(0)->mutable_sampling()->set_logprobs(true);
+  b.mutable_sequences(0)->mutable_sampling()->set_top_logprobs(3);
+  *b.add_sequences() = Seq(2, 4, 12);
+  auto sink = std::make_shared<Sink>();
+  scheduler_->Submit(sink, b);
+  ASSERT_TRUE(sink->WaitFinish().ok());
+  int with = 0;
+  for (const auto& ev : sink->messages()) {
+    for (const auto& se : ev.sequences()) {
+      if (se.sequence_id() == 2) {
+        EXPECT_EQ(se.logprobs_size(), 0);
+        continue;
+      }
+      ASSERT_EQ(se.logprobs_size(), se.token_ids_size());
+      for (int i = 0; i < se.token_ids_size(); ++i, ++with) {
+        EXPECT_EQ(se.logprobs(i).logprob(), 0.0f);
+        ASSERT_EQ(se.logprobs(i).top_token_ids_size(), 1);
+        EXPECT_EQ(se.logprobs(i).top_token_ids(0), se.token_ids(i));
+      }
+    }
+  }
+  EXPECT_EQ(with, 6);
 }
 
 class SlowSchedulerTest : public SchedulerTest {

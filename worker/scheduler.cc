@@ -228,6 +228,10 @@ void Scheduler::RunStep() {
     slot_of.push_back(i);
   }
   if (batch.empty()) return;
+  std::vector<TokenLogprobs> logprobs(batch.size());
+  for (size_t k = 0; k < batch.size(); ++k) {
+    if (!batch[k].chunk() && batch[k].sampling->top_logprobs >= 0) batch[k].logprobs = &logprobs[k];
+  }
   std::vector<int32_t> next;
   const SteadyTime start = clock_.Now();
   const absl::Status status = engine_.Step(batch, &next);
@@ -282,6 +286,11 @@ void Scheduler::RunStep() {
     s.computed = static_cast<int32_t>(s.tokens.size()) - 1;
     ++s.steps;
     se->add_token_ids(token);
+    if (batch[k].logprobs) {
+      v1::TokenLogprob* lp = se->add_logprobs();
+      lp->set_logprob(logprobs[k].logprob);
+      for (const auto& [id, l] : logprobs[k].top) lp->add_top_token_ids(id), lp->add_top_logprobs(l);
+    }
     metrics_.generated_tokens.Inc();
     const int32_t generated = static_cast<int32_t>(s.tokens.size()) - s.prompt_len;
     if (s.stop_ids.count(token)) {

@@ -6,10 +6,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "proto/sampling_checks.h"
 #include "worker/scheduler.h"  // the class both halves define
 
 namespace tailserve {
 namespace {
+
+static_assert(kMaxTopLogprobs == kMaxTopLogprobsRequest, "the engines return as many alternatives as a request may ask");
 
 Sampling ToSampling(const v1::SamplingParams& p) {
   Sampling s;
@@ -17,6 +21,7 @@ Sampling ToSampling(const v1::SamplingParams& p) {
   s.top_p = p.top_p() > 0 ? p.top_p() : 1.0f;
   s.top_k = p.top_k();
   s.seed = p.has_seed() ? p.seed() : 0;
+  s.top_logprobs = p.logprobs() ? p.top_logprobs() : -1;
   return s;
 }
 
@@ -45,6 +50,8 @@ absl::Status Scheduler::ValidateSequence(const v1::Sequence& s, std::unordered_s
                                                    s.generated_token_ids_size(), " tokens"));
   }
   if (s.step_budget() < 0) return absl::InvalidArgumentError("step_budget: must be >= 0");
+  // The router checks these too; a worker checks what reaches its port, whoever sent it.
+  TAILSERVE_RETURN_IF_ERROR(CheckSamplingParams(s.sampling()));
   return absl::OkStatus();
 }
 

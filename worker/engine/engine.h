@@ -6,6 +6,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -21,6 +22,18 @@ struct Sampling {
   float top_p = 1;
   int32_t top_k = 0;
   uint64_t seed = 0;
+  // -1: no log-probabilities; 0..kMaxTopLogprobs: the sampled token's and this many most likely.
+  int32_t top_logprobs = -1;
+};
+
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+// A sampled token's log-probability under the model (log-softmax of the raw logits, before
+// temperature, top-k and top-p) and the `top_logprobs` most likely tokens' (most likely first,
+// ties by lower id).
+struct TokenLogprobs {
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 // One sequence's view for one step. `tokens` holds prompt then generated tokens; the first
@@ -36,6 +49,9 @@ struct StepSequence {
   int32_t computed = 0;
   const Sampling* sampling = nullptr;
   int32_t end = 0;
+  // Where the step writes the sampled token's log-probabilities (sampling->top_logprobs >= 0);
+  // null: not asked. A chunk writes none.
+  TokenLogprobs* logprobs = nullptr;
 
   bool chunk() const { return end > 0; }
   // Tokens in the cache after the step.

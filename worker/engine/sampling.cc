@@ -68,4 +68,32 @@ int32_t SampleToken(std::span<const float> logits, const Sampling& s, int64_t po
   return cand.back().second;
 }
 
+void ComputeLogprobs(std::span<const float> logits, int32_t token, int32_t top, TokenLogprobs* out) {
+  float max = -INFINITY;
+  for (const float l : logits) {
+    if (std::isfinite(l)) max = std::max(max, l);
+  }
+  double sum = 0;
+  for (const float l : logits) {
+    if (std::isfinite(l)) sum += std::exp(static_cast<double>(l) - max);
+  }
+  const double lse = max + std::log(sum);
+  auto logprob = [&](float l) { return std::isfinite(l) ? static_cast<float>(l - lse) : -INFINITY; };
+  out->logprob = token >= 0 && static_cast<size_t>(token) < logits.size() ? logprob(logits[token]) : -INFINITY;
+  out->top.clear();
+  if (top <= 0) return;
+  // A running list of the best `top`, kept sorted: one pass, no copy of the vocabulary.
+  auto before = [](const std::pair<int32_t, float>& a, const std::pair<int32_t, float>& b) {
+    return a.second > b.second || (a.second == b.second && a.first < b.first);
+  };
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (!std::isfinite(logits[i])) continue;
+    const std::pair<int32_t, float> c(static_cast<int32_t>(i), logits[i]);
+    if (out->top.size() == static_cast<size_t>(top) && !before(c, out->top.back())) continue;
+    out->top.insert(std::upper_bound(out->top.begin(), out->top.end(), c, before), c);
+    if (out->top.size() > static_cast<size_t>(top)) out->top.pop_back();
+  }
+  for (auto& [id, l] : out->top) l = logprob(l);
+}
+
 }  // namespace tailserve

@@ -16,4 +16,8 @@ namespace tailserve {
 int32_t SampleToken(std::span<const float> logits, const Sampling& sampling, int64_t position,
                     std::vector<std::pair<float, int32_t>>* scratch);
 
+// `token`'s log-probability under `logits` (log-softmax, fp64 sums) and the `top` most likely
+// tokens' into *out. Non-finite logits count as probability 0 and are never listed.
+void ComputeLogprobs(std::span<const float> logits, int32_t token, int32_t top, TokenLogprobs* out);
+
 }  // namespace tailserve

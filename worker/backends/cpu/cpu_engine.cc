@@ -361,6 +361,7 @@ absl::Status CpuEngine::Step(std::span<const StepSequence> batch, std::vector<in
     }
     std::span<const float> row(logits.data() + static_cast<int64_t>(i) * vocab, static_cast<size_t>(vocab));
     (*next)[i] = SampleToken(row, *batch[i].sampling, static_cast<int64_t>(batch[i].tokens->size()), &sample_scratch_);
+    if (batch[i].logprobs) ComputeLogprobs(row, (*next)[i], batch[i].sampling->top_logprobs, batch[i].logprobs);
   }
   return absl::OkStatus();
 }

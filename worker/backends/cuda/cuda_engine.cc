@@ -13,10 +13,13 @@
 #include "worker/backends/cuda/kernels/attention.h"
 #include "worker/backends/cuda/kernels/attention_block.h"
 #include "worker/backends/cuda/kernels/gemv.h"
+#include "worker/backends/cuda/kernels/logprobs.h"
 #include "worker/backends/cuda/plan/stream_layout.h"
 #include "worker/engine/kv_dtype.h"
 
 namespace tailserve {
+
+static_assert(cuda::kMaxLogprobAlternatives == kMaxTopLogprobs, "the kernel lists as many alternatives as a request may ask");
 
 CudaEngine::CudaEngine(const CudaEngineOptions& options) : options_(options) {}
 
@@ -238,6 +241,7 @@ absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t
   cuda::Workspaces& b = *buf_;
   const int n = static_cast<int>(count);
   const int bucket = BucketFor(n);
+  bool logprobs = false;
   for (int i = 0; i < bucket; ++i) {
     b.h_logit_src[i] = i;
     if (i >= n) {  // padding: harmless row in the trash block
@@ -252,10 +256,11 @@ absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t
     b.h_pos[i] = static_cast<int32_t>(last);
     b.h_row_seq[i] = st->table_row;
     const Sampling& sp = *seq.sampling;
+    logprobs |= seq.logprobs != nullptr;
     b.h_params[i] = {.temperature = sp.temperature,
                      .top_p = sp.top_p,
                      .top_k = sp.top_k,
-                     .unused = 0,
+                     .logprobs = sp.top_logprobs >= 0 ? 1 + sp.top_logprobs : 0,
                      .seed = sp.seed,
                      .position = last + 1};
   }
@@ -269,12 +274,23 @@ absl::Status CudaEngine::DecodeChunk(std::span<const StepSequence> batch, size_t
     TAILSERVE_RETURN_IF_ERROR(forward_->Run(DecodePlan(bucket), bucket));
     TAILSERVE_RETURN_IF_ERROR(DownloadOutputs());
   }
+  if (logprobs) {  // outside the graph: only the steps that asked pay for the copy
+    TAILSERVE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.host_logprobs.get(), b.logprobs,
+                                                   static_cast<size_t>(n) * sizeof(cuda::RowLogprobs),
+                                                   cudaMemcpyDeviceToHost, s));
+  }
   TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
   const auto* out = static_cast<const char*>(b.host_outputs.get());
   std::memcpy(next->data() + first, out, static_cast<size_t>(n) * 4);
   std::memcpy(&clamps_, out + b.clamps_at, 8);
+  const auto* rows = static_cast<const cuda::RowLogprobs*>(b.host_logprobs.get());
   for (int i = 0; i < n; ++i) {
     const StepSequence& seq = batch[first + i];
+    if (seq.logprobs) {
+      seq.logprobs->logprob = rows[i].logprob;
+      seq.logprobs->top.clear();
+      for (int k = 0; k < rows[i].count; ++k) seq.logprobs->top.emplace_back(rows[i].ids[k], rows[i].values[k]);
+    }
     KvBlockAllocator::Sequence* st = blocks_->Find(seq.id);
     st->cached = static_cast<int64_t>(seq.tokens->size());
     blocks_->PublishComputed(*st, *seq.tokens, st->cached);

@@ -9,6 +9,7 @@
 #include "worker/backends/cuda/kernels/attention_block.h"
 #include "worker/backends/cuda/kernels/copy.h"
 #include "worker/backends/cuda/kernels/gemv.h"
+#include "worker/backends/cuda/kernels/logprobs.h"
 #include "worker/backends/cuda/kernels/rope_kv.h"
 #include "worker/backends/cuda/kernels/rows.h"
 #include "worker/backends/cuda/kernels/stream_gemm.h"
@@ -288,6 +289,8 @@ absl::Status ForwardPass::Run(const StepPlan& plan, int logit_rows, const GraphI
   if (logit_rows > 0 && plan.decode) {
     TRY("sample", SampleRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params,
                              io ? io->sampled : b.out_tokens, s, plan.overlap_previous));
+    TRY("logprobs", LogprobRows(b.logits, logit_rows, static_cast<int>(c.vocab_size), b.params,
+                                io ? io->sampled : b.out_tokens, b.logprobs, s));
   }
   if (io) TAILSERVE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, streams_.join.get(), 0));
 #undef TRY

@@ -25,7 +25,7 @@ absl::StatusOr<std::unique_ptr<Workspaces>> AllocateWorkspaces(const ModelConfig
   // Inputs region: tokens, pos, row_seq [R]; logit_src [L]; params [L].
   const size_t inputs_bytes = 3 * R * 4 + L * 4 + 64 + L * sizeof(SampleParams);
   const size_t work_bytes =
-      inputs_bytes + 256 + L * 4 + 8 + 512 + table_entries * 4 + 256 + R * h * 4 + R * h * 2 + R * (qd + 2 * kvd) * 4 +
+      inputs_bytes + 256 + L * 4 + 8 + 512 + L * sizeof(RowLogprobs) + 256 + table_entries * 4 + 256 + R * h * 4 + R * h * 2 + R * (qd + 2 * kvd) * 4 +
       R * qd * 2 + R * 2 * f * 4 + R * f * 2 + AttentionWorkspaceFloats(shape, static_cast<int>(c.head_dim)) * 4 +
       (c.num_experts ? 2 * R * E * 4 + R * h * 4 : 0) + L * h * 2 + L * c.vocab_size * 4 +
       (2 * static_cast<size_t>(c.num_layers) + 1) * 4 +
@@ -67,6 +67,8 @@ absl::StatusOr<std::unique_ptr<Workspaces>> AllocateWorkspaces(const ModelConfig
   TAILSERVE_ASSIGN_OR_RETURN(void* mapped_out, MappedDevicePointer(b->host_outputs));
   b->graph_io.sampled = static_cast<int32_t*>(mapped_out);
   b->graph_io.clamps = reinterpret_cast<unsigned long long*>(static_cast<char*>(mapped_out) + b->clamps_at);
+  b->logprobs = a.Take<RowLogprobs>(L);
+  TAILSERVE_ASSIGN_OR_RETURN(b->host_logprobs, PinnedAlloc(L * sizeof(RowLogprobs)));
   b->block_table = a.Take<int32_t>(table_entries);
   TAILSERVE_ASSIGN_OR_RETURN(b->host_table, PinnedAlloc(table_entries * 4));
   b->x = a.Take<float>(R * h);

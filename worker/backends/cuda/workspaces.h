@@ -11,6 +11,7 @@
 #include "common/model/model_config.h"
 #include "worker/backends/cuda/cuda_resources.h"
 #include "worker/backends/cuda/kernels/kv_cache.h"
+#include "worker/backends/cuda/kernels/logprobs.h"
 #include "worker/backends/cuda/kernels/sampling.h"
 
 namespace tailserve::cuda {
@@ -58,6 +59,9 @@ struct Workspaces {
   PinnedMemory host_outputs;
   // The host mirrors' mapped addresses a decode graph writes the sampled ids and clamp count to.
   GraphIo graph_io{};
+  // The sampled tokens' log-probabilities [logit_rows], copied back only when a row asked for them.
+  RowLogprobs* logprobs = nullptr;
+  PinnedMemory host_logprobs;
 
   int32_t* block_table = nullptr;  // [table_rows, max_blocks_per_seq]
   PinnedMemory host_table;         // its host mirror (KvBlockAllocator writes it)

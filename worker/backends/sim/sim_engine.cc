@@ -51,6 +51,11 @@ absl::Status SimEngine::Step(std::span<const StepSequence> batch, std::vector<in
     // A prefill (whole or a chunk) computes its uncached tokens; a decode computes one.
     if (s.computed == 0 || len - s.computed > 1) prefill_tokens += len - s.computed;
     (*next)[i] = s.chunk() ? -1 : SimToken(s.sampling->seed, len - s.prompt_len, config_.vocab_size);
+    if (s.logprobs && !s.chunk()) {  // the simulator's token is certain: log 1, and nothing else is possible
+      s.logprobs->logprob = 0;
+      s.logprobs->top.clear();
+      if (s.sampling->top_logprobs > 0) s.logprobs->top.emplace_back((*next)[i], 0.0f);
+    }
   }
   const double cost = SimStepSeconds(config_, static_cast<int>(batch.size()), kv_tokens, prefill_tokens);
   if (cost > 0) sleep_until_(start + std::chrono::duration_cast<Duration>(std::chrono::duration<double>(cost)));

@@ -13,7 +13,7 @@ struct SampleParams {
   float temperature = 0;  // <= 0: greedy
   float top_p = 1;
   int32_t top_k = 0;      // 0: all
-  int32_t unused = 0;
+  int32_t logprobs = 0;   // 0: none; 1 + n: the sampled token's log-probability and the n most likely (LogprobRows)
   uint64_t seed = 0;
   int64_t position = 0;   // index of the token being chosen within its sequence
 };
