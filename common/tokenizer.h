@@ -17,6 +17,9 @@ class Tokenizer {
   virtual std::vector<int32_t> EncodePrompt(std::string_view text) const { return Encode(text); }
   // Raw bytes of one token (may be part of a UTF-8 character); empty for ids out of range.
   virtual std::string TokenBytes(int32_t id) const = 0;
+  // One token as a client is shown it beside its log-probability: its bytes, and a special
+  // token's own text (which TokenBytes leaves out of decoded text).
+  virtual std::string TokenText(int32_t id) const { return TokenBytes(id); }
   virtual int32_t vocab_size() const = 0;
 };
 

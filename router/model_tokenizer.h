@@ -19,6 +19,7 @@ class ModelTokenizer final : public Tokenizer {
   std::vector<int32_t> Encode(std::string_view text) const override { return bpe_->Encode(text); }
   std::vector<int32_t> EncodePrompt(std::string_view text) const override { return bpe_->EncodePrompt(text); }
   std::string TokenBytes(int32_t id) const override;
+  std::string TokenText(int32_t id) const override { return bpe_->TokenBytes(id); }
   int32_t vocab_size() const override { return vocab_size_; }
   // The model's context length (prompt + generated tokens).
   int32_t max_context() const { return max_context_; }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "worker/backends/cpu/cpu_engine.h"
 #include "worker/backends/cuda/cuda_engine.h"
 #include "worker/backends/cuda/device_info.h"
+#include "worker/engine/sampling.h"
 
 namespace tailserve {
 namespace {
@@ -62,7 +64,7 @@ TEST_P(CudaEngineTest, LogitsAndGreedyMatchTransformers) {
   auto expected = SafetensorsFile::Open(testing::ExpectedDir(ec.model) + "/expected_logits.safetensors");
   ASSERT_TRUE(expected.ok());
   const int64_t vocab = (*engine)->config().vocab_size;
-  double worst = 0, worst_floor = 0, sum = 0, sum_floor = 0;
+  double worst = 0, worst_floor = 0, sum = 0, sum_floor = 0, worst_logprob = 0;
   int positions = 0, ties = 0, greedy_checked = 0;
   uint64_t cpu_id = 100;
   for (const testing::ReferenceCase& c : testing::LoadReferenceCases(testing::ExpectedDir(ec.model))) {
@@ -99,13 +101,24 @@ TEST_P(CudaEngineTest, LogitsAndGreedyMatchTransformers) {
     }
     // Greedy through Step (prefill + the decode graph), teacher-forced on HF's tokens, wherever
     // HF's margin is clear and (FP8) the format itself keeps HF's token with a clear margin.
+    // The step's log-probabilities (the decode graph's LogprobRows) against the engine's own
+    // teacher-forced logits at the same position.
     std::vector<int32_t> tokens = prompt;
-    Sampling s;
+    Sampling s{.top_logprobs = 5};
     for (size_t step = 0; step < greedy.size(); ++step) {
       StepSequence seq{7, &tokens, int32_t(prompt.size()), step == 0 ? 0 : int32_t(tokens.size()) - 1, &s};
+      TokenLogprobs lp;
+      seq.logprobs = &lp;
       std::vector<int32_t> next;
       ASSERT_TRUE((*engine)->Step({&seq, 1}, &next).ok());
       const size_t p = prompt.size() + step - 1;
+      TokenLogprobs own;
+      ComputeLogprobs(std::span<const float>(got.data() + p * vocab, size_t(vocab)), next[0], 5, &own);
+      EXPECT_NEAR(lp.logprob, own.logprob, 0.02 + 0.02 * std::abs(own.logprob)) << ec.model << " step " << step;
+      ASSERT_EQ(lp.top.size(), 5u);
+      EXPECT_EQ(lp.top[0].first, next[0]);  // greedy: the sampled token is the most likely
+      for (size_t k = 0; k < 5; ++k) EXPECT_NEAR(lp.top[k].second, own.top[k].second, 0.02 + 0.02 * std::abs(own.top[k].second));
+      worst_logprob = std::max(worst_logprob, double(std::abs(lp.logprob - own.logprob)));
       const float* f = floor_logits.data() + p * vocab;
       const bool floor_keeps = std::max_element(f, f + vocab) - f == greedy[step] && Margin(f, vocab) >= 0.05f;
       if (margin[p] >= 0.05f && !tie[p] && (!fp8 || floor_keeps)) {
@@ -117,6 +130,7 @@ TEST_P(CudaEngineTest, LogitsAndGreedyMatchTransformers) {
     (*engine)->Release(7);
   }
   RecordProperty("worst_rel_l2", std::to_string(worst));
+  RecordProperty("worst_logprob_abs_error", std::to_string(worst_logprob));
   std::printf("[ %s %s ] rel L2 to transformers: worst %.3g mean %.3g (bound %.0e); the format alone (CPU fp32 "
               "emulation): worst %.3g mean %.3g; %d positions, %d router near-ties skipped, %d greedy tokens checked\n",
               ec.model.c_str(), KvDtypeName(ec.dtype), worst, sum / positions, tol, worst_floor, sum_floor / positions,
@@ -174,7 +188,9 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
   auto engine = CudaEngine::Load(testing::ReferenceDir(stream_ffn ? "qwen2-bias-tied" : "llama-gqa"), options);
   ASSERT_TRUE(engine.ok()) << engine.status();
   // 19 sequences of different lengths decode 12 steps together, then each alone: same tokens.
-  Sampling greedy;
+  // Every other sequence asks for log-probabilities: each row's come back to its own sequence
+  // (greedy: the sampled token heads its alternatives, with the same value).
+  Sampling greedy, with_logprobs{.top_logprobs = 3};
   auto run = [&](std::vector<int> which, uint64_t id_base, bool replay) {
     std::vector<std::vector<int32_t>> toks;
     for (int w : which) {
@@ -185,12 +201,21 @@ TEST_P(CudaEngineBatchTest, BatchedDecodeEqualsAlone) {
     std::vector<int32_t> computed(which.size(), 0);
     for (int step = 0; step < 12; ++step) {
       std::vector<StepSequence> b;
+      std::vector<TokenLogprobs> lps(which.size());
       for (size_t i = 0; i < which.size(); ++i) {
-        b.push_back({id_base + which[i], &toks[i], 0, computed[i], &greedy});
+        b.push_back({id_base + which[i], &toks[i], 0, computed[i], which[i] % 2 ? &with_logprobs : &greedy});
+        if (which[i] % 2) b.back().logprobs = &lps[i];
       }
       std::vector<int32_t> next;
       EXPECT_TRUE((*engine)->Step(b, &next).ok());
       for (size_t i = 0; i < which.size(); ++i) {
+        if (which[i] % 2) {
+          EXPECT_EQ(lps[i].top.size(), 3u);
+          if (!lps[i].top.empty()) {
+            EXPECT_EQ(lps[i].top[0].first, next[i]) << "sequence " << which[i] << " step " << step;
+            EXPECT_EQ(lps[i].top[0].second, lps[i].logprob);
+          }
+        }
         toks[i].push_back(next[i]);
         computed[i] = int32_t(toks[i].size()) - 1;
       }

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 namespace tailserve::http {
 namespace {
 
@@ -94,7 +96,11 @@ TEST_F(OpenAiApiTest, BadFieldsAreNamed) {
            {{{"model", "m"}, {"prompt", "x"}, {"max_tokens", 0}}, false, 400, "max_tokens", "max_tokens: must be in [1, 2147483647], got 0"},
            {{{"model", "m"}, {"prompt", "x"}, {"max_tokens", "9"}}, false, 400, "max_tokens", "max_tokens: must be an integer"},
            {{{"model", "m"}, {"prompt", "x"}, {"stop", 5}}, false, 400, "stop", "stop: must be a string or an array of strings"},
-           {{{"model", "m"}, {"prompt", "x"}, {"logprobs", 2}}, false, 400, "logprobs", "logprobs: not supported yet"},
+           {{{"model", "m"}, {"prompt", "x"}, {"logprobs", 21}}, false, 400, "logprobs", "logprobs: must be in [0, 20], got 21"},
+           {{{"model", "m"}, {"prompt", "x"}, {"logprobs", true}}, false, 400, "logprobs", "logprobs: must be an integer"},
+           {{{"model", "m"}, {"messages", user}, {"logprobs", 2}}, true, 400, "logprobs", "logprobs: must be a boolean"},
+           {{{"model", "m"}, {"messages", user}, {"top_logprobs", 2}}, true, 400, "top_logprobs", "top_logprobs: needs logprobs set to true"},
+           {{{"model", "m"}, {"messages", user}, {"logprobs", true}, {"top_logprobs", 21}}, true, 400, "top_logprobs", "top_logprobs: must be in [0, 20], got 21"},
            {{{"model", "m"}, {"prompt", "x"}, {"priority", "vip"}}, false, 400, "priority", "priority: one of interactive, standard, batch"},
            {{{"model", "m"}, {"prompt", "x"}, {"presence_penalty", 0.5}}, false, 400, "presence_penalty", "presence_penalty: not supported yet (only 0)"},
            {{{"model", "m"}}, true, 400, "messages", "messages: a non-empty array is required"},
@@ -175,6 +181,63 @@ TEST_F(OpenAiApiTest, ResponseAndChunkShapes) {
             "{\"id\":\"k\",\"object\":\"text_completion\",\"created\":3,\"model\":\"m\",\"choices\":[{\"index\":0,\"text\":\"ab\","
             "\"logprobs\":null,\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,"
             "\"total_tokens\":7,\"prompt_tokens_details\":{\"cached_tokens\":0}}}");
+}
+
+
+TEST_F(OpenAiApiTest, LogprobsRequestFields) {
+  const Json user = {{{"role", "user"}, {"content", "x"}}};
+  auto chat = Parse({{"model", "m"}, {"messages", user}, {"logprobs", true}, {"top_logprobs", 3}}, true);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_TRUE(chat->logprobs);
+  EXPECT_TRUE(chat->generate.sampling().logprobs());
+  EXPECT_EQ(chat->generate.sampling().top_logprobs(), 3);
+  auto off = Parse({{"model", "m"}, {"messages", user}, {"logprobs", false}}, true);
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->logprobs);
+  EXPECT_FALSE(off->generate.sampling().logprobs());
+  auto cmpl = Parse({{"model", "m"}, {"prompt", "x"}, {"logprobs", 0}}, false);  // the sampled token's only
+  ASSERT_TRUE(cmpl.ok());
+  EXPECT_TRUE(cmpl->logprobs);
+  EXPECT_TRUE(cmpl->generate.sampling().logprobs());
+  EXPECT_EQ(cmpl->generate.sampling().top_logprobs(), 0);
+}
+
+// Tokens 'H' (72) and 'i' (105) of the byte tokenizer, with their alternatives, in both shapes; a
+// stream's chunks carry their own tokens and the text offsets run on across them.
+TEST_F(OpenAiApiTest, LogprobsShapes) {
+  ByteTokenizer bytes;
+  v1::GenerateResponse r;
+  r.add_token_ids(72), r.add_token_ids(105);
+  for (auto [lp, alt, alt_lp] : {std::tuple{-0.5f, 104, -1.5f}, std::tuple{-0.25f, 111, -2.0f}}) {
+    v1::TokenLogprob* t = r.add_logprobs();
+    t->set_logprob(lp);
+    t->add_top_token_ids(alt), t->add_top_logprobs(alt_lp);
+  }
+  LogprobsBuilder chat(true, bytes);
+  EXPECT_FALSE(chat.pending());
+  chat.Add(r);
+  EXPECT_TRUE(chat.pending());
+  EXPECT_EQ(chat.Take().dump(),
+            "{\"content\":[{\"token\":\"H\",\"logprob\":-0.5,\"bytes\":[72],\"top_logprobs\":[{\"token\":\"h\","
+            "\"logprob\":-1.5,\"bytes\":[104]}]},{\"token\":\"i\",\"logprob\":-0.25,\"bytes\":[105],\"top_logprobs\":"
+            "[{\"token\":\"o\",\"logprob\":-2.0,\"bytes\":[111]}]}],\"refusal\":null}");
+  EXPECT_FALSE(chat.pending());
+  LogprobsBuilder cmpl(false, bytes);
+  cmpl.Add(r);
+  EXPECT_EQ(cmpl.Take().dump(),
+            "{\"tokens\":[\"H\",\"i\"],\"token_logprobs\":[-0.5,-0.25],\"top_logprobs\":[{\"h\":-1.5},{\"o\":-2.0}],"
+            "\"text_offset\":[0,1]}");
+  cmpl.Add(r);
+  EXPECT_EQ(cmpl.Take()["text_offset"].dump(), "[2,3]");
+  // In a chunk and a whole response, under "logprobs".
+  auto req = Parse({{"model", "m"}, {"prompt", "x"}, {"logprobs", 1}}, false);
+  ASSERT_TRUE(req.ok());
+  cmpl.Add(r);
+  const Json chunk = Json::parse(ChunkEvent(*req, "k", 3, "Hi", true, std::nullopt, cmpl.Take()).substr(6));
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["tokens"].dump(), "[\"H\",\"i\"]");
+  cmpl.Add(r);
+  const Json whole = Json::parse(CompletionJson(*req, "k", 3, "Hi", v1::FINISH_REASON_LENGTH, {}, cmpl.Take()));
+  EXPECT_EQ(whole["choices"][0]["logprobs"]["token_logprobs"].dump(), "[-0.5,-0.25]");
 }
 
 }  // namespace

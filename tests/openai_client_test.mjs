@@ -89,6 +89,42 @@ await check("seed reproduces a sampled completion", async () => {
   assert.equal(a.choices[0].text, b.choices[0].text);
 });
 
+await check("logprobs: chat and completions, whole and streamed", async () => {
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 8, temperature: 0, logprobs: true, top_logprobs: 3 });
+  const content = r.choices[0].logprobs.content;
+  assert.equal(content.length, r.usage.completion_tokens);
+  for (const t of content) {
+    assert.ok(t.logprob <= 0 && Number.isFinite(t.logprob), `logprob ${t.logprob}`);
+    assert.equal(t.top_logprobs.length, 3);
+    // Greedy: the chosen token is the most likely, and the alternatives come most likely first.
+    assert.equal(t.top_logprobs[0].token, t.token);
+    assert.ok(Math.abs(t.top_logprobs[0].logprob - t.logprob) < 1e-6);
+    assert.ok(t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob && t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob);
+    if (!t.token.includes("\uFFFD")) assert.deepEqual(t.bytes, [...Buffer.from(t.token)]);
+  }
+  const stream = await client.chat.completions.create({
+    model, messages, max_tokens: 8, temperature: 0, logprobs: true, top_logprobs: 3, stream: true,
+  });
+  const streamed = [];
+  for await (const chunk of stream) for (const c of chunk.choices) streamed.push(...(c.logprobs?.content ?? []));
+  assert.deepEqual(streamed.map((t) => t.token), content.map((t) => t.token));
+  assert.deepEqual(streamed.map((t) => t.logprob), content.map((t) => t.logprob));
+  // Completions: the legacy shape, the sampled token's log-probability beside its text.
+  const c = await client.completions.create({ model, prompt: "The Debian package manager", max_tokens: 6, temperature: 0, logprobs: 2 });
+  const lp = c.choices[0].logprobs;
+  assert.equal(lp.tokens.length, c.usage.completion_tokens);
+  assert.equal(lp.token_logprobs.length, lp.tokens.length);
+  assert.equal(lp.top_logprobs.length, lp.tokens.length);
+  assert.ok(lp.top_logprobs.every((t) => Object.keys(t).length >= 1 && Object.keys(t).length <= 2));
+  // Offsets in characters of the text so far (exact where no token splits a character).
+  if (!lp.tokens.join("").includes("\uFFFD")) {
+    assert.deepEqual(lp.text_offset, lp.tokens.map((_, i) => Array.from(lp.tokens.slice(0, i).join("")).length));
+  }
+  // Not asked: null.
+  const none = await client.completions.create({ model, prompt: "x", max_tokens: 2 });
+  assert.equal(none.choices[0].logprobs, null);
+});
+
 await check("bad request raises BadRequestError naming the field", async () => {
   await assert.rejects(client.completions.create({ model, prompt: "x", temperature: 9 }), (e) => {
     assert.ok(e instanceof OpenAI.BadRequestError, e.constructor.name);

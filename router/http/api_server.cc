@@ -232,6 +232,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return SendError(ErrorFromStatus(parsed.status()));
     }
     req_ = *std::move(api);
+    if (req_.logprobs) logprobs_.emplace(chat, srv_.tokenizer);
     lease_ = *std::move(lease);
     key_ = srv_.core.NewKey();
     id_ = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", key_);
@@ -290,13 +291,15 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     if (!active_) return;
     if (r.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) finish_ = r.finish_reason();
     if (r.has_usage()) usage_ = r.usage();
+    if (logprobs_) logprobs_->Add(r);
     if (!req_.stream) {
       text_ += r.text();
       return;
     }
     if (!header_sent_) StartStream();
-    if (!r.text().empty()) {
-      Enqueue(Chunk(ChunkEvent(req_, id_, created_, r.text(), !role_sent_, std::nullopt)));
+    // Tokens whose text is held back (a possible stop string) still send their logprobs.
+    if (!r.text().empty() || (logprobs_ && logprobs_->pending())) {
+      Enqueue(Chunk(ChunkEvent(req_, id_, created_, r.text(), !role_sent_, std::nullopt, TakeLogprobs())));
       role_sent_ = true;
     }
   }
@@ -313,13 +316,20 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return EndStream();
     }
     if (!req_.stream) {
-      return SendResponse(200, "application/json", CompletionJson(req_, id_, created_, text_, finish_, usage_));
+      return SendResponse(200, "application/json",
+                          CompletionJson(req_, id_, created_, text_, finish_, usage_,
+                                         logprobs_ ? logprobs_->Take() : nlohmann::ordered_json()));
     }
     if (!header_sent_) StartStream();
-    Enqueue(Chunk(ChunkEvent(req_, id_, created_, "", !role_sent_, finish_)));
+    Enqueue(Chunk(ChunkEvent(req_, id_, created_, "", !role_sent_, finish_, TakeLogprobs())));
     if (req_.include_usage) Enqueue(Chunk(UsageEvent(req_, id_, created_, usage_)));
     Enqueue(Chunk(kDoneEvent));
     EndStream();
+  }
+
+  // A chunk's logprobs: null when it carries no tokens (as OpenAI's last chunk).
+  nlohmann::ordered_json TakeLogprobs() {
+    return logprobs_ && logprobs_->pending() ? logprobs_->Take() : nlohmann::ordered_json();
   }
 
   void StartStream() {
@@ -372,6 +382,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     response_done_ = header_sent_ = role_sent_ = false;
     text_.clear();
     usage_.Clear();
+    logprobs_.reset();
     finish_ = v1::FINISH_REASON_UNSPECIFIED;
     if (watching_) {
       read_after_watch_ = true;
@@ -407,6 +418,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   int64_t created_ = 0;
   v1::FinishReason finish_ = v1::FINISH_REASON_UNSPECIFIED;
   v1::Usage usage_;
+  std::optional<LogprobsBuilder> logprobs_;  // when the request asked for logprobs
 };
 
 }  // namespace

@@ -142,14 +142,30 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body, bool chat, cons
                            integer("max_completion_tokens", 1, INT32_MAX, &max_completion),
                            integer("seed", INT64_MIN, INT64_MAX, &seed), integer("top_k", -1, INT32_MAX, &top_k),
                            integer("ttft_slo_ms", 0, INT32_MAX, &ttft), integer("tpot_slo_ms", 0, INT32_MAX, &tpot),
-                           integer("top_logprobs", 0, 20, &logprobs_n)}) {
+                           chat ? integer("top_logprobs", 0, 20, &logprobs_n) : absl::OkStatus()}) {
       if (!s.ok()) return s;
     }
     if (n && *n != 1) return fail(Bad("n", "n: only 1 choice per request is supported"));
-    // The engines sample on the device and return token ids only: no logprobs yet.
-    if ((j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false && j["logprobs"] != 0) ||
-        (logprobs_n && *logprobs_n > 0)) {
-      return fail(Bad(j.contains("logprobs") ? "logprobs" : "top_logprobs", "logprobs: not supported yet"));
+    // logprobs: chat's is a boolean with top_logprobs beside it; completions' is the number of
+    // alternatives (OpenAI allows 5; as vLLM, up to 20).
+    if (j.contains("logprobs") && !j["logprobs"].is_null()) {
+      const Json& lp = j["logprobs"];
+      if (chat) {
+        if (!lp.is_boolean()) return fail(Bad("logprobs", "logprobs: must be a boolean"));
+        r.logprobs = lp.get<bool>();
+      } else {
+        std::optional<int64_t> count;
+        if (absl::Status s = integer("logprobs", 0, 20, &count); !s.ok()) return s;
+        r.logprobs = true;
+        logprobs_n = count;
+      }
+    }
+    if (chat && logprobs_n && !r.logprobs) {
+      return fail(Bad("top_logprobs", "top_logprobs: needs logprobs set to true"));
+    }
+    if (r.logprobs) {
+      g.mutable_sampling()->set_logprobs(true);
+      g.mutable_sampling()->set_top_logprobs(static_cast<int32_t>(logprobs_n.value_or(0)));
     }
     for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
       if (j.contains(penalty) && j[penalty].is_number() && j[penalty].get<double>() != 0) {
@@ -282,8 +298,51 @@ std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_hand
 
 }  // namespace
 
+void LogprobsBuilder::Add(const v1::GenerateResponse& r) {
+  for (int i = 0; i < r.token_ids_size() && i < r.logprobs_size(); ++i) entries_.emplace_back(r.token_ids(i), r.logprobs(i));
+}
+
+Json LogprobsBuilder::Take() {
+  auto bytes = [](const std::string& text) {
+    Json b = Json::array();
+    for (const unsigned char c : text) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  Json out;
+  if (chat_) {
+    Json content = Json::array();
+    for (const auto& [id, lp] : entries_) {
+      const std::string text = tokenizer_->TokenText(id);
+      Json top = Json::array();
+      for (int k = 0; k < lp.top_token_ids_size() && k < lp.top_logprobs_size(); ++k) {
+        const std::string alt = tokenizer_->TokenText(lp.top_token_ids(k));
+        top.push_back({{"token", alt}, {"logprob", lp.top_logprobs(k)}, {"bytes", bytes(alt)}});
+      }
+      content.push_back({{"token", text}, {"logprob", lp.logprob()}, {"bytes", bytes(text)}, {"top_logprobs", top}});
+    }
+    out = {{"content", content}, {"refusal", nullptr}};
+  } else {
+    Json tokens = Json::array(), values = Json::array(), tops = Json::array(), offsets = Json::array();
+    for (const auto& [id, lp] : entries_) {
+      const std::string text = tokenizer_->TokenText(id);
+      tokens.push_back(text);
+      values.push_back(lp.logprob());
+      Json top = Json::object();
+      for (int k = 0; k < lp.top_token_ids_size() && k < lp.top_logprobs_size(); ++k) {
+        top[tokenizer_->TokenText(lp.top_token_ids(k))] = lp.top_logprobs(k);
+      }
+      tops.push_back(top);
+      offsets.push_back(text_offset_);
+      for (const unsigned char c : text) text_offset_ += (c & 0xC0) != 0x80;  // characters, as OpenAI counts
+    }
+    out = {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+  entries_.clear();
+  return out;
+}
+
 std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t created, const std::string& text,
-                           v1::FinishReason finish, const v1::Usage& usage) {
+                           v1::FinishReason finish, const v1::Usage& usage, const Json& logprobs) {
   Json j = Envelope(req, id, created, false);
   Json choice = {{"index", 0}};
   if (req.chat) {
@@ -291,7 +350,7 @@ std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t
   } else {
     choice["text"] = text;
   }
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs;
   choice["finish_reason"] = FinishReason(finish);
   j["choices"] = Json::array({choice});
   j["usage"] = UsageJson(usage);
@@ -299,7 +358,7 @@ std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t
 }
 
 std::string ChunkEvent(const ApiRequest& req, const std::string& id, int64_t created, const std::string& delta,
-                       bool first, std::optional<v1::FinishReason> finish) {
+                       bool first, std::optional<v1::FinishReason> finish, const Json& logprobs) {
   Json j = Envelope(req, id, created, true);
   Json choice = {{"index", 0}};
   if (req.chat) {
@@ -310,7 +369,7 @@ std::string ChunkEvent(const ApiRequest& req, const std::string& id, int64_t cre
   } else {
     choice["text"] = delta;
   }
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs;
   choice["finish_reason"] = finish ? FinishReason(*finish) : Json();
   j["choices"] = Json::array({choice});
   if (req.include_usage) j["usage"] = nullptr;

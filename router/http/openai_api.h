@@ -8,11 +8,14 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "common/jinja/template.h"
+#include "common/tokenizer.h"
 #include "tailserve/v1/generation.pb.h"
 
 namespace tailserve::http {
@@ -55,6 +58,7 @@ struct ApiRequest {
   bool chat = false;
   bool stream = false;
   bool include_usage = false;
+  bool logprobs = false;  // the response carries each token's log-probabilities
   std::string model;
   v1::GenerateRequest generate;
 };
@@ -71,13 +75,36 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body, bool chat, cons
 nlohmann::ordered_json FinishReason(v1::FinishReason r);
 nlohmann::ordered_json UsageJson(const v1::Usage& usage);
 
-// A whole (non-streamed) response.
+// The choice's "logprobs" in OpenAI's shape, built from the responses' tokens as they come: chat's
+// {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}, completions'
+// {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}. A token's text is its
+// bytes (a piece of a UTF-8 character shows as U+FFFD; `bytes` has it exactly), special tokens
+// by their names.
+class LogprobsBuilder {
+ public:
+  LogprobsBuilder(bool chat, const Tokenizer& tokenizer) : chat_(chat), tokenizer_(&tokenizer) {}
+  void Add(const v1::GenerateResponse& r);
+  bool pending() const { return !entries_.empty(); }
+  // What was added since the last Take (a stream's chunk, or the whole response), in the API's shape.
+  nlohmann::ordered_json Take();
+
+ private:
+  bool chat_;
+  const Tokenizer* tokenizer_;
+  std::vector<std::pair<int32_t, v1::TokenLogprob>> entries_;
+  int64_t text_offset_ = 0;  // completions: where the next token's text starts, in characters
+};
+
+// A whole (non-streamed) response; `logprobs` null when not asked.
 std::string CompletionJson(const ApiRequest& req, const std::string& id, int64_t created, const std::string& text,
-                           v1::FinishReason finish, const v1::Usage& usage);
+                           v1::FinishReason finish, const v1::Usage& usage,
+                           const nlohmann::ordered_json& logprobs = nullptr);
 // One server-sent event of a stream ("data: {...}\n\n"): a text delta (chat's first carries the
-// role), the last with its finish_reason, and with include_usage a final one with only usage.
+// role) with its tokens' logprobs when asked, the last with its finish_reason, and with
+// include_usage a final one with only usage.
 std::string ChunkEvent(const ApiRequest& req, const std::string& id, int64_t created, const std::string& delta,
-                       bool first, std::optional<v1::FinishReason> finish);
+                       bool first, std::optional<v1::FinishReason> finish,
+                       const nlohmann::ordered_json& logprobs = nullptr);
 std::string UsageEvent(const ApiRequest& req, const std::string& id, int64_t created, const v1::Usage& usage);
 inline constexpr const char* kDoneEvent = "data: [DONE]\n\n";
 
