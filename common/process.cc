@@ -101,12 +101,25 @@ absl::StatusOr<Servers> StartServers(const std::string& host, int grpc_port, int
   builder.AddListeningPort(absl::StrCat(host, ":", grpc_port),
                            credentials ? credentials : grpc::InsecureServerCredentials(), &out.grpc_port);
   builder.SetMaxReceiveMessageSize(max_receive_bytes);
+  // Connections cost descriptors and memory whether or not they are used: a connection must finish
+  // its handshake within 10 s, is closed after 2 idle minutes (clients reconnect on their own), and
+  // carries at most kMaxStreamsPerConnection streams at once (more wait in the client).
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10'000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 120'000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   for (grpc::Service* s : services) builder.RegisterService(s);
   out.grpc = builder.BuildAndStart();
   if (!out.grpc || out.grpc_port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen for gRPC on ", host, ":", grpc_port));
   }
   out.SetServing(false);
+  // Not live once the gRPC listener stops answering (it may stop accepting for good after running
+  // out of descriptors, while everything else still works): the orchestrator restarts the process.
+  out.grpc_watch = std::make_unique<ListenerWatch>(host, out.grpc_port);
+  probes.live = [watch = out.grpc_watch.get(), live = std::move(probes.live)]() -> absl::Status {
+    if (absl::Status s = watch->Status(); !s.ok()) return s;
+    return live ? live() : absl::OkStatus();
+  };
   out.http = std::make_unique<ObservabilityServer>(registry, std::move(probes));
   TAILSERVE_ASSIGN_OR_RETURN(out.http_port, out.http->Start(host, http_port));
   if (!ports_file.empty()) {

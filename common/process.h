@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "common/config.h"
 #include "common/http_server.h"
+#include "common/listener_watch.h"
 
 namespace tailserve {
 
@@ -44,8 +45,11 @@ int WaitForTermination();
 
 // A process's two listeners: gRPC (with grpc.health.v1.Health, NOT_SERVING until the owner says
 // otherwise, and reflection) and the HTTP observability endpoint.
+inline constexpr int kMaxStreamsPerConnection = 4096;
+
 struct Servers {
   std::unique_ptr<grpc::Server> grpc;
+  std::unique_ptr<ListenerWatch> grpc_watch;  // before http: its probe reads the watch
   std::unique_ptr<ObservabilityServer> http;
   int grpc_port = 0, http_port = 0;
   void SetServing(bool serving) { grpc->GetHealthCheckService()->SetServingStatus(serving); }
