@@ -16,7 +16,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(grpc
     // The client's own deadline timer may reset the stream a little before ours fires: a cancel
     // that close to the deadline is counted as the deadline.
     core_.Cancel(key, std::chrono::system_clock::now() + std::chrono::milliseconds(250) >= deadline);
-  });
+  }, ctx);
   std::string_view authorization;
   if (auto it = ctx->client_metadata().find("authorization"); it != ctx->client_metadata().end()) {
     authorization = std::string_view(it->second.data(), it->second.size());

@@ -114,6 +114,35 @@ TEST(ClusterTest, CancelledStreamFreesItsWorkerSlot) {
   EXPECT_EQ(MetricValue(metrics, "tailserve_router_requests_total{outcome=\"cancelled\"}"), 1);
 }
 
+// A client that stops reading its stream: the router queues at most ServerStream's bound behind
+// it, then cancels the request (freeing its worker slot) instead of buffering the whole output.
+TEST(ClusterTest, AClientThatStopsReadingIsCancelled) {
+  Cluster cluster({1, {"--slots", "4", "--set", "worker.sim.step_base_ms=0"}, {"--set", "router.max_tokens_limit=200000"}});
+  ASSERT_TRUE(cluster.Start().ok());
+  // A small receive window, as a client that does not read ends up with: what does not fit it
+  // waits in the router (a large window holds it in the client's memory instead).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 * 1024);
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateCustomChannel(cluster.router_target(), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, Request(200000, 5));
+  v1::GenerateResponse first;
+  ASSERT_TRUE(reader->Read(&first));  // then never reads again
+  std::string metrics;
+  double cancelled = 0;
+  for (int i = 0; i < 300 && !(cancelled >= 1); ++i) {  // NaN until the series exists
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_EQ(HttpGet(cluster.router_http(), "/metrics", &metrics), 200);
+    cancelled = MetricValue(metrics, "tailserve_router_requests_total{outcome=\"cancelled\"}");
+  }
+  EXPECT_EQ(cancelled, 1) << "the router kept buffering for a client that does not read; output tokens "
+                          << MetricValue(metrics, "tailserve_router_output_tokens_total");
+  EXPECT_LT(MetricValue(metrics, "tailserve_router_output_tokens_total"), 200000);
+  ctx.TryCancel();
+}
+
 TEST(ClusterTest, ClientDeadlineIsHonoured) {
   Cluster cluster({1, {"--set", "worker.sim.step_base_ms=2"}, {}});
   ASSERT_TRUE(cluster.Start().ok());

@@ -5,13 +5,15 @@
 
 namespace tailserve {
 
-grpc::ServerWriteReactor<v1::TokenEvent>* WorkerService::Execute(grpc::CallbackServerContext*,
+grpc::ServerWriteReactor<v1::TokenEvent>* WorkerService::Execute(grpc::CallbackServerContext* ctx,
                                                                  const v1::Batch* batch) {
-  // The cancel callback needs the handle, which exists only once the stream does.
+  // The cancel callback needs the handle, which exists only once the stream does. A caller that
+  // stops reading for kMaxQueuedSteps steps' events loses the batch, not the worker's memory.
+  static constexpr size_t kMaxQueuedSteps = 8192;
   auto holder = std::make_shared<std::weak_ptr<BatchSink>>();
   auto* stream = new ServerStream<v1::TokenEvent>([this, holder] {
     if (auto sink = holder->lock()) scheduler_.CancelSink(std::move(sink));
-  });
+  }, ctx, kMaxQueuedSteps);
   std::shared_ptr<BatchSink> sink = stream->handle();
   *holder = sink;
   scheduler_.Submit(std::move(sink), *batch);

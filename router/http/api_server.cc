@@ -355,7 +355,18 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     response_done_ = true;
   }
 
+  // A client that stops reading its stream cannot make the router buffer without bound: past
+  // kMaxQueuedChunks chunks waiting behind the socket, its request is cancelled and the connection
+  // closed.
+  static constexpr size_t kMaxQueuedChunks = 1024;
   void Enqueue(std::string bytes) {
+    if (out_.size() >= kMaxQueuedChunks) {
+      spdlog::warn("api: {} does not read its stream; cancelling it", id_);
+      if (active_) srv_.core.Cancel(key_, /*deadline=*/false), active_ = false;
+      lease_.reset();
+      out_.erase(out_.begin() + 1, out_.end());  // the front is being written
+      return Close();
+    }
     out_.push_back(std::move(bytes));
     if (!writing_) DoWrite();
   }
