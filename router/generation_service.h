@@ -1,5 +1,8 @@
 #pragma once
 // tailserve.v1.Generation (callback API): validates at the edge, hands the request to the core.
+#include <grpcpp/support/byte_buffer.h>
+
+#include "absl/status/statusor.h"
 #include "common/config.h"
 #include "common/tokenizer.h"
 #include "router/auth/api_keys.h"
@@ -9,15 +12,19 @@
 
 namespace tailserve {
 
-class GenerationService final : public v1::Generation::CallbackService {
+// The request arrives as bytes (a raw method) and is parsed here, so a body protobuf cannot parse
+// gets INVALID_ARGUMENT naming what is wrong (a string field's invalid UTF-8, or malformed bytes)
+// rather than gRPC's empty UNIMPLEMENTED.
+class GenerationService final
+    : public v1::Generation::WithRawCallbackMethod_Generate<v1::Generation::CallbackService> {
  public:
   // `keys`: null, or the API keys every call must present ("authorization: Bearer <key>").
   GenerationService(RouterCore& core, const RouterConfig& limits, const Tokenizer& tokenizer, RouterMetrics& metrics,
                     const Clock& clock = SystemClock::Get(), ApiKeys* keys = nullptr)
       : core_(core), limits_(limits), tokenizer_(tokenizer), metrics_(metrics), clock_(clock), keys_(keys) {}
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
-                                                           const v1::GenerateRequest* req) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* request) override;
 
  private:
   RouterCore& core_;
@@ -27,5 +34,9 @@ class GenerationService final : public v1::Generation::CallbackService {
   const Clock& clock_;
   ApiKeys* keys_;
 };
+
+// A GenerateRequest from its wire bytes: INVALID_ARGUMENT naming the field whose text is not
+// UTF-8, or saying the bytes are not a GenerateRequest at all.
+absl::StatusOr<v1::GenerateRequest> ParseGenerateRequest(const std::string& bytes);
 
 }  // namespace tailserve

@@ -1,4 +1,5 @@
 // Integration tests: a real router and real sim workers on loopback ports chosen at run time.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -7,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -416,12 +418,52 @@ TEST(ClusterTest, MalformedRequestsGetTheDocumentedStatus) {
     EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.message;
     EXPECT_EQ(st.error_message(), c.message);
   }
+  // Bytes protobuf cannot parse as a GenerateRequest: invalid UTF-8 in a string field (named), and
+  // truncated or garbage bytes, sent raw.
+  grpc::GenericStub raw(grpc::CreateChannel(cluster.router_target(), grpc::InsecureChannelCredentials()));
+  auto send_raw = [&](const std::string& bytes) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::ClientContext ctx;
+    std::promise<grpc::Status> done;
+    raw.UnaryCall(&ctx, "/tailserve.v1.Generation/Generate", grpc::StubOptions(), &request, &response,
+                  [&](grpc::Status st) { done.set_value(std::move(st)); });
+    return done.get_future().get();
+  };
+  auto with = [](std::function<void(v1::GenerateRequest&)> edit) {
+    v1::GenerateRequest r = Request(10, 1);
+    r.clear_prompt_token_ids();
+    r.set_prompt("ok");
+    edit(r);
+    return r;
+  };
+  // Serialized with valid text, then its marker byte ('Z': no tag or length of these requests)
+  // replaced by 0xff, which no UTF-8 text contains.
+  auto corrupt = [](v1::GenerateRequest r, const std::string& marker) {
+    std::string bytes = r.SerializeAsString();
+    bytes[bytes.find(marker)] = '\xff';
+    return bytes;
+  };
+  const std::vector<std::pair<std::string, std::string>> raw_cases = {
+      {corrupt(with([](auto& r) { r.set_prompt("hello Z"); }), "Z"), "prompt: not valid UTF-8"},
+      {corrupt(with([](auto& r) { r.add_stop("stZp"); }), "Z"), "stop: not valid UTF-8"},
+      {corrupt(with([](auto& r) { r.set_request_id("id-Z"); }), "Z"), "request_id: not valid UTF-8"},
+      {std::string("\x12\x02\xff\xfe\x20\x04", 6), "prompt: not valid UTF-8"},  // the bytes
+      {std::string("\x12\x09\x41", 3), "the request's 3 bytes are not a valid tailserve.v1.GenerateRequest"},
+      {std::string("\xff\xff\xff\xff", 4), "the request's 4 bytes are not a valid tailserve.v1.GenerateRequest"},
+  };
+  for (const auto& [bytes, message] : raw_cases) {
+    const grpc::Status st = send_raw(bytes);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << message;
+    EXPECT_EQ(st.error_message(), message);
+  }
   // The router still serves after all that.
   Stream ok(stub.get(), Request(5, 2));
   EXPECT_TRUE(ok.Wait().ok());
   std::string metrics;
   HttpGet(cluster.router_http(), "/metrics", &metrics);
-  EXPECT_EQ(MetricValue(metrics, "tailserve_router_requests_total{outcome=\"invalid_argument\"}"), cases.size());
+  EXPECT_EQ(MetricValue(metrics, "tailserve_router_requests_total{outcome=\"invalid_argument\"}"),
+            cases.size() + raw_cases.size());
 }
 
 TEST(ClusterTest, StepBudgetOverrunIsRedispatchedSeamlessly) {
