@@ -62,24 +62,28 @@ BpeTokenizer::BpeTokenizer() {
 BpeTokenizer::~BpeTokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Load(const std::string& path) {
+  TAILSERVE_ASSIGN_OR_RETURN(std::string contents, ReadFile(path));
+  return Parse(std::move(contents), path);
+}
+
+absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Parse(std::string contents, const std::string& source) {
   std::unique_ptr<BpeTokenizer> tokenizer(new BpeTokenizer());
   try {
-    TAILSERVE_ASSIGN_OR_RETURN(std::string contents, ReadFile(path));
     const json root = json::parse(contents);
     contents.clear();
     contents.shrink_to_fit();
     absl::Status status = tokenizer->ParseRoot(root);
     if (!status.ok()) {
-      return absl::Status(status.code(), path + ": " + std::string(status.message()));
+      return absl::Status(status.code(), source + ": " + std::string(status.message()));
     }
   } catch (const json::parse_error& e) {
-    return absl::InvalidArgumentError(path + ": invalid JSON: " + e.what());
+    return absl::InvalidArgumentError(source + ": invalid JSON: " + e.what());
   } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(path + ": unexpected JSON content: " + e.what());
+    return absl::InvalidArgumentError(source + ": unexpected JSON content: " + e.what());
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(path + ": out of memory while loading");
+    return absl::ResourceExhaustedError(source + ": out of memory while loading");
   } catch (const std::exception& e) {
-    return absl::InternalError(path + ": " + e.what());
+    return absl::InternalError(source + ": " + e.what());
   }
   return tokenizer;
 }

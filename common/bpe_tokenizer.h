@@ -37,6 +37,8 @@ class BpeTokenizer final : public Tokenizer {
  public:
   // Parses tokenizer.json. Errors name the file and what is wrong; never throws.
   static absl::StatusOr<std::unique_ptr<BpeTokenizer>> Load(const std::string& tokenizer_json_path);
+  // The same from the file's text; `source` names it in errors.
+  static absl::StatusOr<std::unique_ptr<BpeTokenizer>> Parse(std::string tokenizer_json, const std::string& source);
   ~BpeTokenizer() override;
 
   // No BOS/post-processor tokens are added; added tokens appearing in the text are matched.
@@ -53,6 +55,8 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> TokenId(std::string_view token) const;
   // True for added tokens marked "special": true.
   bool IsSpecial(int32_t id) const;
+  // A normalizer rewrites text before encoding (NFC & co.): decoding then need not give it back.
+  bool has_normalizer() const { return normalization_ != Normalization::kNone; }
   // Concatenated TokenBytes of the ids.
   std::string Decode(std::span<const int32_t> ids) const;
 

@@ -228,9 +228,11 @@ void Scheduler::RunStep() {
     slot_of.push_back(i);
   }
   if (batch.empty()) return;
-  std::vector<TokenLogprobs> logprobs(batch.size());
+  std::vector<TokenLogprobs> logprobs;  // sized only in a step where some sequence asks
   for (size_t k = 0; k < batch.size(); ++k) {
-    if (!batch[k].chunk() && batch[k].sampling->top_logprobs >= 0) batch[k].logprobs = &logprobs[k];
+    if (batch[k].chunk() || batch[k].sampling->top_logprobs < 0) continue;
+    if (logprobs.empty()) logprobs.resize(batch.size());
+    batch[k].logprobs = &logprobs[k];
   }
   std::vector<int32_t> next;
   const SteadyTime start = clock_.Now();
