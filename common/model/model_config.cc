@@ -1,5 +1,6 @@
 #include "common/model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +13,18 @@
 
 namespace tailserve {
 namespace {
+
+// f rounded to fp16's precision and range (nearest, ties to even), as a conversion to _Float16
+// and back does; portable to compilers without _Float16 (clang 14 on x86).
+float RoundToHalf(float f) {
+  if (!std::isfinite(f) || f == 0) return f;
+  const float a = std::fabs(f);
+  // fp16: 10 mantissa bits; subnormals below 2^-14 step by 2^-24.
+  const int e = std::max(std::ilogb(a), -14);
+  const float quantum = std::ldexp(1.0f, e - 10);
+  const float r = std::nearbyint(a / quantum) * quantum;
+  return std::copysign(r >= 65520.0f ? INFINITY : r, f);
+}
 
 using nlohmann::json;
 
@@ -281,7 +294,7 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& config) {
       const uint32_t bits = static_cast<uint32_t>(FloatToBf16(f)) << 16;
       std::memcpy(&f, &bits, 4);
     } else if (config.dtype == DType::kF16) {
-      f = static_cast<float>(static_cast<_Float16>(f));
+      f = RoundToHalf(f);
     }
   }
   return inv;
