@@ -189,6 +189,7 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<PlannedRequest>& plan
   std::condition_variable cv;
   size_t remaining = plan.size();
   std::mt19937_64 rng(o.seed);
+  std::vector<std::vector<int32_t>> tokens(o.tokens_out.empty() ? 0 : plan.size());
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < plan.size(); ++i) {
     std::this_thread::sleep_until(start + std::chrono::microseconds(static_cast<int64_t>(plan[i].arrival_s * 1e6)));
@@ -207,7 +208,7 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<PlannedRequest>& plan
     req.set_priority(static_cast<v1::Priority>(o.priority));
     report.results[i].expected_tokens = plan[i].max_tokens;
     StartStreamingCall(stub.get(), std::move(req), o.timeout_s, o.client_stop ? plan[i].max_tokens : 0,
-                       &report.results[i], nullptr, [&] {
+                       &report.results[i], tokens.empty() ? nullptr : &tokens[i], [&] {
       std::lock_guard lock(mu);
       if (--remaining == 0) cv.notify_all();
     });
@@ -215,6 +216,16 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<PlannedRequest>& plan
   std::unique_lock lock(mu);
   cv.wait(lock, [&] { return remaining == 0; });
   report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!o.tokens_out.empty()) {
+    std::ofstream out(o.tokens_out);
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const RequestResult& r = report.results[i];
+      nlohmann::json line = {{"i", i},          {"code", r.code},         {"arrival_s", plan[i].arrival_s},
+                             {"e2e_s", r.e2e_s}, {"ttft_s", r.ttft_s},     {"dispatches", r.dispatches},
+                             {"tokens", tokens[i]}};
+      out << line.dump() << "\n";
+    }
+  }
   return report;
 }
 

@@ -48,6 +48,9 @@ std::vector<PlannedRequest> FixedRatePlan(size_t n, double rate, int32_t prompt_
 
 struct LoadOptions {
   std::string target;
+  // When set: each request's status, timings and streamed token ids, one JSON line a request in
+  // plan order (the chaos bench compares them with a fault-free run's).
+  std::string tokens_out;
   double timeout_s = 600;   // per-request deadline
   int32_t vocab = 256;      // prompt token ids are drawn from [0, vocab)
   uint64_t seed = 1;

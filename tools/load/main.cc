@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   app.add_option("--priority", o.priority, "priority enum value (1 interactive, 2 standard, 3 batch)");
   app.add_option("--seed", o.seed, "seed for prompts and sampling seeds");
   app.add_option("--json", json_out, "also write the summary as JSON here");
+  app.add_option("--tokens-out", o.tokens_out, "write each request's status, timings and streamed token ids here (JSON lines)");
   tailserve::MultiTurnSpec chat;
   chat.users = 0;
   app.add_option("--chat-users", chat.users, "multi-turn chat workload: this many conversations (0: off)");
