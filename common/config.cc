@@ -30,7 +30,13 @@ class Section {
   ~Section() {
     if (!node_.IsDefined() || !node_.IsMap()) return;
     for (const auto& kv : node_) {
-      const std::string key = kv.first.as<std::string>();
+      // A key that is a list or a mapping (`? [a, b] : 1`) is no key of ours; never as<>() here,
+      // which throws from a destructor.
+      if (!kv.first.IsScalar()) {
+        Error(path_.empty() ? "(top level)" : path_, absl::StrCat("keys must be strings, got ", Show(kv.first)));
+        continue;
+      }
+      const std::string& key = kv.first.Scalar();
       if (!seen_.count(key)) Error(Join(key), "unknown key");
     }
   }

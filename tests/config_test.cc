@@ -31,6 +31,19 @@ TEST(ConfigTest, UnknownKeyIsNamed) {
   EXPECT_EQ(c.status().message(), "f.yaml: router.timeout_msec: unknown key");
 }
 
+// A key that is itself a list or a mapping (found by the config fuzzer: it threw from a destructor
+// and aborted the process) is an error naming where it is.
+TEST(ConfigTest, NonStringKeysAreErrorsNotCrashes) {
+  auto nested = ParseConfig("router:\n  ? [a, b]\n  : 1\n", {}, "f.yaml");
+  ASSERT_FALSE(nested.ok());
+  EXPECT_NE(nested.status().message().find("router: keys must be strings, got a list"), std::string::npos)
+      << nested.status();
+  auto top = ParseConfig("? {x: 1}\n: 2\n", {}, "f.yaml");
+  ASSERT_FALSE(top.ok());
+  EXPECT_NE(top.status().message().find("(top level): keys must be strings, got a mapping"), std::string::npos)
+      << top.status();
+}
+
 TEST(ConfigTest, UnknownSectionIsNamed) {
   auto c = ParseConfig("routr:\n  timeout_ms: 5\n");
   ASSERT_FALSE(c.ok());
