@@ -123,6 +123,7 @@ absl::StatusOr<Servers> StartServers(const std::string& host, int grpc_port, int
     if (absl::Status s = watch->Status(); !s.ok()) return s;
     return live ? live() : absl::OkStatus();
   };
+  out.heap_trimmer = std::make_unique<HeapTrimmer>();
   out.http = std::make_unique<ObservabilityServer>(registry, std::move(probes));
   TAILSERVE_ASSIGN_OR_RETURN(out.http_port, out.http->Start(host, http_port));
   if (!ports_file.empty()) {

@@ -50,6 +50,7 @@ inline constexpr int kMaxStreamsPerConnection = 4096;
 struct Servers {
   std::unique_ptr<grpc::Server> grpc;
   std::unique_ptr<ListenerWatch> grpc_watch;  // before http: its probe reads the watch
+  std::unique_ptr<HeapTrimmer> heap_trimmer;
   std::unique_ptr<ObservabilityServer> http;
   int grpc_port = 0, http_port = 0;
   void SetServing(bool serving) { grpc->GetHealthCheckService()->SetServingStatus(serving); }

@@ -440,6 +440,10 @@ void ApiServer::Impl::Accept() {
     if (!ec) {
       beast::error_code ignored;
       socket.set_option(tcp::no_delay(true), ignored);
+      // A fixed 256 KiB send buffer (no autotuning up to tcp_wmem's 4 MiB): a client that stops
+      // reading fills it and then the session's bounded queue within seconds, and costs the
+      // kernel 256 KiB rather than megabytes meanwhile. Plenty for server-sent events.
+      socket.set_option(net::socket_base::send_buffer_size(256 * 1024), ignored);
       if (tls_enabled) {
         std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(std::move(socket), CurrentTls(), *this)->Start();
       } else {
