@@ -1,7 +1,6 @@
 #include "common/listener_watch.h"
 
 #include <arpa/inet.h>
-#include <malloc.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -91,22 +90,6 @@ void ListenerWatch::Run() {
       ++failed_in_a_row_;
     }
   }
-}
-
-HeapTrimmer::HeapTrimmer(std::chrono::milliseconds period) {
-  thread_ = std::thread([this, period] {
-    std::unique_lock lock(mu_);
-    while (!cv_.wait_for(lock, period, [this] { return stop_; })) malloc_trim(0);
-  });
-}
-
-HeapTrimmer::~HeapTrimmer() {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
 }
 
 }  // namespace tailserve

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/config.h"
+#include "common/heap_trimmer.h"
 #include "common/http_server.h"
 #include "common/listener_watch.h"
 
