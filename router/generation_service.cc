@@ -1,5 +1,6 @@
 #include "router/generation_service.h"
 
+#include <google/protobuf/stubs/logging.h>
 #include <google/protobuf/unknown_field_set.h>
 #include <grpcpp/support/proto_buffer_writer.h>
 
@@ -50,7 +51,12 @@ bool ValidUtf8(const std::string& s) {
 
 absl::StatusOr<v1::GenerateRequest> ParseGenerateRequest(const std::string& bytes) {
   v1::GenerateRequest req;
-  if (req.ParseFromString(bytes)) return req;
+  {
+    // Protobuf logs each string field's invalid UTF-8 as an error: a hostile client would fill the
+    // log. The status below says it instead.
+    google::protobuf::LogSilencer silence;
+    if (req.ParseFromString(bytes)) return req;
+  }
   // Well-formed wire bytes whose strict parse failed: a string field holds invalid UTF-8. Name it.
   google::protobuf::UnknownFieldSet fields;
   if (fields.ParseFromString(bytes)) {
