@@ -191,7 +191,7 @@ TEST_F(OpenAiApiTest, LogprobsRequestFields) {
   EXPECT_TRUE(chat->logprobs);
   EXPECT_TRUE(chat->generate.sampling().logprobs());
   EXPECT_EQ(chat->generate.sampling().top_logprobs(), 3);
-  auto off = Parse({{"model", "m"}, {"messages", user}, {"logprobs", false}}, true);
+  auto off = Parse({{"model", "m"}, {"messages", user}, {"logprobs", false}, {"top_logprobs", 0}}, true);
   ASSERT_TRUE(off.ok());
   EXPECT_FALSE(off->logprobs);
   EXPECT_FALSE(off->generate.sampling().logprobs());

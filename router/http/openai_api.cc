@@ -160,7 +160,7 @@ absl::StatusOr<ApiRequest> ParseRequest(const std::string& body, bool chat, cons
         logprobs_n = count;
       }
     }
-    if (chat && logprobs_n && !r.logprobs) {
+    if (chat && logprobs_n.value_or(0) > 0 && !r.logprobs) {
       return fail(Bad("top_logprobs", "top_logprobs: needs logprobs set to true"));
     }
     if (r.logprobs) {
