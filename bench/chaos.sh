@@ -43,8 +43,8 @@ start_router() {  # [grpc port] [http port]
   pid_r=$!
 }
 wait_file() { for _ in $(seq 200); do [ -s "$1" ] && return 0; sleep 0.05; done; return 1; }
-rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
-fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
+# shellcheck source=bench/sim_cluster.sh
+source bench/sim_cluster.sh  # rss_kb, open_fds (its cluster is not used: the workers sit behind proxies)
 
 for i in $(seq "$WORKERS"); do
   start_worker "$i"; wait_file "$OUT/w$i"
@@ -62,8 +62,8 @@ load() {  # out-file
     --tokens-out "$1" > "$1.table" 2>&1
 }
 memory() {  # label: RSS and descriptors of every process
-  local i line="$1 router $(rss_kb "$pid_r") kB $(fds "$pid_r") fds"
-  for i in $(seq "$WORKERS"); do line+=" | w$i $(rss_kb "${pids_w[$i]}") kB $(fds "${pids_w[$i]}") fds"; done
+  local i line="$1 router $(rss_kb "$pid_r") kB $(open_fds "$pid_r") fds"
+  for i in $(seq "$WORKERS"); do line+=" | w$i $(rss_kb "${pids_w[$i]}") kB $(open_fds "${pids_w[$i]}") fds"; done
   echo "$line" >> "$OUT/memory.log"
 }
 

@@ -17,12 +17,9 @@ mkdir -p "$OUT"
 # shellcheck source=bench/sim_cluster.sh
 source bench/sim_cluster.sh
 ulimit -n "$(ulimit -Hn)"
-rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
-fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
-router_pid() { pgrep -f "tailserve-router.*--ports-file $1/r" | head -1; }
 peak_rss() {  # pid seconds: the largest RSS sampled every 0.2 s
   local p=$1 n=$(( $2 * 5 )) m=0 r
-  for _ in $(seq "$n"); do r=$(rss "$p"); [ "$r" -gt "$m" ] && m=$r; sleep 0.2; done
+  for _ in $(seq "$n"); do r=$(rss_kb "$p"); [ "$r" -gt "$m" ] && m=$r; sleep 0.2; done
   echo "$m"
 }
 
@@ -30,17 +27,17 @@ phase() { [[ " $PHASES " == *" $1 "* ]]; }
 if phase idle; then
 echo "## idle connections"
 start_sim_cluster "$OUT/idle" 1 "" ""
-rp=$(router_pid "$OUT/idle")
-before="$(rss "$rp") kB, $(fds "$rp") fds"
+rp=$router_pid
+before="$(rss_kb "$rp") kB, $(open_fds "$rp") fds"
 python3 bench/hostile_clients.py idle "$router_grpc" 10000 20 > "$OUT/idle.log" 2>&1 &
 hp=$!
 sleep 5
-held="$(rss "$rp") kB, $(fds "$rp") fds"
+held="$(rss_kb "$rp") kB, $(open_fds "$rp") fds"
 "$B/tailserve-load" --target "127.0.0.1:$router_grpc" --requests 50 --rate 10 --prompt-tokens 256 --max-tokens 64 \
   --timeout-s 30 > "$OUT/idle_load.txt" 2>&1
 wait "$hp"
 sleep 12  # the heap trimmer runs every 10 s
-after="$(rss "$rp") kB, $(fds "$rp") fds"
+after="$(rss_kb "$rp") kB, $(open_fds "$rp") fds"
 echo "| router before | with 10,000 idle connections (5 s in) | after they were closed | normal requests meanwhile | |"
 echo "|---|---|---|---|---|"
 echo "| $before | $held | $after | $(grep -Eo 'ok [0-9]+' "$OUT/idle_load.txt" | head -1) of 50, TTFT P99 $(awk '/^ttft/ {print $4}' "$OUT/idle_load.txt") ms | $(tail -1 "$OUT/idle.log") |"
@@ -54,7 +51,7 @@ echo "| speed | sent | ok | refused early (RESOURCE_EXHAUSTED) | other failures 
 echo "|---:|---:|---:|---:|---:|---:|---:|---|"
 for s in $SPEEDS; do
   start_sim_cluster "$OUT/o$s" 1 "" ""
-  rp=$(router_pid "$OUT/o$s")
+  rp=$router_pid
   dur=$(awk "BEGIN{printf \"%d\", 60 / $s + 15}")
   peak_rss "$rp" "$dur" > "$OUT/o$s.peak" &
   pk=$!
@@ -62,7 +59,7 @@ for s in $SPEEDS; do
     --from-s 2631 --duration-s 60 --speed "$s" --sim-eos --max-prompt-tokens 16384 --timeout-s 60 \
     --json "$OUT/o$s.json" > "$OUT/o$s.txt" 2>&1
   wait "$pk"
-  python3 - "$OUT/o$s.json" "$s" "$(cat "$OUT/o$s.peak")" "$(rss "$rp")" <<'PY'
+  python3 - "$OUT/o$s.json" "$s" "$(cat "$OUT/o$s.peak")" "$(rss_kb "$rp")" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 codes = j.get("status", {})
@@ -81,11 +78,11 @@ echo
 echo "## clients that never read (HTTP API, fast sim)"
 start_sim_cluster "$OUT/unread" 1 "--set worker.sim.step_base_ms=0.2" \
   "--set router.api_port=0 --set router.max_tokens_limit=1000000"
-rp=$(router_pid "$OUT/unread")
+rp=$router_pid
 api=$(sed -n 's/api_port=//p' "$OUT/unread/r")
 "$B/tailserve-load" --target "127.0.0.1:$router_grpc" --requests 200 --rate 20 --prompt-tokens 256 --max-tokens 64 \
   --timeout-s 60 > "$OUT/unread_alone.txt" 2>&1
-before=$(rss "$rp")
+before=$(rss_kb "$rp")
 python3 bench/hostile_clients.py unread "$api" 50 1000000 > "$OUT/unread.log" 2>&1 &
 hp=$!
 sleep 3
@@ -97,6 +94,6 @@ wait "$pk"; wait "$hp"
 sleep 12
 echo "| router RSS before / peak / after kB | unread streams the router cancelled (its log) | normal TTFT P99 alone / beside them ms | normal ok beside them |"
 echo "|---|---|---|---|"
-echo "| $before / $(cat "$OUT/unread.peak") / $(rss "$rp") | $(grep -c 'does not read its stream' "$OUT/unread/r.log") of 50 | $(awk '/^ttft/ {print $4}' "$OUT/unread_alone.txt") / $(awk '/^ttft/ {print $4}' "$OUT/unread_beside.txt") | $(grep -Eo 'ok [0-9]+' "$OUT/unread_beside.txt" | head -1) of 200 |"
+echo "| $before / $(cat "$OUT/unread.peak") / $(rss_kb "$rp") | $(grep -c 'does not read its stream' "$OUT/unread/r.log") of 50 | $(awk '/^ttft/ {print $4}' "$OUT/unread_alone.txt") / $(awk '/^ttft/ {print $4}' "$OUT/unread_beside.txt") | $(grep -Eo 'ok [0-9]+' "$OUT/unread_beside.txt" | head -1) of 200 |"
 stop_sim_cluster
 fi

@@ -15,18 +15,13 @@ WORKERS=${WORKERS:-2}
 SPEED=${SPEED:-3}
 SAMPLE_S=${SAMPLE_S:-120}
 FAULT_EVERY_S=${FAULT_EVERY_S:-60}
-mkdir -p "$OUT"
+rm -rf "$OUT"; mkdir -p "$OUT"  # the status count reads every load_*.json here
 # shellcheck source=bench/sim_cluster.sh
 source bench/sim_cluster.sh
 start_sim_cluster "$OUT/run" "$WORKERS" "" ""
-rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
-fds() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
-rp=$(pgrep -f "tailserve-router.*--ports-file $OUT/run/r" | head -1)
-wp=(); wh=()
-for i in $(seq "$WORKERS"); do
-  wp+=("$(pgrep -f "tailserve-worker.*--ports-file $OUT/run/w$i" | head -1)")
-  wh+=("$(sed -n 's/http_port=//p' "$OUT/run/w$i")")
-done
+rp=$router_pid
+wp=("${worker_pids[@]}"); wh=()
+for i in $(seq "$WORKERS"); do wh+=("$(sed -n 's/http_port=//p' "$OUT/run/w$i")"); done
 end=$((SECONDS + DURATION_S))
 ( n=0; while [ $SECONDS -lt $end ]; do  # the load: the trace window, again and again
     "$B/tailserve-load" --target "127.0.0.1:$router_grpc" --trace ../shared/traces/AzureLLMInferenceTrace_conv.csv \
@@ -43,17 +38,17 @@ start=$SECONDS
 while :; do
   wr=""; wf=""; st=""
   for i in "${!wp[@]}"; do
-    wr+="${wr:+ / }$(rss "${wp[$i]}")"; wf+="${wf:+ / }$(fds "${wp[$i]}")"
+    wr+="${wr:+ / }$(rss_kb "${wp[$i]}")"; wf+="${wf:+ / }$(open_fds "${wp[$i]}")"
     m=$(curl -s "localhost:${wh[$i]}/metrics" | awk '/^tailserve_worker_step_time_window_seconds\{quantile="0.5"\}/ {printf "%.2f", $2 * 1000}')
     st+="${st:+ / }${m:-?}"
   done
-  echo "| $(( (SECONDS - start) / 60 )) | $(rss "$rp") | $(fds "$rp") | $wr | $wf | $st |"
+  echo "| $(( (SECONDS - start) / 60 )) | $(rss_kb "$rp") | $(open_fds "$rp") | $wr | $wf | $st |"
   [ $SECONDS -ge $end ] && break
   sleep "$SAMPLE_S"
 done
 wait "$lp" 2>/dev/null; kill "$fp" 2>/dev/null; wait "$fp" 2>/dev/null
 sleep 12
-echo "| end (+12 s idle) | $(rss "$rp") | $(fds "$rp") | $(for p in "${wp[@]}"; do printf '%s ' "$(rss "$p")"; done) | | |"
+echo "| end (+12 s idle) | $(rss_kb "$rp") | $(open_fds "$rp") | $(for p in "${wp[@]}"; do printf '%s ' "$(rss_kb "$p")"; done) | | |"
 python3 - "$OUT" <<'PY'
 import glob, json, sys
 codes, n = {}, 0

@@ -57,6 +57,11 @@ size_t ValidUtf8Prefix(std::string_view s, bool* invalid) {
   return i;
 }
 
+bool IsValidUtf8(std::string_view s) {
+  bool invalid = false;
+  return ValidUtf8Prefix(s, &invalid) == s.size();
+}
+
 std::string StreamingDecoder::Add(int32_t id) {
   pending_ += tokenizer_.TokenBytes(id);
   std::string out;

@@ -51,5 +51,7 @@ int DecodeUtf8(std::string_view s, size_t i, uint32_t* cp);
 // Number of leading bytes of `s` that form complete, valid UTF-8; sets *invalid when the next byte
 // can never start or continue a valid character.
 size_t ValidUtf8Prefix(std::string_view s, bool* invalid);
+// The whole of `s` is valid UTF-8 (no incomplete character at the end either).
+bool IsValidUtf8(std::string_view s);
 
 }  // namespace tailserve

@@ -26,8 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return out;
   }();
   const std::string in(reinterpret_cast<const char*>(data), size);
-  bool invalid = false;
-  const bool valid = tailserve::ValidUtf8Prefix(in, &invalid) == in.size() && !invalid;
+  const bool valid = tailserve::IsValidUtf8(in);
   for (const auto& t : tokenizers) {
     const std::vector<int32_t> ids = t->Encode(in);
     for (int32_t id : ids) {

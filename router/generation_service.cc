@@ -42,11 +42,6 @@ std::string ByteBufferToString(const grpc::ByteBuffer& buffer) {
   return out;
 }
 
-bool ValidUtf8(const std::string& s) {
-  bool invalid = false;
-  return ValidUtf8Prefix(s, &invalid) == s.size() && !invalid;
-}
-
 }  // namespace
 
 absl::StatusOr<v1::GenerateRequest> ParseGenerateRequest(const std::string& bytes) {
@@ -65,7 +60,7 @@ absl::StatusOr<v1::GenerateRequest> ParseGenerateRequest(const std::string& byte
       const google::protobuf::UnknownField& f = fields.field(i);
       const google::protobuf::FieldDescriptor* fd = d->FindFieldByNumber(f.number());
       if (fd != nullptr && fd->type() == google::protobuf::FieldDescriptor::TYPE_STRING &&
-          f.type() == google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED && !ValidUtf8(f.length_delimited())) {
+          f.type() == google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED && !IsValidUtf8(f.length_delimited())) {
         return absl::InvalidArgumentError(absl::StrCat(fd->name(), ": not valid UTF-8"));
       }
     }

@@ -30,11 +30,6 @@ std::string IdList(const std::vector<int32_t>& ids) {
   return out.str();
 }
 
-bool IsValidUtf8(const std::string& s) {
-  bool invalid = false;
-  return ValidUtf8Prefix(s, &invalid) == s.size();
-}
-
 // Loads each tokenizer once for the whole suite; a missing file leaves it null (tests skip).
 class BpeTokenizerTest : public ::testing::Test {
  protected:

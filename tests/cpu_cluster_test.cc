@@ -65,11 +65,6 @@ v1::GenerateRequest TextRequest(const std::string& prompt, int max_tokens, uint6
   return r;
 }
 
-bool ValidUtf8(const std::string& s) {
-  bool invalid = false;
-  return ValidUtf8Prefix(s, &invalid) == s.size() && !invalid;
-}
-
 TEST_F(CpuClusterTest, TextPromptStreamsDecodedTextAndSeedsRepeat) {
   // Without the prefix cache: a repeat that finds its prompt cached computes the rest in GEMMs of
   // other row counts, whose last-bit differences can flip a sampled near-tie (random weights have
@@ -91,7 +86,7 @@ TEST_F(CpuClusterTest, TextPromptStreamsDecodedTextAndSeedsRepeat) {
   ASSERT_FALSE(tokens.empty());
   std::string text;
   for (const std::string& d : deltas) {
-    EXPECT_TRUE(ValidUtf8(d)) << "delta splits a character";
+    EXPECT_TRUE(IsValidUtf8(d)) << "delta splits a character";
     text += d;
   }
   // The streamed text is the decoded token ids, special tokens left out.
@@ -104,7 +99,7 @@ TEST_F(CpuClusterTest, TextPromptStreamsDecodedTextAndSeedsRepeat) {
   for (int32_t t : tokens) want += (*tokenizer)->IsSpecial(t) ? "" : reference.Add(t);
   want += reference.Flush();
   EXPECT_EQ(text, want);
-  if (ValidUtf8(want_bytes)) {
+  if (IsValidUtf8(want_bytes)) {
     EXPECT_EQ(text, want_bytes);
   }
 
